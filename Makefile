@@ -1,0 +1,58 @@
+# Tranche: every command a developer or CI needs. `make test` works on a fresh clone.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTO_SRC := $(shell find proto -name '*.proto' 2>/dev/null)
+
+.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins clean
+
+all: check
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+k8s-bins:
+	hack/build-k8s.sh >/dev/null
+
+generate: $(STAMP)
+	$(BIN)/python hack/generate_proto.py
+
+check-generated: $(STAMP)
+	$(BIN)/python hack/generate_proto.py --check
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+contracts: $(STAMP)
+	$(BIN)/lint-imports
+
+check: lint typecheck contracts check-generated
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+e2e: $(STAMP) k8s-bins
+	$(BIN)/pytest tests/e2e
+
+test: $(STAMP) k8s-bins check
+	$(BIN)/pytest
+
+bench: $(STAMP) k8s-bins
+	$(BIN)/python -m hack.bench
+
+demo: $(STAMP) k8s-bins
+	$(BIN)/python -m hack.demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,111 @@
+"""Typed values the NVML facade returns.
+
+These are the only NVML shapes the rest of Tranche sees. The facade
+(:mod:`driver.nvml.facade`) fills them from the ``pynvml`` module, real or
+simulated; nothing above the facade touches ``pynvml`` objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A GPU-instance profile as NVML reports it (``nvmlDeviceGetGpuInstanceProfileInfo``)."""
+
+    id: int  # NVML GI profile id, e.g. 19 for 1g.10gb on H100
+    name: str  # "1g.10gb", "1g.10gb+me", "7g.80gb"
+    slice_count: int  # compute slices (the "g" of the name)
+    memory_bytes: int  # memorySizeMB * 2**20 (NVML's MB is MiB)
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    instance_count: int  # how many of this profile fit on an empty GPU
+    placements: tuple[tuple[int, int], ...]  # (start, size) in memory slices
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """An existing MIG device: a GPU instance plus its (single, full) compute instance."""
+
+    uuid: str  # "MIG-..."
+    parent_uuid: str
+    profile_id: int
+    profile_name: str
+    gi_id: int
+    ci_id: int
+    placement: tuple[int, int]  # (start, size)
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """A physical GPU as discovered through NVML."""
+
+    index: int  # NVML index: unstable, never used in names
+    uuid: str  # "GPU-..."
+    minor: int  # /dev/nvidia<minor>
+    product_name: str  # "NVIDIA H100 80GB HBM3"
+    brand: str  # "Nvidia", "Tesla", ...
+    architecture: str  # "Hopper", "Ampere", "Ada Lovelace"
+    cuda_compute_capability: tuple[int, int]
+    memory_bytes: int
+    pci_bus_id: str  # "0000:18:00.0" (domain:bus:device.function, lowercase hex)
+    pcie_root: str | None  # "pci0000:15", None when unknown
+    numa_node: int | None
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    mig_capable: bool
+    mig_enabled: bool  # current MIG mode
+    mig_pending: bool  # pending MIG mode (applies after reset on Ampere)
+    mig_toggle_without_reset: bool  # Hopper and later
+    memory_slices: int  # 8 on A100/H100/H200, 0 when not MIG-capable
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_instances: tuple[MigInstance, ...] = ()
+    nvlink_peers: tuple[str, ...] = ()  # UUIDs of GPUs reachable over active NVLinks
+    fabric_clique: str | None = None  # NVLink domain id where NVSwitch/fabric reports one
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    driver_version: str  # "570.133.20"
+    cuda_driver_version: tuple[int, int]  # (12, 8)
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """An NVML event: an XID critical error, an ECC error, or a GPU that was lost."""
+
+    gpu_uuid: str
+    kind: str  # "xid" | "ecc-double-bit" | "ecc-single-bit" | "gpu-lost" | "recovered"
+    code: int  # the XID number; 0 for non-XID kinds
+    timestamp: float  # seconds since the epoch
+    recovery_action: str | None = None  # NVML's nvmlDeviceGetRecoveryAction, where reported
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    """A process on a GPU or MIG device, with its sampled usage."""
+
+    pid: int
+    device_uuid: str  # GPU or MIG UUID it runs on
+    used_memory_bytes: int
+    sm_util_percent: float  # from nvmlDeviceGetProcessUtilization; 0 when not sampled
+    cgroup: str = ""  # /proc/<pid>/cgroup content (simulation fills it in)
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    uuid: str
+    gpu_util_percent: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    processes: tuple[ProcessUsage, ...] = field(default_factory=tuple)
