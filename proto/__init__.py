@@ -1,0 +1,1 @@
+"""The kubelet gRPC protos and the Python code generated from them (proto/gen)."""
