@@ -1,0 +1,288 @@
+"""Prometheus metrics of a Tranche kubelet plugin, on a registry the caller passes in.
+
+Usage (billing) series are counters kept in a :class:`UsageCollector`:
+
+* per claim ``tranche_claim_gpu_{allocated,measured}_seconds_total`` and
+  ``tranche_claim_gpu_memory_byte_seconds_total`` (labels ``namespace, claim,
+  tenant``), dropped ``claim_retention_s`` after the claim's last increment;
+* per namespace and tenant ``tranche_tenant_gpu_*`` with the same values summed,
+  never dropped (bounded by the namespaces and tenants seen on the node). These
+  are what a bill should read: a claim's final value is in them for good;
+* per device ``tranche_device_{held,idle,unattributed}_seconds_total`` and the
+  gauge ``tranche_device_idle_ratio`` (label ``uuid``).
+
+Operational series: prepare and unprepare latency by mode, errors by reason,
+prepared claims, published devices and NVML call latency by call. No label
+carries a process id. ``docs/metrics.md`` lists every series.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from driver.errors import (
+    ApiUnavailable,
+    CheckpointError,
+    ClaimError,
+    ConfigError,
+    DeviceNotFound,
+    NvmlError,
+    TrustViolation,
+)
+from driver.usage import IntervalUsage
+
+DEFAULT_CLAIM_RETENTION_S = 3600.0
+
+ERROR_REASONS = (
+    "config",
+    "claim",
+    "trust",
+    "device-not-found",
+    "api-unavailable",
+    "checkpoint",
+    "nvml",
+    "internal",
+)
+
+_ERROR_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
+    (ConfigError, "config"),
+    (TrustViolation, "trust"),
+    (DeviceNotFound, "device-not-found"),
+    (ClaimError, "claim"),
+    (ApiUnavailable, "api-unavailable"),
+    (CheckpointError, "checkpoint"),
+    (NvmlError, "nvml"),
+)
+
+
+def error_reason(err: BaseException) -> str:
+    """The bounded ``reason`` label for an error."""
+    for cls, reason in _ERROR_CLASSES:
+        if isinstance(err, cls):
+            return reason
+    return "internal"
+
+
+@dataclass
+class _Totals:
+    allocated_s: float = 0.0
+    measured_s: float = 0.0
+    memory_byte_s: float = 0.0
+
+
+@dataclass
+class _ClaimSeries:
+    namespace: str
+    name: str
+    tenant: str
+    totals: _Totals
+    last_seen: float
+
+
+@dataclass
+class _DeviceSeries:
+    held_s: float = 0.0
+    idle_s: float = 0.0
+    unattributed_s: float = 0.0
+    idle_ratio: float = 0.0
+
+
+_CLAIM_LABELS = ["namespace", "claim", "tenant"]
+_TENANT_LABELS = ["namespace", "tenant"]
+
+
+class UsageCollector(Collector):
+    """Accumulates :class:`IntervalUsage` increments and exports them as counters."""
+
+    def __init__(self, claim_retention_s: float = DEFAULT_CLAIM_RETENTION_S) -> None:
+        self._retention = claim_retention_s
+        self._lock = threading.Lock()
+        self._claims: dict[str, _ClaimSeries] = {}
+        self._tenants: dict[tuple[str, str], _Totals] = {}
+        self._devices: dict[str, _DeviceSeries] = {}
+
+    def add(self, usage: IntervalUsage) -> None:
+        with self._lock:
+            for inc in usage.claims:
+                series = self._claims.get(inc.claim_uid)
+                if series is None:
+                    series = _ClaimSeries(inc.namespace, inc.name, inc.tenant, _Totals(), 0.0)
+                    self._claims[inc.claim_uid] = series
+                series.last_seen = usage.end
+                tenant = self._tenants.setdefault((inc.namespace, inc.tenant), _Totals())
+                for totals in (series.totals, tenant):
+                    totals.allocated_s += inc.allocated_s
+                    totals.measured_s += inc.measured_s
+                    totals.memory_byte_s += inc.memory_byte_s
+            for dev in usage.devices:
+                d = self._devices.setdefault(dev.uuid, _DeviceSeries())
+                d.held_s += dev.held_s
+                d.idle_s += dev.idle_s
+                d.unattributed_s += dev.unattributed_s
+                d.idle_ratio = dev.idle_ratio
+            horizon = usage.end - self._retention
+            for uid in [u for u, s in self._claims.items() if s.last_seen < horizon]:
+                del self._claims[uid]
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            claims = [
+                (s.namespace, s.name, s.tenant, _copy(s.totals)) for s in self._claims.values()
+            ]
+            tenants = [(ns, t, _copy(v)) for (ns, t), v in self._tenants.items()]
+            devices = [(u, _DeviceSeries(**vars(d))) for u, d in self._devices.items()]
+
+        c_alloc = CounterMetricFamily(
+            "tranche_claim_gpu_allocated_seconds",
+            "GPU-seconds a claim held: wall time times its share of each device.",
+            labels=_CLAIM_LABELS,
+        )
+        c_meas = CounterMetricFamily(
+            "tranche_claim_gpu_measured_seconds",
+            "GPU-seconds a claim's processes kept its devices busy (device utilisation split).",
+            labels=_CLAIM_LABELS,
+        )
+        c_mem = CounterMetricFamily(
+            "tranche_claim_gpu_memory_byte_seconds",
+            "Device memory used by a claim's processes, integrated over time (byte-seconds).",
+            labels=_CLAIM_LABELS,
+        )
+        for ns, name, tenant, t in claims:
+            c_alloc.add_metric([ns, name, tenant], t.allocated_s)
+            c_meas.add_metric([ns, name, tenant], t.measured_s)
+            c_mem.add_metric([ns, name, tenant], t.memory_byte_s)
+
+        t_alloc = CounterMetricFamily(
+            "tranche_tenant_gpu_allocated_seconds",
+            "Allocated GPU-seconds of all claims of a namespace and tenant on this node.",
+            labels=_TENANT_LABELS,
+        )
+        t_meas = CounterMetricFamily(
+            "tranche_tenant_gpu_measured_seconds",
+            "Measured GPU-seconds of all claims of a namespace and tenant on this node.",
+            labels=_TENANT_LABELS,
+        )
+        t_mem = CounterMetricFamily(
+            "tranche_tenant_gpu_memory_byte_seconds",
+            "Device memory byte-seconds of all claims of a namespace and tenant on this node.",
+            labels=_TENANT_LABELS,
+        )
+        for ns, tenant, t in tenants:
+            t_alloc.add_metric([ns, tenant], t.allocated_s)
+            t_meas.add_metric([ns, tenant], t.measured_s)
+            t_mem.add_metric([ns, tenant], t.memory_byte_s)
+
+        d_held = CounterMetricFamily(
+            "tranche_device_held_seconds",
+            "Seconds a device (GPU or MIG UUID) was held by at least one claim.",
+            labels=["uuid"],
+        )
+        d_idle = CounterMetricFamily(
+            "tranche_device_idle_seconds",
+            "Held seconds in which the device was not busy.",
+            labels=["uuid"],
+        )
+        d_other = CounterMetricFamily(
+            "tranche_device_unattributed_seconds",
+            "Busy seconds of a held device caused by processes outside its claims.",
+            labels=["uuid"],
+        )
+        d_ratio = GaugeMetricFamily(
+            "tranche_device_idle_ratio",
+            "Idle share (0..1) of a held device at the last sample.",
+            labels=["uuid"],
+        )
+        for uuid, d in devices:
+            d_held.add_metric([uuid], d.held_s)
+            d_idle.add_metric([uuid], d.idle_s)
+            d_other.add_metric([uuid], d.unattributed_s)
+            d_ratio.add_metric([uuid], d.idle_ratio)
+        yield from (c_alloc, c_meas, c_mem, t_alloc, t_meas, t_mem)
+        yield from (d_held, d_idle, d_other, d_ratio)
+
+
+def _copy(t: _Totals) -> _Totals:
+    return _Totals(t.allocated_s, t.measured_s, t.memory_byte_s)
+
+
+_LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_NVML_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+
+
+class Metrics:
+    """Every metric of the kubelet plugin, registered on ``registry``."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        claim_retention_s: float = DEFAULT_CLAIM_RETENTION_S,
+    ) -> None:
+        self.usage = UsageCollector(claim_retention_s)
+        registry.register(self.usage)
+        self._prepare = Histogram(
+            "tranche_prepare_seconds",
+            "Time to prepare one claim, by sharing mode.",
+            ["mode"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._unprepare = Histogram(
+            "tranche_unprepare_seconds",
+            "Time to unprepare one claim, by sharing mode.",
+            ["mode"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._errors = Counter(
+            "tranche_errors",
+            "Errors by reason (" + ", ".join(ERROR_REASONS) + ").",
+            ["reason"],
+            registry=registry,
+        )
+        self._prepared = Gauge(
+            "tranche_prepared_claims", "Claims prepared on this node now.", registry=registry
+        )
+        self._published = Gauge(
+            "tranche_published_devices",
+            "Devices in this node's ResourceSlices now.",
+            registry=registry,
+        )
+        self._nvml = Histogram(
+            "tranche_nvml_call_seconds",
+            "Latency of NVML calls, by call name.",
+            ["call"],
+            buckets=_NVML_BUCKETS,
+            registry=registry,
+        )
+
+    def add_usage(self, usage: IntervalUsage) -> None:
+        self.usage.add(usage)
+
+    def observe_prepare(self, mode: str, seconds: float) -> None:
+        self._prepare.labels(mode=mode).observe(seconds)
+
+    def observe_unprepare(self, mode: str, seconds: float) -> None:
+        self._unprepare.labels(mode=mode).observe(seconds)
+
+    def count_error(self, reason: str) -> None:
+        """Count an error; ``reason`` outside :data:`ERROR_REASONS` counts as ``internal``."""
+        self._errors.labels(reason=reason if reason in ERROR_REASONS else "internal").inc()
+
+    def count_exception(self, err: BaseException) -> None:
+        self.count_error(error_reason(err))
+
+    def set_prepared_claims(self, count: int) -> None:
+        self._prepared.set(count)
+
+    def set_published_devices(self, count: int) -> None:
+        self._published.set(count)
+
+    def nvml_call(self, name: str, seconds: float) -> None:
+        """The NVML facade's ``on_call(name, seconds)`` hook."""
+        self._nvml.labels(call=name).observe(seconds)

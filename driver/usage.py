@@ -1,0 +1,337 @@
+"""Per-claim GPU usage attribution: who held which device, and who used it.
+
+Two quantities are integrated over time for every prepared claim:
+
+* **allocated** GPU-seconds: wall time the claim held a device times its share
+  of that device (:meth:`HeldDevice.fraction`);
+* **measured** GPU-seconds and memory-byte-seconds: the device's sampled
+  utilisation and memory, split among the claims that hold it by the usage of
+  their own processes (found through each process's cgroup, see
+  :mod:`driver.pod_cgroup`).
+
+The split never copies a device's reading to every consumer. What the device
+did not do is ``idle``; what processes outside every claim did is
+``unattributed``; the consumers' parts, unattributed and idle add up to the
+device's time (:func:`split_device`). MIG devices are measured on their own
+UUID, so a MIG slice's reading is its own.
+
+:func:`split_device` and :func:`integrate` are pure. :class:`UsageSampler`
+reads the NVML facade and the allocation records and hands each interval to a
+:class:`UsageSink` (the metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from driver.errors import TrancheError
+from driver.nvml.types import DeviceUsage
+from driver.pod_cgroup import parse_cgroup
+
+log = logging.getLogger(__name__)
+
+SharingMode = Literal["exclusive", "mig", "mps", "time-slicing", "capacity"]
+
+MIG_COMPUTE_SLICES = 7  # A100, H100, H200, B200; an A30 has 4
+
+
+@dataclass(frozen=True)
+class HeldDevice:
+    """One device a claim holds, measured on ``uuid`` (a GPU UUID, or a MIG device's own)."""
+
+    uuid: str
+    device_name: str
+    mode: SharingMode
+    share: float | None = None  # fixed fraction of the device; None: 1/N (time-slicing)
+
+    @classmethod
+    def whole(cls, uuid: str, device_name: str) -> HeldDevice:
+        return cls(uuid, device_name, "exclusive", 1.0)
+
+    @classmethod
+    def mig(
+        cls, uuid: str, device_name: str, slices: int, total: int = MIG_COMPUTE_SLICES
+    ) -> HeldDevice:
+        """A MIG device: its compute slices over the parent's (7 on A100/H100/H200)."""
+        return cls(uuid, device_name, "mig", slices / total)
+
+    @classmethod
+    def mps(cls, uuid: str, device_name: str, thread_percentage: float) -> HeldDevice:
+        """An MPS share: its active-thread percentage."""
+        return cls(uuid, device_name, "mps", thread_percentage / 100.0)
+
+    @classmethod
+    def time_sliced(cls, uuid: str, device_name: str) -> HeldDevice:
+        """A time-slice: 1/N of the device, N the claims holding it at the time."""
+        return cls(uuid, device_name, "time-slicing", None)
+
+    @classmethod
+    def capacity(cls, uuid: str, device_name: str, consumed: float, total: float) -> HeldDevice:
+        """A consumable-capacity share: consumed over the device's capacity."""
+        return cls(uuid, device_name, "capacity", consumed / total)
+
+    def fraction(self, holders: int) -> float:
+        if self.share is not None:
+            return self.share
+        return 1.0 / max(holders, 1)
+
+
+@dataclass(frozen=True)
+class ClaimAllocation:
+    """What attribution needs from a claim's allocation record (the checkpoint keeps it)."""
+
+    claim_uid: str
+    namespace: str
+    name: str
+    tenant: str
+    pod_uids: frozenset[str]  # from status.reservedFor
+    devices: tuple[HeldDevice, ...]
+    prepared_at: float  # seconds since the epoch
+    unprepared_at: float | None = None
+
+
+@dataclass(frozen=True)
+class DeviceSplit:
+    """One device reading split into its consumers' parts, unattributed and idle.
+
+    ``busy`` maps claim UID to its fraction of the device's time (0..1).
+    ``sum(busy.values()) + unattributed + idle == 1``.
+    """
+
+    uuid: str
+    busy: Mapping[str, float]
+    memory_bytes: Mapping[str, int]
+    unattributed: float
+    idle: float
+    unattributed_memory_bytes: int
+
+
+def _claims_of(pod_uid: str, consumers: Sequence[ClaimAllocation]) -> list[str]:
+    return [c.claim_uid for c in consumers if pod_uid in c.pod_uids]
+
+
+def split_device(usage: DeviceUsage, consumers: Sequence[ClaimAllocation]) -> DeviceSplit:
+    """Split one device reading among the claims that hold the device.
+
+    The device's busy fraction ``U`` is shared in proportion to the SM
+    utilisation NVML reports for each process (a process in a pod of two
+    claims counts half to each). When no process has a sample, a sole consumer
+    gets all of ``U``; several consumers share it by process memory; with no
+    process at all it is unattributed. Memory is each claim's processes' memory;
+    the rest of the device's used memory (contexts, other processes) is
+    unattributed.
+    """
+    busy_total = min(max(usage.gpu_util_percent / 100.0, 0.0), 1.0)
+    sm: dict[str, float] = {c.claim_uid: 0.0 for c in consumers}
+    mem: dict[str, float] = {c.claim_uid: 0.0 for c in consumers}
+    other_sm = 0.0
+    other_mem = 0.0
+    for proc in usage.processes:
+        where = parse_cgroup(proc.cgroup)
+        owners = _claims_of(where.pod_uid, consumers) if where is not None else []
+        if not owners:
+            other_sm += proc.sm_util_percent
+            other_mem += proc.used_memory_bytes
+            continue
+        for owner in owners:
+            sm[owner] += proc.sm_util_percent / len(owners)
+            mem[owner] += proc.used_memory_bytes / len(owners)
+
+    weights, other_weight = sm, other_sm
+    if sum(sm.values()) + other_sm <= 0:
+        if len(consumers) == 1:
+            weights, other_weight = {consumers[0].claim_uid: 1.0}, 0.0
+        else:
+            weights, other_weight = mem, other_mem
+    weight_total = sum(weights.values()) + other_weight
+    if weight_total > 0:
+        busy = {uid: busy_total * w / weight_total for uid, w in weights.items()}
+        unattributed = busy_total * other_weight / weight_total
+    else:
+        busy = {uid: 0.0 for uid in sm}
+        unattributed = busy_total
+
+    memory = {uid: round(m) for uid, m in mem.items()}
+    return DeviceSplit(
+        uuid=usage.uuid,
+        busy={uid: busy.get(uid, 0.0) for uid in sm},
+        memory_bytes=memory,
+        unattributed=unattributed,
+        idle=1.0 - busy_total,
+        unattributed_memory_bytes=max(usage.memory_used_bytes - sum(memory.values()), 0),
+    )
+
+
+@dataclass(frozen=True)
+class ClaimIncrement:
+    """A claim's usage over one interval, in seconds and byte-seconds."""
+
+    claim_uid: str
+    namespace: str
+    name: str
+    tenant: str
+    allocated_s: float
+    measured_s: float
+    memory_byte_s: float
+    unmeasured_s: float  # held time on devices NVML could not read this interval
+
+
+@dataclass(frozen=True)
+class DeviceIncrement:
+    """A held device over one interval: its own time split into idle and unattributed."""
+
+    uuid: str
+    held_s: float
+    idle_s: float
+    unattributed_s: float
+    idle_ratio: float
+
+
+@dataclass(frozen=True)
+class IntervalUsage:
+    start: float
+    end: float
+    claims: tuple[ClaimIncrement, ...] = ()
+    devices: tuple[DeviceIncrement, ...] = field(default_factory=tuple)
+
+
+def _held_seconds(record: ClaimAllocation, start: float, end: float) -> float:
+    until = end if record.unprepared_at is None else min(end, record.unprepared_at)
+    return max(until - max(start, record.prepared_at), 0.0)
+
+
+def integrate(
+    start: float,
+    end: float,
+    records: Iterable[ClaimAllocation],
+    usages: Mapping[str, DeviceUsage | None],
+) -> IntervalUsage:
+    """Integrate allocation and measured usage over ``(start, end]``.
+
+    The reading taken at ``end`` stands for the whole interval (rectangle rule,
+    as a Prometheus ``rate`` does). Every claim that held a device at any time
+    in the interval gets an increment, zero or not; ``usages`` lacks (or has
+    None for) a device NVML could not read, whose held time is then reported
+    as ``unmeasured_s``.
+    """
+    held = {r.claim_uid: _held_seconds(r, start, end) for r in records}
+    active = [r for r in records if held[r.claim_uid] > 0]
+    holders: dict[str, list[ClaimAllocation]] = {}
+    for record in active:
+        for device in record.devices:
+            holders.setdefault(device.uuid, []).append(record)
+
+    splits: dict[str, DeviceSplit] = {}
+    devices: list[DeviceIncrement] = []
+    for uuid in sorted(holders):
+        usage = usages.get(uuid)
+        if usage is None:
+            continue
+        split = split_device(usage, holders[uuid])
+        splits[uuid] = split
+        device_s = max(held[r.claim_uid] for r in holders[uuid])
+        devices.append(
+            DeviceIncrement(
+                uuid=uuid,
+                held_s=device_s,
+                idle_s=device_s * split.idle,
+                unattributed_s=device_s * split.unattributed,
+                idle_ratio=split.idle,
+            )
+        )
+
+    claims: list[ClaimIncrement] = []
+    for record in active:
+        seconds = held[record.claim_uid]
+        allocated = measured = memory = unmeasured = 0.0
+        for device in record.devices:
+            allocated += seconds * device.fraction(len(holders[device.uuid]))
+            part = splits.get(device.uuid)
+            if part is None:
+                unmeasured += seconds
+                continue
+            measured += seconds * part.busy[record.claim_uid]
+            memory += seconds * part.memory_bytes[record.claim_uid]
+        claims.append(
+            ClaimIncrement(
+                claim_uid=record.claim_uid,
+                namespace=record.namespace,
+                name=record.name,
+                tenant=record.tenant,
+                allocated_s=allocated,
+                measured_s=measured,
+                memory_byte_s=memory,
+                unmeasured_s=unmeasured,
+            )
+        )
+    return IntervalUsage(start=start, end=end, claims=tuple(claims), devices=tuple(devices))
+
+
+class UsageSource(Protocol):
+    """The NVML facade's usage read: one device (GPU or MIG) by UUID."""
+
+    def device_usage(self, uuid: str) -> DeviceUsage: ...
+
+
+class UsageSink(Protocol):
+    """Where sampled intervals go (:class:`driver.metrics.Metrics`)."""
+
+    def add_usage(self, usage: IntervalUsage) -> None: ...
+
+    def count_error(self, reason: str) -> None: ...
+
+
+RecordsProvider = Callable[[], Iterable[ClaimAllocation]]
+
+
+class UsageSampler:
+    """Samples every held device and feeds the integrated interval to the metrics.
+
+    The first :meth:`sample_once` only sets the starting point: a restarted
+    plugin counts from then on, so it never bills again what the process before
+    it exported. Records of unprepared claims should stay in the provider (with
+    ``unprepared_at``) until one sample after they ended, so their last partial
+    interval is counted; a record that vanishes is counted up to the sample
+    before.
+    """
+
+    def __init__(
+        self,
+        nvml: UsageSource,
+        records_provider: RecordsProvider,
+        metrics: UsageSink,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._nvml = nvml
+        self._records = records_provider
+        self._metrics = metrics
+        self._clock = clock
+        self._last: float | None = None
+
+    def sample_once(self) -> IntervalUsage | None:
+        """Sample now; return the interval since the previous sample (None on the first)."""
+        now = self._clock()
+        start = self._last
+        if start is None or now <= start:
+            self._last = now if start is None else max(start, now)
+            return None
+        records = list(self._records())
+        uuids = sorted(
+            {d.uuid for r in records if _held_seconds(r, start, now) > 0 for d in r.devices}
+        )
+        usages: dict[str, DeviceUsage | None] = {}
+        for uuid in uuids:
+            try:
+                usages[uuid] = self._nvml.device_usage(uuid)
+            except TrancheError as err:
+                log.warning("usage read failed device=%s error=%s", uuid, err)
+                self._metrics.count_error("nvml")
+                usages[uuid] = None
+        interval = integrate(start, now, records, usages)
+        self._metrics.add_usage(interval)
+        self._last = now
+        return interval
