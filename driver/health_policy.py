@@ -1,0 +1,257 @@
+"""How NVML faults are judged: fault classes, the XID table, and the health settings.
+
+Every NVML event falls into one :class:`FaultClass`. The class decides the
+taint effect (configurable per class) and how the fault heals:
+
+=============  ==================  ======================================================
+Class          Default effect      Heals when
+=============  ==================  ======================================================
+application    no taint            (never tainted: the application is at fault)
+informational  ``None``            no new event for the quiet time and a probe passes
+reset          ``NoSchedule``      a reset is seen, a probe passes, quiet time elapsed
+uncontained    ``NoExecute``       a reset is seen, a probe passes, quiet time elapsed
+lost           ``NoExecute``       the GPU answers again, quiet time elapsed
+=============  ==================  ======================================================
+
+NVML's recovery action, where an event reports one, wins over the XID table
+(``gpu-facts.md`` §6.3): ``NONE`` means the device is usable at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from driver.errors import ConfigError
+from driver.flags import add_flag
+
+
+class FaultClass(enum.StrEnum):
+    APPLICATION = "application"
+    INFORMATIONAL = "informational"
+    RESET = "reset"
+    UNCONTAINED = "uncontained"
+    LOST = "lost"
+
+
+# Severity order: a later class wins when two signals disagree about one fault.
+SEVERITY: dict[FaultClass, int] = {
+    FaultClass.APPLICATION: 0,
+    FaultClass.INFORMATIONAL: 1,
+    FaultClass.RESET: 2,
+    FaultClass.UNCONTAINED: 3,
+    FaultClass.LOST: 4,
+}
+
+Effect = Literal["Ignore", "None", "NoSchedule", "NoExecute"]
+
+# XID -> (class, short meaning). Sources: NVIDIA's XID catalog via gpu-facts.md §6.2.
+# An XID missing here is a device fault of class RESET, as NVIDIA's plugins treat it.
+XID_TABLE: dict[int, tuple[FaultClass, str]] = {
+    13: (FaultClass.APPLICATION, "graphics engine exception"),
+    31: (FaultClass.APPLICATION, "GPU memory page fault"),
+    43: (FaultClass.APPLICATION, "GPU stopped processing a channel"),
+    45: (FaultClass.APPLICATION, "preemptive cleanup after an application error"),
+    68: (FaultClass.APPLICATION, "video processor exception"),
+    94: (FaultClass.APPLICATION, "contained ECC error"),
+    63: (FaultClass.INFORMATIONAL, "row remap or page retirement recorded"),
+    92: (FaultClass.INFORMATIONAL, "excessive single-bit ECC interrupts"),
+    154: (FaultClass.INFORMATIONAL, "GPU recovery action changed"),
+    46: (FaultClass.RESET, "GPU stopped processing"),
+    74: (FaultClass.RESET, "NVLink error"),
+    109: (FaultClass.RESET, "context switch timeout"),
+    119: (FaultClass.RESET, "GSP RPC timeout"),
+    120: (FaultClass.RESET, "GSP error"),
+    48: (FaultClass.UNCONTAINED, "double-bit ECC error"),
+    64: (FaultClass.UNCONTAINED, "row remap or page retirement failure"),
+    95: (FaultClass.UNCONTAINED, "uncontained ECC error"),
+    79: (FaultClass.LOST, "GPU fell off the bus"),
+}
+
+UNKNOWN_XID_CLASS = FaultClass.RESET
+
+# nvmlDeviceGpuRecoveryAction_t names (prefix NVML_GPU_RECOVERY_ACTION_ stripped) -> class.
+RECOVERY_ACTION_CLASS: dict[str, FaultClass] = {
+    "NONE": FaultClass.INFORMATIONAL,
+    "GPU_RESET": FaultClass.RESET,
+    "DRAIN_P2P": FaultClass.RESET,
+    "DRAIN_AND_RESET": FaultClass.RESET,
+    "RECOVER_IMEX_DOMAIN": FaultClass.RESET,
+    "BUS_RESET": FaultClass.RESET,
+    "NODE_REBOOT": FaultClass.UNCONTAINED,
+    "SYSTEM_REBOOT": FaultClass.UNCONTAINED,
+}
+
+_RECOVERY_ACTION_VALUES = (
+    "NONE",
+    "GPU_RESET",
+    "NODE_REBOOT",
+    "DRAIN_P2P",
+    "DRAIN_AND_RESET",
+    "RECOVER_IMEX_DOMAIN",
+    "BUS_RESET",
+    "SYSTEM_REBOOT",
+)
+
+
+def normalise_recovery_action(action: str | int | None) -> str | None:
+    """``"nvml_gpu_recovery_action_gpu_reset"``, ``"gpu-reset"`` or ``1`` → ``"GPU_RESET"``."""
+    if action is None:
+        return None
+    if isinstance(action, int):
+        return (
+            _RECOVERY_ACTION_VALUES[action] if 0 <= action < len(_RECOVERY_ACTION_VALUES) else None
+        )
+    name = action.strip().upper().replace("-", "_")
+    name = name.removeprefix("NVML_GPU_RECOVERY_ACTION_").removeprefix("NVML_RECOVERY_ACTION_")
+    if name.isdigit():
+        return normalise_recovery_action(int(name))
+    return name if name in RECOVERY_ACTION_CLASS else None
+
+
+class HealthPolicy(BaseModel):
+    """Health settings, validated once at start and passed to the monitor."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    application_effect: Effect = "Ignore"
+    informational_effect: Effect = "None"
+    reset_effect: Effect = "NoSchedule"
+    uncontained_effect: Effect = "NoExecute"
+    lost_effect: Effect = "NoExecute"
+    xid_classes: dict[int, FaultClass] = Field(default_factory=dict)
+    quiet_seconds: float = Field(default=300.0, ge=0)
+    debounce_seconds: float = Field(default=10.0, ge=0)
+    probe_interval_seconds: float = Field(default=10.0, gt=0)
+    probe_timeout_seconds: float = Field(default=5.0, gt=0)
+    lost_after_probe_failures: int = Field(default=2, ge=1)
+    event_wait_seconds: float = Field(default=1.0, gt=0)
+
+    @field_validator("xid_classes")
+    @classmethod
+    def _positive_xids(cls, value: dict[int, FaultClass]) -> dict[int, FaultClass]:
+        bad = sorted(x for x in value if x <= 0)
+        if bad:
+            raise ValueError(f"XID numbers must be positive, got {bad}")
+        return value
+
+    def effect(self, fault_class: FaultClass) -> Effect:
+        return {
+            FaultClass.APPLICATION: self.application_effect,
+            FaultClass.INFORMATIONAL: self.informational_effect,
+            FaultClass.RESET: self.reset_effect,
+            FaultClass.UNCONTAINED: self.uncontained_effect,
+            FaultClass.LOST: self.lost_effect,
+        }[fault_class]
+
+    def xid_class(self, xid: int) -> FaultClass:
+        if xid in self.xid_classes:
+            return self.xid_classes[xid]
+        return XID_TABLE.get(xid, (UNKNOWN_XID_CLASS, ""))[0]
+
+
+def xid_meaning(xid: int) -> str:
+    return XID_TABLE.get(xid, (UNKNOWN_XID_CLASS, "unlisted XID"))[1]
+
+
+def parse_xid_classes(text: str) -> dict[int, FaultClass]:
+    """``"94=reset,109=application"`` → ``{94: RESET, 109: APPLICATION}``."""
+    result: dict[int, FaultClass] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        xid, sep, name = item.partition("=")
+        if not sep or not xid.strip().isdigit():
+            raise ConfigError(f"--health-xid-classes: {item!r} is not XID=CLASS (e.g. 94=reset)")
+        try:
+            result[int(xid)] = FaultClass(name.strip().lower())
+        except ValueError:
+            choices = ", ".join(c.value for c in FaultClass)
+            raise ConfigError(
+                f"--health-xid-classes: class {name.strip()!r} for XID {xid.strip()} is not one of "
+                f"{choices}"
+            ) from None
+    return result
+
+
+_EFFECT_CHOICES = ("Ignore", "None", "NoSchedule", "NoExecute")
+
+
+def add_health_arguments(
+    parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None
+) -> None:
+    """Add the ``--health-*`` flags (each with its ``TRANCHE_HEALTH_*`` twin)."""
+    defaults = HealthPolicy()
+    for cls in FaultClass:
+        add_flag(
+            parser,
+            f"--health-{cls.value}-effect",
+            f"taint effect for {cls.value} faults (Ignore = no taint)",
+            default=defaults.effect(cls),
+            choices=_EFFECT_CHOICES,
+            env=env,
+        )
+    add_flag(
+        parser,
+        "--health-xid-classes",
+        "move XIDs between fault classes, e.g. 94=reset,109=application",
+        default="",
+        env=env,
+    )
+    numeric = (
+        (
+            "--health-quiet-seconds",
+            "seconds without a new error before a taint heals",
+            defaults.quiet_seconds,
+        ),
+        (
+            "--health-debounce-seconds",
+            "seconds in which repeats of one fault are merged",
+            defaults.debounce_seconds,
+        ),
+        (
+            "--health-probe-interval-seconds",
+            "seconds between health probes of each GPU",
+            defaults.probe_interval_seconds,
+        ),
+        (
+            "--health-probe-timeout-seconds",
+            "seconds a probe may take before it counts as failed",
+            defaults.probe_timeout_seconds,
+        ),
+        (
+            "--health-lost-after-probe-failures",
+            "failed probes in a row that mark a GPU lost",
+            defaults.lost_after_probe_failures,
+        ),
+    )
+    for flag, help_text, default in numeric:
+        add_flag(parser, flag, help_text, default=str(default), env=env)
+
+
+def policy_from_args(args: argparse.Namespace) -> HealthPolicy:
+    """Validate the ``--health-*`` flags; a bad value raises :class:`ConfigError`."""
+    try:
+        return HealthPolicy(
+            application_effect=args.health_application_effect,
+            informational_effect=args.health_informational_effect,
+            reset_effect=args.health_reset_effect,
+            uncontained_effect=args.health_uncontained_effect,
+            lost_effect=args.health_lost_effect,
+            xid_classes=parse_xid_classes(args.health_xid_classes or ""),
+            quiet_seconds=args.health_quiet_seconds,
+            debounce_seconds=args.health_debounce_seconds,
+            probe_interval_seconds=args.health_probe_interval_seconds,
+            probe_timeout_seconds=args.health_probe_timeout_seconds,
+            lost_after_probe_failures=args.health_lost_after_probe_failures,
+        )
+    except ValidationError as e:
+        fields = "; ".join(
+            f"--health-{'-'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
+            for err in e.errors()
+        )
+        raise ConfigError(f"invalid health settings: {fields}") from e
