@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # Build the control-plane binaries (etcd, kube-apiserver, kube-scheduler,
 # kube-controller-manager, kubectl) from the pinned Go modules under hack/.
-# Binaries land in a cache directory outside the repository, keyed by version
-# and by the go.sum files, so a warm run builds nothing.
+# Binaries land in a cache directory outside the repository, keyed by the
+# go.sum files and the build recipe (versions, flags), so a warm run builds
+# nothing and editing this script's comments or locking does not force a rebuild.
 #
-# Prints the binary directory on its last line of stdout.
+# Concurrent callers are serialised with an exclusive flock on
+# <cache root>/.build.lock: the second waits, then finds the finished cache.
+#
+# Progress goes to stderr; the binary directory is the last line of stdout.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.7.3
 cache_root=${TRANCHE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tranche}
-key=$(cat "$here/k8sbin/go.sum" "$here/etcdbin/go.sum" "$0" | sha256sum | cut -c1-12)
+want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+
+ldf="-s -w"
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldf="$ldf -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=37 -X $p.gitTreeState=clean"
+done
+recipe="k8s=$K8S_VERSION etcd=$ETCD_VERSION CGO_ENABLED=0 -trimpath etcd-ldflags='-s -w' k8s-ldflags='$ldf'"
+key=$( { cat "$here/k8sbin/go.sum" "$here/etcdbin/go.sum"; echo "$recipe"; } | sha256sum | cut -c1-12)
 bin="$cache_root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-$key/bin"
 stamp="$bin/.stamp"
-want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
 complete() {
   [ -f "$stamp" ] || return 1
@@ -27,12 +37,27 @@ if complete; then
   exit 0
 fi
 
+mkdir -p "$cache_root"
+lock="$cache_root/.build.lock"
+exec 9>"$lock"
+if ! flock -n 9; then
+  echo "build-k8s: another build holds $lock; waiting for it to finish" >&2
+  flock 9
+fi
+if complete; then
+  echo "control plane binaries: built by a concurrent caller, cached in $bin" >&2
+  echo "$bin"
+  exit 0
+fi
+
 command -v go >/dev/null || { echo "build-k8s: step 'find go': 'go' is not on PATH; install Go >= 1.26" >&2; exit 1; }
 mkdir -p "$bin"
 log="$bin/../build.log"
 : >"$log"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 start=$(date +%s)
+beat=
+trap '[ -z "$beat" ] || kill "$beat" 2>/dev/null || true' EXIT
 
 step() {  # step NAME DIR -- command...
   local name=$1 dir=$2; shift 3
@@ -40,22 +65,17 @@ step() {  # step NAME DIR -- command...
   echo "build-k8s: [$name] started (total elapsed $(( t0 - start ))s)" >&2
   # Print a heartbeat while the step runs: a cold build takes many minutes.
   ( while sleep 60; do echo "build-k8s: [$name] still building, $(( $(date +%s) - t0 ))s" >&2; done ) &
-  local beat=$!
+  beat=$!
   if ! (cd "$dir" && "$@") >>"$log" 2>&1; then
-    kill "$beat" 2>/dev/null || true
     echo "build-k8s: step '$name' failed: (cd $dir && $*)" >&2
     echo "build-k8s: last lines of $log:" >&2
     tail -n 30 "$log" >&2
     exit 1
   fi
   kill "$beat" 2>/dev/null || true
+  beat=
   echo "build-k8s: [$name] done in $(( $(date +%s) - t0 ))s" >&2
 }
-
-ldf="-s -w"
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldf="$ldf -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=37 -X $p.gitTreeState=clean"
-done
 
 step "download modules" "$here/k8sbin" -- go mod download
 step "download etcd modules" "$here/etcdbin" -- go mod download
