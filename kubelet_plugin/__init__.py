@@ -1,0 +1,1 @@
+"""The node process: kubelet gRPC servers, ResourceSlice publisher, the kubelet-plugin command."""

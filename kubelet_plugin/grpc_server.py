@@ -1,0 +1,210 @@
+"""Socket lifecycle of the kubelet plugin: DRA socket first, registration socket last.
+
+Layout (as the Go helper ``k8s.io/dynamic-resource-allocation/kubeletplugin``)::
+
+    <kubelet root>/plugins/<driver>/dra.sock             DRA v1 + v1beta1, health v1 + v1alpha1
+    <kubelet root>/plugins_registry/<driver>-reg.sock    pluginregistration.Registration
+
+With rolling updates (two plugin pods of one node serving at once) both names
+carry the pod UID: ``dra-<uid>.sock`` and ``<driver>-<uid>-reg.sock``; where
+the registration path would be too long, a hash of the UID replaces it, as the
+Go helper does (:func:`registration_socket_name`).
+
+``start()`` replaces stale sockets, serves DRA, then opens the registration
+socket. ``stop(grace)`` removes the registration socket first (the kubelet
+deregisters), ends health streams, lets in-flight calls finish within
+``grace`` seconds, then removes the DRA socket.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import stat
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from driver.api import DraDriver, HealthSource
+from driver.errors import ConfigError
+from kubelet_plugin.grpc_dra import add_dra_services
+from kubelet_plugin.health_service import add_health_services
+from kubelet_plugin.registration import RegistrationServicer, RegistrationState
+from proto.gen.pluginregistration import api_pb2_grpc as reg_grpc
+
+log = logging.getLogger(__name__)
+
+# gRPC needs the path plus a terminating NUL in sockaddr_un.sun_path (108 bytes).
+UNIX_PATH_MAX = 107
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def registration_socket_name(registry_dir: str, driver_name: str, pod_uid: str | None) -> str:
+    """Basename of the registration socket, as the Go helper picks it.
+
+    Without rolling updates ``<driver>-reg.sock``; with them the first that fits:
+    ``<driver>-<uid>-reg.sock``, ``<driver>-<b64(sha256(uid))[:8 bytes]>-reg.sock``,
+    ``dra-<b64(sha256(driver NUL uid))[:16 bytes]>-reg.sock``.
+    """
+    if not pod_uid:
+        return f"{driver_name}-reg.sock"
+    uid_hash = hashlib.sha256(pod_uid.encode()).digest()
+    pair_hash = hashlib.sha256(f"{driver_name}\x00{pod_uid}".encode()).digest()
+    candidates = [
+        f"{driver_name}-{pod_uid}-reg.sock",
+        f"{driver_name}-{_b64(uid_hash[:8])}-reg.sock",
+        f"dra-{_b64(pair_hash[:16])}-reg.sock",
+    ]
+    for name in candidates:
+        if len(str(Path(registry_dir) / name).encode()) <= UNIX_PATH_MAX:
+            return name
+    return candidates[-1]
+
+
+def dra_socket_name(pod_uid: str | None) -> str:
+    return f"dra-{pod_uid}.sock" if pod_uid else "dra.sock"
+
+
+def _prepare_socket_path(path: Path, flag: str) -> None:
+    """Create the directory and remove a stale socket; refuse what is not ours to remove."""
+    if len(str(path).encode()) > UNIX_PATH_MAX:
+        raise ConfigError(
+            f"{flag}: socket path {path} is {len(str(path).encode())} bytes; "
+            f"Unix sockets allow at most {UNIX_PATH_MAX}"
+        )
+    path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"{flag}: {path} is a directory, not a socket")
+    log.info("removing stale socket path=%s", path)
+    path.unlink()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+class _Socket:
+    """One gRPC server on one Unix socket, removed on stop only if it is still ours."""
+
+    def __init__(self, path: Path, server: grpc.Server) -> None:
+        self.path = path
+        self.server = server
+        self._identity: tuple[int, int] | None = None
+
+    def start(self) -> None:
+        self.server.add_insecure_port(f"unix:{self.path}")
+        self.server.start()
+        self._identity = _identity(self.path)
+
+    def stop(self, grace: float) -> None:
+        self.server.stop(grace).wait()
+        if self._identity is not None and _identity(self.path) == self._identity:
+            self.path.unlink(missing_ok=True)
+        self._identity = None
+
+
+class PluginServer:
+    """The kubelet-facing gRPC servers of one plugin instance."""
+
+    def __init__(
+        self,
+        driver_name: str,
+        kubelet_root: str | Path,
+        dra: DraDriver,
+        *,
+        health: HealthSource | None = None,
+        rolling_update_uid: str | None = None,
+        max_workers: int = 16,
+    ) -> None:
+        root = Path(kubelet_root).absolute()
+        registry_dir = root / "plugins_registry"
+        self.driver_name = driver_name
+        self.plugin_data_dir = root / "plugins" / driver_name
+        self._dra_path = self.plugin_data_dir / dra_socket_name(rolling_update_uid)
+        self._reg_path = registry_dir / registration_socket_name(
+            str(registry_dir), driver_name, rolling_update_uid
+        )
+        self._dra = dra
+        self._health = health
+        self._max_workers = max_workers
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[_Socket] = []
+        self.registration = RegistrationState()
+        self.supported_versions: tuple[str, ...] = ()
+
+    @property
+    def endpoint(self) -> str:
+        """Absolute path of the DRA service socket (``PluginInfo.endpoint``)."""
+        return str(self._dra_path)
+
+    @property
+    def registration_socket(self) -> str:
+        return str(self._reg_path)
+
+    def start(self) -> None:
+        with self._lock:
+            if self._sockets:
+                return
+            self._stopping.clear()
+            _prepare_socket_path(self._dra_path, "--kubelet-root/--driver-name (DRA socket)")
+            _prepare_socket_path(self._reg_path, "--kubelet-root/--driver-name (registration)")
+            dra_server = grpc.server(
+                futures.ThreadPoolExecutor(self._max_workers, thread_name_prefix="dra-grpc")
+            )
+            versions = add_dra_services(dra_server, self._dra)
+            if self._health is not None:
+                versions += add_health_services(dra_server, self._health, self._stopping)
+            self.supported_versions = tuple(versions)
+            dra_socket = _Socket(self._dra_path, dra_server)
+            dra_socket.start()
+            self._sockets.append(dra_socket)
+
+            reg_server = grpc.server(
+                futures.ThreadPoolExecutor(2, thread_name_prefix="registration-grpc")
+            )
+            reg_grpc.add_RegistrationServicer_to_server(
+                RegistrationServicer(
+                    self.driver_name, self.endpoint, self.supported_versions, self.registration
+                ),
+                reg_server,
+            )
+            reg_socket = _Socket(self._reg_path, reg_server)
+            try:
+                reg_socket.start()
+            except Exception:
+                dra_socket.stop(0)
+                self._sockets.clear()
+                raise
+            self._sockets.append(reg_socket)
+            log.info(
+                "plugin serving driver=%s endpoint=%s registration=%s versions=%s",
+                self.driver_name,
+                self.endpoint,
+                self.registration_socket,
+                ",".join(self.supported_versions),
+            )
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Deregister, then finish in-flight calls within ``grace`` seconds and remove sockets."""
+        with self._lock:
+            self._stopping.set()
+            for sock in reversed(self._sockets):
+                sock.stop(0 if sock.path == self._reg_path else grace)
+            if self._sockets:
+                log.info("plugin stopped driver=%s endpoint=%s", self.driver_name, self.endpoint)
+            self._sockets.clear()
