@@ -1,0 +1,43 @@
+"""Atomic file replacement shared by the checkpoint and the CDI specs."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from driver.faults import NO_FAULTS, FaultPoints
+
+
+def write_atomic(
+    path: Path, data: bytes, *, fault_point: str = "", faults: FaultPoints = NO_FAULTS
+) -> None:
+    """Write ``data`` to ``path`` so readers see the old or the new file, never a mix.
+
+    A temporary file in the same directory is written and fsynced, then renamed
+    over ``path``, and the directory is fsynced so the rename survives a crash.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if fault_point:
+            faults.reached(fault_point)
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def remove_stale_temporaries(directory: Path, name: str) -> None:
+    """Delete temporaries of ``name`` left by a process that died mid-write."""
+    for tmp in directory.glob(f".{name}.*.tmp"):
+        tmp.unlink(missing_ok=True)
