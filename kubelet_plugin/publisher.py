@@ -1,0 +1,383 @@
+"""Publishes the node's ResourceSlices and keeps them published.
+
+One pool per node. :class:`Publisher` runs two threads: a sync loop that makes
+the API server hold exactly the desired slices (create, replace, delete; the
+pool generation bumped only when the desired content changed), and a watch on
+the slices of this node and driver that wakes the sync loop whenever one is
+added, edited or deleted (a starting kubelet deletes every slice of its node).
+Failures are retried with exponential back-off; a write whose read-back lacks
+a field (a feature gate off in the API server) is a clear error, and the pool
+is withdrawn rather than published without, say, its MIG counters or taints.
+
+Slices are owned by the Node object, so they go when the node goes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from driver.errors import ApiUnavailable, ConfigError, PermanentError
+from kubelet_plugin import slice_diff
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceslices"
+
+Json = dict[str, Any]
+CountHook = Callable[[str], None]
+_iter_lines: Callable[[Any], Any] = iter_resp_lines
+
+
+class FieldDroppedError(PermanentError):
+    """The API server did not keep a field that was written (a feature gate is off)."""
+
+
+class Backoff:
+    """Exponential back-off: ``initial`` doubling up to ``cap`` seconds; reset on success."""
+
+    def __init__(self, initial: float = 0.5, cap: float = 30.0) -> None:
+        self.initial, self.cap = initial, cap
+        self._next = initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+
+class Publisher:
+    """Keeps the ResourceSlices of one node's pool equal to the desired set.
+
+    ``update()`` hands over a new desired set (from :func:`driver.slices.build_slices`);
+    ``wait_published()`` blocks until the API server holds it. ``on_count`` is
+    called with an event name (``slice_created``, ``slice_updated``,
+    ``slice_deleted``, ``generation_bump``, ``sync``, ``sync_error``,
+    ``field_dropped``) for metrics.
+    """
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        driver_name: str,
+        node_name: str,
+        *,
+        on_count: CountHook | None = None,
+        resync_seconds: float = 300.0,
+        permanent_retry_seconds: float = 60.0,
+        backoff: Backoff | None = None,
+        request_timeout: float = 10.0,
+        watch_seconds: int = 300,
+    ) -> None:
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self._objects = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self._count = on_count or (lambda _name: None)
+        self._resync = resync_seconds
+        self._permanent_retry = permanent_retry_seconds
+        self._backoff = backoff or Backoff()
+        self._watch_backoff = Backoff(self._backoff.initial, self._backoff.cap)
+        self._timeout = request_timeout
+        self._watch_seconds = watch_seconds
+        self._selector = f"spec.nodeName={node_name},spec.driver={driver_name}"
+
+        self._cond = threading.Condition()
+        self._desired: list[Json] | None = None
+        self._version = 0  # bumped by update()
+        self._published_version = -1  # the version the API server was last seen to hold
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._watch_response: Any = None
+
+        self.generation = 0
+        self._published_digest: str | None = None
+        self.error: str | None = None  # the last failure, None after a successful sync
+
+    # --- public interface -------------------------------------------------------------
+
+    def update(self, desired: Sequence[Mapping[str, Any]]) -> None:
+        """Publish ``desired`` (full ResourceSlice dicts) from now on."""
+        slices = [json.loads(json.dumps(s)) for s in desired]
+        for s in slices:
+            spec = s.get("spec", {})
+            if (spec.get("driver"), spec.get("nodeName"), spec.get("pool", {}).get("name")) != (
+                self.driver_name,
+                self.node_name,
+                self.node_name,
+            ):
+                raise ConfigError(
+                    f"ResourceSlice {s.get('metadata', {}).get('name')!r}: spec.driver, "
+                    f"spec.nodeName and spec.pool.name must be {self.driver_name!r}, "
+                    f"{self.node_name!r} and {self.node_name!r}"
+                )
+        with self._cond:
+            self._desired = slices
+            self._version += 1
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._threads:
+            return
+        for target, name in ((self._sync_loop, "sync"), (self._watch_loop, "watch")):
+            t = threading.Thread(target=target, name=f"slice-publisher-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop both threads; the published slices stay."""
+        self._stop.set()
+        self._wake.set()
+        self._close_watch()
+        for t in self._threads:
+            t.join(timeout)
+        self._threads.clear()
+
+    def wait_published(self, timeout: float) -> bool:
+        """Block until the API server holds the last desired set; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._published_version != self._version or self._desired is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def resync(self) -> None:
+        """Compare with the API server now (normally done on watch events and periodically)."""
+        self._wake.set()
+
+    # --- sync loop --------------------------------------------------------------------
+
+    def _sync_loop(self) -> None:
+        not_before = 0.0
+        failed_version = -1
+        while not self._stop.is_set():
+            self._wake.wait(self._resync)
+            if self._stop.is_set():
+                return
+            with self._cond:
+                version = self._version
+            delay = not_before - time.monotonic()
+            if delay > 0 and version == failed_version:
+                self._stop.wait(delay)  # back-off: events alone do not cut it short
+                continue
+            self._wake.clear()
+            try:
+                self._sync(version)
+            except PermanentError as e:
+                self._fail(str(e), permanent=True)
+                not_before, failed_version = time.monotonic() + self._permanent_retry, version
+                self._wake.set()
+            except Exception as e:
+                self._fail(_describe(e), permanent=False)
+                not_before, failed_version = time.monotonic() + self._backoff.next(), version
+                self._wake.set()
+            else:
+                self._backoff.reset()
+                not_before, failed_version = 0.0, -1
+
+    def _fail(self, message: str, *, permanent: bool) -> None:
+        self.error = message
+        self._count("sync_error")
+        level = logging.ERROR if permanent else logging.WARNING
+        log.log(
+            level,
+            "slice publishing failed node=%s driver=%s permanent=%s error=%s",
+            self.node_name,
+            self.driver_name,
+            permanent,
+            message,
+            extra={"node": self.node_name, "driver": self.driver_name, "permanent": permanent},
+        )
+
+    def _sync(self, version: int) -> None:
+        with self._cond:
+            desired = self._desired
+        if desired is None:
+            return
+        node_uid = self._node_uid()
+        existing = self._list()
+        p = slice_diff.plan(
+            desired,
+            existing,
+            node_name=self.node_name,
+            node_uid=node_uid,
+            known_generation=self.generation,
+            known_digest=self._published_digest,
+        )
+        self._count("sync")
+        if not p.empty:
+            self._apply(p)
+            if p.bumped:
+                self._count("generation_bump")
+            log.info(
+                "slices published node=%s driver=%s generation=%d created=%d updated=%d deleted=%d",
+                self.node_name,
+                self.driver_name,
+                p.generation,
+                len(p.create),
+                len(p.replace),
+                len(p.delete),
+                extra={"node": self.node_name, "generation": p.generation},
+            )
+        self.generation = p.generation
+        self._published_digest = slice_diff.digest(desired)
+        self.error = None
+        with self._cond:
+            if version == self._version:
+                self._published_version = version
+            self._cond.notify_all()
+
+    def _apply(self, p: slice_diff.Plan) -> None:
+        try:
+            for body in p.create:
+                got = self._call(
+                    self._objects.create_cluster_custom_object, GROUP, VERSION, PLURAL, body
+                )
+                self._count("slice_created")
+                self._check_kept(body, got)
+            for body in p.replace:
+                name = body["metadata"]["name"]
+                got = self._call(
+                    self._objects.replace_cluster_custom_object, GROUP, VERSION, PLURAL, name, body
+                )
+                self._count("slice_updated")
+                self._check_kept(body, got)
+        except FieldDroppedError:
+            self._withdraw()
+            raise
+        for name in p.delete:
+            self._delete(name)
+
+    def _check_kept(self, body: Json, got: Json) -> None:
+        want = slice_diff.content(body["spec"])
+        have = slice_diff.content(got.get("spec", {}), like=body["spec"])
+        lost = slice_diff.lost_fields(want, have)
+        if lost:
+            self._count("field_dropped")
+            shown = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+            raise FieldDroppedError(
+                f"ResourceSlice {body['metadata']['name']}: the API server did not keep {shown}; "
+                "is a DRA feature gate (DRAPartitionableDevices, DRADeviceTaints, ...) off? "
+                "The pool is withdrawn until the slices can be stored as written"
+            )
+
+    def _withdraw(self) -> None:
+        """Delete every slice of the pool: publishing part of a device's truth is unsafe."""
+        for obj in self._list():
+            self._delete(obj["metadata"]["name"])
+        self._published_digest = None
+
+    def _delete(self, name: str) -> None:
+        try:
+            self._call(self._objects.delete_cluster_custom_object, GROUP, VERSION, PLURAL, name)
+            self._count("slice_deleted")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def _node_uid(self) -> str:
+        try:
+            node = self._call(self._core.read_node, self.node_name)
+        except ApiException as e:
+            if e.status == 404:
+                raise ApiUnavailable(
+                    f"Node {self.node_name!r} does not exist; its ResourceSlices need it as owner"
+                ) from e
+            raise
+        return str(node.metadata.uid)
+
+    def _list(self) -> list[Json]:
+        result = self._call(
+            self._objects.list_cluster_custom_object,
+            GROUP,
+            VERSION,
+            PLURAL,
+            field_selector=self._selector,
+        )
+        items: list[Json] = result.get("items", [])
+        return items
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, _request_timeout=self._timeout, **kwargs)
+        except ApiException as e:
+            if e.status == 422:
+                raise ConfigError(f"API server rejected ResourceSlice: {_reason(e)}") from e
+            raise
+
+    # --- watch ------------------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                resp = self._objects.list_cluster_custom_object(
+                    GROUP,
+                    VERSION,
+                    PLURAL,
+                    field_selector=self._selector,
+                    watch=True,
+                    timeout_seconds=self._watch_seconds,
+                    _preload_content=False,
+                    _request_timeout=(self._timeout, self._watch_seconds + self._timeout),
+                )
+                self._watch_response = resp
+                for line in _iter_lines(resp):
+                    if self._stop.is_set():
+                        break
+                    self._on_watch_line(line)
+                self._watch_backoff.reset()
+            except Exception as e:
+                if self._stop.is_set():
+                    return
+                log.debug("slice watch interrupted node=%s error=%s", self.node_name, _describe(e))
+                self._stop.wait(self._watch_backoff.next())
+            finally:
+                self._close_watch()
+
+    def _on_watch_line(self, line: str) -> None:
+        if not line:
+            return
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        if event.get("type") in {"ADDED", "MODIFIED", "DELETED"}:
+            self._wake.set()
+
+    def _close_watch(self) -> None:
+        resp, self._watch_response = self._watch_response, None
+        if resp is not None:
+            try:
+                resp.shutdown()
+                resp.release_conn()
+            except Exception as e:
+                log.debug("closing slice watch failed error=%s", _describe(e))
+
+
+def _reason(e: ApiException) -> str:
+    try:
+        body = json.loads(e.body or "{}")
+    except ValueError:
+        return f"{e.status} {e.reason}"
+    return str(body.get("message") or f"{e.status} {e.reason}")
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, ApiException):
+        return f"HTTP {e.status}: {_reason(e)}"
+    return f"{type(e).__name__}: {e}"
