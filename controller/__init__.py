@@ -1,0 +1,1 @@
+"""Tranche's cluster process and cluster-facing commands (webhooks, taints, reports)."""
