@@ -1,0 +1,29 @@
+"""Find the control-plane binaries through hack/build-k8s.sh (cached after one build)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from hack.devcluster.errors import ClusterError
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "hack" / "build-k8s.sh"
+
+
+def build_or_find() -> Path:
+    """Run ``hack/build-k8s.sh`` (a no-op when cached) and return its binary directory.
+
+    Build progress goes to this process's stderr.
+    """
+    try:
+        done = subprocess.run([str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
+    except OSError as e:
+        raise ClusterError("build control plane", f"cannot run {BUILD_SCRIPT}: {e}") from e
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise ClusterError(
+            "build control plane",
+            f"{BUILD_SCRIPT} exited with code {done.returncode}; its stderr above says why",
+        )
+    return Path(lines[-1])

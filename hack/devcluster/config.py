@@ -1,0 +1,147 @@
+"""Configuration of a dev cluster and the layout of its state directory."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Every DRA feature of Kubernetes 1.37 that Tranche uses, switched on explicitly
+# (all of them default to on in v1.37.2; the locked GA ones accept only true).
+# Checked against pkg/features/kube_features.go of k8s.io/kubernetes@v1.37.2.
+DRA_FEATURE_GATES: dict[str, bool] = {
+    "DynamicResourceAllocation": True,  # GA, locked
+    "DRAAdminAccess": True,  # GA, locked
+    "DRAPrioritizedList": True,  # GA, locked
+    "DRAExtendedResource": True,  # GA, locked: extended resources backed by DRA
+    "DRAResourceClaimDeviceStatus": True,  # GA, locked
+    "DRADeviceTaints": True,  # GA
+    "DRADeviceTaintRules": True,  # GA: DeviceTaintRule in resource.k8s.io/v1
+    "DRAPartitionableDevices": True,  # beta
+    "DRAConsumableCapacity": True,  # beta
+    "DRADeviceBindingConditions": True,  # beta
+    "ResourceHealthStatus": True,  # beta
+    "ResourceHealthStatusMessage": True,  # beta
+}
+
+CONTROLLERS = (
+    "resourceclaim-controller",
+    "device-taint-eviction-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "pod-garbage-collector-controller",
+    "validatingadmissionpolicy-status-controller",
+)
+
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
+
+# Start order; stop runs in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+
+_GATE_NAME = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+
+
+class ClusterConfig(BaseModel):
+    """Everything the launcher needs, validated once."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state_dir: Path
+    bin_dir: Path
+    apiserver_port: int = Field(default=0, ge=0, le=65535, description="0 = pick a free port")
+    feature_gates: dict[str, bool] = Field(
+        default_factory=dict, description="extra gates, override the DRA defaults by name"
+    )
+    start_timeout_s: float = Field(default=180.0, gt=0)
+    die_with_parent: bool = Field(
+        default=False, description="SIGKILL the components when the starting process dies"
+    )
+    verbosity: int = Field(default=1, ge=0, le=10)
+
+    @field_validator("feature_gates")
+    @classmethod
+    def _gate_names(cls, gates: dict[str, bool]) -> dict[str, bool]:
+        for name in gates:
+            if not _GATE_NAME.match(name):
+                raise ValueError(f"feature gate name {name!r} is not a CamelCase gate name")
+        return gates
+
+    def gate_string(self) -> str:
+        gates = {**DRA_FEATURE_GATES, **self.feature_gates}
+        return ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
+
+
+def parse_gates(text: str, *, field: str = "--feature-gates") -> dict[str, bool]:
+    """``A=true,B=false`` → ``{"A": True, "B": False}``; errors name the field and item."""
+    gates: dict[str, bool] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or value.lower() not in {"true", "false"}:
+            raise ValueError(f"{field}: {item!r} is not NAME=true|false")
+        gates[name.strip()] = value.lower() == "true"
+    return gates
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths inside the state directory."""
+
+    root: Path
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd-data"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def scheduler_config(self) -> Path:
+        return self.root / "kube-scheduler.yaml"
+
+    @property
+    def ports_file(self) -> Path:
+        return self.root / "ports.json"
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.root / "cluster.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / ".lock"
+
+    def log(self, component: str) -> Path:
+        return self.root / "logs" / f"{component}.log"
+
+    def pid_file(self, component: str) -> Path:
+        return self.root / "run" / f"{component}.pid"
+
+    def cert_dir(self, component: str) -> Path:
+        return self.root / "certs" / component
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    scheduler: int
+    controller_manager: int
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Ports:
+        data = json.loads(text)
+        return cls(**{k: int(data[k]) for k in cls.__dataclass_fields__})

@@ -1,0 +1,52 @@
+"""Shared test configuration.
+
+With ``CI=true`` (set by ``.ci/run``) a test that needs the real control plane
+must never be skipped: ``unavailable()`` fails instead of skipping, and any
+skip of a ``cluster``-marked test is turned into a failure as a backstop.
+Tests that use the ``cluster`` fixture are marked ``cluster`` automatically.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator
+from typing import NoReturn
+
+import pytest
+
+CLUSTER_FIXTURES = frozenset({"cluster", "namespace", "make_node", "k8s_bin_dir"})
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip with ``reason`` locally; fail with it under ``CI=true``."""
+    if in_ci():
+        pytest.fail(f"CI=true and the control plane is unavailable: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & CLUSTER_FIXTURES:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if (
+        in_ci()
+        and report.skipped
+        and item.get_closest_marker("cluster") is not None
+        and not hasattr(report, "wasxfail")
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"CI=true forbids skipping a cluster test; it was skipped: {reason}"
+    return report
