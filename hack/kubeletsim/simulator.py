@@ -41,6 +41,8 @@ from hack.kubeletsim.client import (
 
 log = logging.getLogger(__name__)
 
+RESOURCE_V1 = "/apis/resource.k8s.io/v1"
+
 
 @dataclass(frozen=True)
 class CallRecord:
@@ -283,32 +285,46 @@ class KubeletSimulator:
 
     # DRA manager over the API server
 
-    def _get_json(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        response = call(*args, _preload_content=False, **kwargs)
-        return json.loads(response.data)
-
-    def _delete_node_slices(self) -> None:
+    def _request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
+        """One API request with a JSON body and answer (the raw JSON keeps fields the
+        client models may not know yet). 404 → None; other failures raise ApiException."""
         from kubernetes import client  # noqa: PLC0415 (only with an API server)
 
+        method, url, headers, data, _ = self._api.param_serialize(
+            method,
+            path,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+        )
+        resp = self._api.call_api(
+            method, url, header_params=headers, body=data, _request_timeout=30
+        )
+        raw = resp.read()
+        if resp.status == 404:
+            return None
+        if not 200 <= resp.status <= 299:
+            raise client.ApiException(status=resp.status, reason=resp.reason, body=raw.decode())
+        return json.loads(raw) if raw else {}
+
+    def _delete_node_slices(self) -> None:
         selector = f"spec.nodeName={self.node_name}"
-        client.ResourceV1Api(self._api).delete_collection_resource_slice(field_selector=selector)
+        self._request("DELETE", f"{RESOURCE_V1}/resourceslices?fieldSelector={selector}")
         self._record(CallRecord("DeleteSlices", "", (selector,), "deleted"))
 
     def _watch_pods(self) -> None:
-        from kubernetes import client  # noqa: PLC0415 (only with an API server)
-
-        core = client.CoreV1Api(self._api)
-        resource = client.ResourceV1Api(self._api)
-        pods = self._get_json(
-            core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={self.node_name}"
-        )["items"]
+        pods = self._request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName={self.node_name}")
         live: set[str] = set()
-        for pod in pods:
+        for pod in pods["items"]:
             meta = pod["metadata"]
-            if meta.get("deletionTimestamp"):
+            if meta.get("deletionTimestamp") or pod.get("status", {}).get("phase") in (
+                "Succeeded",
+                "Failed",
+            ):
                 continue
             live.add(meta["uid"])
-            self._sync_pod(pod, core, resource)
+            self._sync_pod(pod)
         with self._lock:
             for claim in self._claims.values():
                 gone = claim.pods - live
@@ -317,10 +333,10 @@ class KubeletSimulator:
             done = [uid for uid, c in self._claims.items() if not c.pods]
         for uid in done:
             self._unprepare_claim(uid)
-        for pod in pods:
+        for pod in pods["items"]:
             meta = pod["metadata"]
             if meta.get("deletionTimestamp") and not self._pod_holds_claims(meta["uid"]):
-                self._finish_deletion(core, meta)
+                self._finish_deletion(meta)
 
     def _pod_holds_claims(self, pod_uid: str) -> bool:
         with self._lock:
@@ -345,7 +361,7 @@ class KubeletSimulator:
             names.append(extended["resourceClaimName"])
         return names
 
-    def _sync_pod(self, pod: dict[str, Any], core: Any, resource: Any) -> None:
+    def _sync_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         names = self._claim_names(pod)
         if names is None:
@@ -353,7 +369,11 @@ class KubeletSimulator:
         by_driver: dict[str, list[ClaimRequest]] = {}
         refs: dict[str, tuple[ClaimRequest, tuple[str, ...]]] = {}
         for name in names:
-            claim = self._get_json(resource.read_namespaced_resource_claim, name, meta["namespace"])
+            claim = self._request(
+                "GET", f"{RESOURCE_V1}/namespaces/{meta['namespace']}/resourceclaims/{name}"
+            )
+            if claim is None:
+                return
             status = claim.get("status", {})
             reserved = {r.get("uid") for r in status.get("reservedFor", [])}
             if "allocation" not in status or meta["uid"] not in reserved:
@@ -384,7 +404,7 @@ class KubeletSimulator:
                 self._claims.setdefault(uid, _PreparedClaim(ref, drivers, set())).pods.add(
                     meta["uid"]
                 )
-        self._mark_running(pod, core)
+        self._mark_running(pod)
 
     def _unprepare_claim(self, uid: str) -> None:
         with self._lock:
@@ -399,7 +419,7 @@ class KubeletSimulator:
         with self._lock:
             self._claims.pop(uid, None)
 
-    def _mark_running(self, pod: dict[str, Any], core: Any) -> None:
+    def _mark_running(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         if not self._update_pod_status or meta["uid"] in self._running_pods:
             return
@@ -414,19 +434,18 @@ class KubeletSimulator:
                     ],
                 }
             }
-            core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
+            path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+            self._request("PATCH", path, body, "application/merge-patch+json")
         self._running_pods.add(meta["uid"])
 
-    def _finish_deletion(self, core: Any, meta: dict[str, Any]) -> None:
-        from kubernetes import client  # noqa: PLC0415 (only with an API server)
-
-        options = client.V1DeleteOptions(
-            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"])
-        )
+    def _finish_deletion(self, meta: dict[str, Any]) -> None:
+        """Complete a graceful deletion, as the kubelet does once the containers are gone."""
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
         try:
-            core.delete_namespaced_pod(meta["name"], meta["namespace"], body=options)
-        except client.ApiException as err:
-            if err.status not in (404, 409):
+            self._request("DELETE", path, body)
+        except Exception as err:
+            if getattr(err, "status", None) != 409:  # 409: a new pod of the same name
                 raise
         self._running_pods.discard(meta["uid"])
 

@@ -1,0 +1,163 @@
+"""The kubelet simulator on the real control plane: it wipes the node's slices at start,
+prepares a scheduled pod's claim through the plugin's gRPC server, marks the pod
+Running, and on deletion unprepares the claim and completes the pod's deletion.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from hack.kubeletsim import KubeletSimulator
+from kubelet_plugin.grpc_server import PluginServer
+from tests.e2e.cluster_state import get_json, request_json
+from tests.e2e.conftest import Cluster
+from tests.e2e.test_environment import RESOURCE_V1, wait_for
+from tests.unit.kubelet_doubles import RecordingDriver
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def kubelet_root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="kl", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _slice(name: str, driver: str, node: str) -> dict[str, object]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+def _missing(api: client.ApiClient, path: str) -> bool:
+    try:
+        get_json(api, path)
+    except client.ApiException as e:
+        return bool(e.status == 404)
+    return False
+
+
+def test_simulated_kubelet_prepares_runs_and_unprepares_a_pod(
+    cluster: Cluster,
+    namespace: str,
+    make_node: Callable[..., str],
+    kubelet_root: Path,
+) -> None:
+    suffix = secrets.token_hex(4)
+    driver_name = f"sim-{suffix}.tranche.dev"
+    node = make_node(f"sim-node-{suffix}")
+    driver = RecordingDriver()
+    with cluster.api_client() as api:
+        stale = f"{RESOURCE_V1}/resourceslices/stale-{suffix}"
+        request_json(
+            api,
+            "POST",
+            f"{RESOURCE_V1}/resourceslices",
+            _slice(f"stale-{suffix}", driver_name, node),
+        )
+        server = PluginServer(driver_name, kubelet_root, driver)
+        sim = KubeletSimulator(node, kubelet_root, api, version_style="1.37")
+        class_path = f"{RESOURCE_V1}/deviceclasses/sim-{suffix}"
+        try:
+            sim.start()
+            assert _missing(api, stale), "a starting kubelet deletes the node's slices"
+            server.start()
+            assert sim.wait_for(lambda: len(sim.registrations()) == 1)
+
+            request_json(
+                api,
+                "POST",
+                f"{RESOURCE_V1}/deviceclasses",
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "DeviceClass",
+                    "metadata": {"name": f"sim-{suffix}"},
+                    "spec": {
+                        "selectors": [{"cel": {"expression": f'device.driver == "{driver_name}"'}}]
+                    },
+                },
+            )
+            request_json(
+                api,
+                "POST",
+                f"{RESOURCE_V1}/resourceslices",
+                _slice(f"live-{suffix}", driver_name, node),
+            )
+            claim = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "train"},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": f"sim-{suffix}"}}
+                        ]
+                    }
+                },
+            }
+            ns_path = f"{RESOURCE_V1}/namespaces/{namespace}"
+            created = request_json(api, "POST", f"{ns_path}/resourceclaims", claim)
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "trainer"},
+                "spec": {
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "train"}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.invalid/cuda",
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
+                },
+            }
+            pod_path = f"/api/v1/namespaces/{namespace}/pods/trainer"
+            request_json(api, "POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+
+            running = wait_for(
+                "the simulated kubelet to prepare the claim and run the pod",
+                lambda: get_json(api, pod_path)["status"].get("phase") == "Running",
+            )
+            assert running
+            claim_uid = created["metadata"]["uid"]
+            assert [[(c.namespace, c.name, c.uid) for c in call] for call in driver.prepared] == [
+                [(namespace, "train", claim_uid)]
+            ]
+            assert sim.prepared[claim_uid].devices[0].device_name == "gpu-train"
+
+            request_json(api, "DELETE", pod_path)  # graceful: the kubelet must finish it
+            wait_for("the pod to be gone", lambda: _missing(api, pod_path))
+            assert [[c.uid for c in call] for call in driver.unprepared] == [[claim_uid]]
+            methods = [c.method for c in sim.calls]
+            assert methods == [
+                "DeleteSlices",
+                "GetInfo+Notify",
+                "NodePrepareResources",
+                "NodeUnprepareResources",
+            ]
+        finally:
+            sim.stop()
+            server.stop(0)
+            for path in (class_path, f"{RESOURCE_V1}/resourceslices/live-{suffix}"):
+                try:
+                    request_json(api, "DELETE", path)
+                except client.ApiException as e:
+                    if e.status != 404:
+                        raise
