@@ -89,6 +89,19 @@ class XidEvent:
     code: int  # the XID number; 0 for non-XID kinds
     timestamp: float  # seconds since the epoch
     recovery_action: str | None = None  # NVML's nvmlDeviceGetRecoveryAction, where reported
+    gi_id: int | None = None  # MIG GPU instance the event is attributed to; None: whole GPU
+    ci_id: int | None = None  # MIG compute instance; None: whole GPU or whole GI
+
+
+@dataclass(frozen=True)
+class DeviceProbe:
+    """The result of a health probe of one GPU (a cheap NVML query on its handle)."""
+
+    uuid: str
+    healthy: bool
+    lost: bool  # NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus
+    code: int = 0  # the NVML return code of the failed query; 0 when healthy
+    detail: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,48 @@
+"""A simulated NVML: the same ``pynvml`` surface over simulated GPUs.
+
+``open_simulated(path)`` gives an :class:`~driver.nvml.facade.Nvml` over a
+state file created by ``tranche sim init``; ``SimControl`` injects faults,
+processes and load into the same file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from driver.nvml.facade import Nvml, OnCall
+from driver.nvml.sim.control import SimControl
+from driver.nvml.sim.host import SimHost, SimTimeslice
+from driver.nvml.sim.lib import SimulatedNvmlLib
+from driver.nvml.sim.profiles import NodeProfile, load_profile, shipped_profiles
+from driver.nvml.sim.state import SimState, SimStore, state_from_profile
+
+__all__ = [
+    "NodeProfile",
+    "SimControl",
+    "SimState",
+    "SimStore",
+    "SimulatedNvmlLib",
+    "create_state",
+    "load_profile",
+    "open_simulated",
+    "shipped_profiles",
+]
+
+
+def create_state(profile: str, path: Path | None = None) -> SimStore:
+    """Fresh simulated hardware from a profile name or file, optionally backed by ``path``."""
+    return SimStore(state_from_profile(load_profile(profile)), path)
+
+
+def open_simulated(store: SimStore | Path, *, on_call: OnCall | None = None) -> Nvml:
+    """An initialised :class:`Nvml` over simulated GPUs (a store or a state file)."""
+    if not isinstance(store, SimStore):
+        store = SimStore(path=store)
+    nvml = Nvml(
+        SimulatedNvmlLib(store),
+        host=SimHost(store),
+        timeslice=SimTimeslice(store),
+        on_call=on_call,
+    )
+    nvml.init()
+    return nvml
