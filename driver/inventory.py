@@ -377,7 +377,7 @@ def _gpu_slots(
                     continue
                 slot_name = mig_name(name, profile.name, start)
                 slots.setdefault(slot_name, MigDevice(slot_name, info, name, profile, start, size))
-    ordered = sorted(slots.values(), key=lambda m: (m.start, -m.size, m.profile.name))
+    ordered = sorted(slots.values(), key=lambda m: (m.size, m.start, m.profile.name))
     return ordered, whole_ok, notes
 
 
