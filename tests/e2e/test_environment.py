@@ -6,8 +6,10 @@ ResourceSlices on simulated nodes, and hack/dev-cluster leaves nothing behind.
 from __future__ import annotations
 
 import secrets
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -309,3 +311,47 @@ def test_dev_cluster_port_in_use_is_reported_and_cleaned_up(
     assert "step 'kube-apiserver'" in result.stderr
     assert f"port 127.0.0.1:{port} is already in use" in result.stderr
     assert processes_of(state) == []
+
+
+def test_dev_cluster_up_interrupted_by_sigterm_stops_what_it_started(
+    k8s_bin_dir: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "dc"
+    up = subprocess.Popen(
+        [DEV_CLUSTER, "--state-dir", str(state), "up", "--bin-dir", str(k8s_bin_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    apiserver_pid = state / "run" / "kube-apiserver.pid"
+    wait_for("kube-apiserver to be started", apiserver_pid.exists, timeout_s=120)
+    up.send_signal(signal.SIGTERM)
+    _, err = up.communicate(timeout=120)
+    assert up.returncode == 128 + signal.SIGTERM, err
+    assert processes_of(state) == []
+
+
+def test_components_die_with_a_killed_test_process(k8s_bin_dir: Path, tmp_path: Path) -> None:
+    # The pytest fixture starts components with die_with_parent: even a SIGKILLed
+    # test run (no atexit, no signal handler) leaves no control plane behind.
+    state = tmp_path / "dc"
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from hack.devcluster.config import ClusterConfig\n"
+        "from hack.devcluster.launcher import DevCluster\n"
+        "DevCluster(ClusterConfig(state_dir=Path(sys.argv[1]), bin_dir=Path(sys.argv[2]),\n"
+        "                         die_with_parent=True)).up()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script, str(state), str(k8s_bin_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert len(list((state / "run").glob("*.pid"))) == 4
+    wait_for("the orphaned components to exit", lambda: processes_of(state) == [], 30)

@@ -1,0 +1,122 @@
+"""The dev-cluster launcher's parts that need no control plane: flags, certificates,
+and process clean-up that never touches a process it did not start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from pydantic import ValidationError
+
+from hack.devcluster.config import ClusterConfig, Layout, parse_gates
+from hack.devcluster.errors import ClusterError
+from hack.devcluster.launcher import DevCluster
+from hack.devcluster.pki import ensure_pki
+from hack.devcluster.processes import alive, group_members, stop_group
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", {}),
+        ("A=true", {"A": True}),
+        ("A=true, B=False", {"A": True, "B": False}),
+    ],
+)
+def test_parse_gates(text: str, expected: dict[str, bool]) -> None:
+    assert parse_gates(text) == expected
+
+
+@pytest.mark.parametrize("text", ["A", "A=yes", "A=true,=x"])
+def test_parse_gates_names_the_flag_and_item(text: str) -> None:
+    with pytest.raises(ValueError, match=r"--feature-gates: .* is not NAME=true\|false"):
+        parse_gates(text)
+
+
+def test_extra_gates_override_the_dra_defaults(tmp_path: Path) -> None:
+    cfg = ClusterConfig(
+        state_dir=tmp_path,
+        bin_dir=tmp_path,
+        feature_gates={"DRAConsumableCapacity": False, "DRADerivedAttributes": True},
+    )
+    gates = dict(item.split("=") for item in cfg.gate_string().split(","))
+    assert gates["DRAConsumableCapacity"] == "false"
+    assert gates["DRADerivedAttributes"] == "true"
+    assert gates["DRADeviceTaintRules"] == "true"
+
+
+def test_bad_gate_name_is_rejected_naming_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="feature_gates"):
+        ClusterConfig(state_dir=tmp_path, bin_dir=tmp_path, feature_gates={"no-such gate": True})
+
+
+def test_pki_chain_and_identities(tmp_path: Path) -> None:
+    pki = ensure_pki(tmp_path / "pki")
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    server = x509.load_pem_x509_certificate(pki.server_cert.read_bytes())
+    admin = x509.load_pem_x509_certificate(pki.admin_cert.read_bytes())
+    for cert in (server, admin):
+        cert.verify_directly_issued_by(ca)
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in sans.get_values_for_type(x509.DNSName)
+    assert "127.0.0.1" in {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
+    assert admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == (
+        "system:masters"
+    )
+    usage = admin.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usage
+    assert oct(pki.admin_key.stat().st_mode & 0o777) == "0o600"
+
+
+def test_pki_is_reused_so_kubeconfigs_stay_valid(tmp_path: Path) -> None:
+    first = ensure_pki(tmp_path).ca_cert.read_bytes()
+    assert ensure_pki(tmp_path).ca_cert.read_bytes() == first
+
+
+def test_stop_group_ends_the_whole_group(tmp_path: Path) -> None:
+    # A shell that ignores SIGTERM and has a child: both must be gone afterwards.
+    proc = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 300 & wait"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while len(group_members(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(group_members(proc.pid)) == 2
+    stop_group(proc.pid, timeout_s=0.5)
+    proc.wait(timeout=5)
+    assert group_members(proc.pid) == []
+
+
+def _cluster(tmp_path: Path) -> DevCluster:
+    return DevCluster(ClusterConfig(state_dir=tmp_path, bin_dir=tmp_path / "bin"))
+
+
+def test_down_never_signals_a_process_it_did_not_start(tmp_path: Path) -> None:
+    layout = Layout(tmp_path.resolve())
+    layout.pid_file("etcd").parent.mkdir(parents=True)
+    layout.pid_file("etcd").write_text(f"{os.getpid()}\n")  # a recycled pid: this test
+    assert _cluster(tmp_path).down() == []
+    assert alive(os.getpid())
+    assert not layout.pid_file("etcd").exists()
+
+
+def test_down_stops_a_process_started_for_this_state_dir(tmp_path: Path) -> None:
+    layout = Layout(tmp_path.resolve())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", str(layout.root)],
+        start_new_session=True,
+    )
+    layout.pid_file("kube-apiserver").parent.mkdir(parents=True)
+    layout.pid_file("kube-apiserver").write_text(f"{proc.pid}\n")
+    assert _cluster(tmp_path).down() == ["kube-apiserver"]
+    assert not alive(proc.pid)
+    proc.wait(timeout=5)
+
+
+def test_up_without_binaries_names_the_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match=r"step 'find binaries': .*bin/etcd is missing"):
+        _cluster(tmp_path).up()
