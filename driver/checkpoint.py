@@ -195,6 +195,10 @@ class Checkpoint:
             self.path, payload, fault_point="checkpoint:before-replace", faults=self._faults
         )
 
+    def remove_temporaries(self) -> None:
+        """Delete half-written temporaries a killed process left (call under the lock)."""
+        remove_stale_temporaries(self.path.parent, self.path.name)
+
     def _quarantine(self, reason: str) -> LoadStatus:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self._clock()))
         moved = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")

@@ -1,0 +1,487 @@
+"""The prepare/unprepare executor: checkpoint first, two phases, crash-safe.
+
+:class:`DeviceState` turns a claim into a :class:`~driver.plan.Plan` (pure), then
+under a node-wide file lock:
+
+prepare
+    read the checkpoint; a ``PrepareCompleted`` claim returns its recorded answer
+    (the same every time); a ``PrepareStarted`` claim is rolled back; the guards
+    (exclusivity, and any the caller adds) run; ``PrepareStarted`` is recorded;
+    each step is applied; the CDI spec is written; ``PrepareCompleted`` is recorded.
+unprepare
+    undo the steps in reverse, remove the CDI spec, drop the claim (its
+    allocation record moves to the history). An unknown claim succeeds.
+
+Step kinds are applied by :class:`StepHandler` objects keyed by kind, so a new
+sharing mode adds a handler, not branches here. A plan with a step kind that
+has no handler fails that claim with a clear message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from driver.api import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
+from driver.cdi import CdiSpecs, ContainerEdits, claim_devices, claim_edits, device_id, device_name
+from driver.checkpoint import (
+    AllocatedDeviceRecord,
+    AllocationRecord,
+    Checkpoint,
+    CheckpointData,
+    ClaimRecord,
+    LoadStatus,
+    PodRecord,
+    PreparedDeviceRecord,
+)
+from driver.claims import ClaimAllocation, parse_claim
+from driver.errors import ClaimError, DeviceNotFound, NvmlError, RetryableError, TrancheError
+from driver.faults import NO_FAULTS, FaultPoints
+from driver.inventory import Inventory
+from driver.nvml.types import DeviceProbe
+from driver.plan import AttachGpu, Plan, PlannedDevice, SetTimeSlice, Step, build_plan
+
+log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT_S = 10.0
+
+
+class GpuControl(Protocol):
+    """The part of the NVML facade (:class:`driver.nvml.facade.Nvml`) the executor uses."""
+
+    def probe(self, uuid: str) -> DeviceProbe: ...
+
+    def set_timeslice(self, uuid: str, level: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What applying a step found out: device UUIDs and extra CDI edits per device."""
+
+    uuids: Mapping[str, str] = field(default_factory=dict)
+    edits: Mapping[str, ContainerEdits] = field(default_factory=dict)
+
+
+class StepHandler(Protocol):
+    """Applies and undoes one kind of step. Both must be safe to repeat.
+
+    ``others`` in :meth:`undo` are the plans of the other claims still recorded,
+    so a per-GPU setting is reset only when no other claim relies on it.
+    """
+
+    def apply(self, step: Step, plan: Plan) -> StepOutcome: ...
+
+    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None: ...
+
+
+class AttachGpuHandler:
+    """Whole GPUs: check the GPU answers NVML; nothing to change, nothing to undo."""
+
+    def __init__(self, nvml: GpuControl) -> None:
+        self._nvml = nvml
+
+    def apply(self, step: Step, plan: Plan) -> StepOutcome:
+        assert isinstance(step, AttachGpu)
+        probe = self._nvml.probe(step.gpu_uuid)
+        if not probe.healthy:
+            raise NvmlError(
+                f"device {step.device}: GPU {step.gpu_uuid} is not usable: {probe.detail}",
+                probe.code,
+            )
+        return StepOutcome(uuids={step.device: step.gpu_uuid})
+
+    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+        return None
+
+
+TIMESLICE_LEVELS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+
+
+class TimeSliceHandler:
+    """Set a GPU's time-slice interval; reset it to Default when its last user leaves."""
+
+    def __init__(self, nvml: GpuControl) -> None:
+        self._nvml = nvml
+
+    def apply(self, step: Step, plan: Plan) -> StepOutcome:
+        assert isinstance(step, SetTimeSlice)
+        self._nvml.set_timeslice(step.gpu_uuid, TIMESLICE_LEVELS[step.interval])
+        return StepOutcome()
+
+    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+        assert isinstance(step, SetTimeSlice)
+        still_used = any(
+            isinstance(s, SetTimeSlice) and s.gpu_uuid == step.gpu_uuid
+            for other in others
+            for s in other.steps
+        )
+        if not still_used:
+            self._nvml.set_timeslice(step.gpu_uuid, TIMESLICE_LEVELS["Default"])
+
+
+Guard = Callable[[ClaimAllocation, Plan, CheckpointData], None]
+
+
+def _overlaps(a: PlannedDevice, b: PlannedDevice) -> bool:
+    if a.device == b.device:
+        return True
+    # A whole GPU overlaps every MIG device carved from it.
+    return a.gpu_uuid == b.gpu_uuid and "gpu" in (a.type, b.type)
+
+
+def _may_share(a: PlannedDevice, b: PlannedDevice) -> bool:
+    if a.admin_access or b.admin_access:
+        return True
+    if a.device == b.device and a.share_id and b.share_id:
+        return a.sharing == b.sharing  # consumable capacity: shares, identical config
+    return a.device == b.device and a.sharing.strategy != "Exclusive" and a.sharing == b.sharing
+
+
+def exclusivity_guard(allocation: ClaimAllocation, plan: Plan, state: CheckpointData) -> None:
+    """Refuse a device another claim holds, unless both share it the same way."""
+    for other in state.claims.values():
+        if other.uid == plan.claim_uid:
+            continue
+        for mine in plan.devices:
+            for theirs in other.plan.devices:
+                if _overlaps(mine, theirs) and not _may_share(mine, theirs):
+                    raise ClaimError(
+                        f"claim {allocation.key}: device {mine.device} ({mine.sharing.strategy}) "
+                        f"overlaps {theirs.device} ({theirs.sharing.strategy}) already prepared "
+                        f"for claim {other.namespace}/{other.name} ({other.uid}); the GPU is "
+                        "not shared between them"
+                    )
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What start-up recovery did; the plugin turns ``checkpoint`` problems into Events."""
+
+    checkpoint: LoadStatus
+    rolled_back: tuple[str, ...] = ()
+    revalidated: tuple[str, ...] = ()
+    failed: Mapping[str, str] = field(default_factory=dict)
+    orphan_specs_removed: tuple[str, ...] = ()
+
+
+class DeviceState:
+    """Prepares and unprepares claims on this node; safe across threads and processes."""
+
+    def __init__(
+        self,
+        nvml: GpuControl,
+        inventory: Inventory,
+        cdi: CdiSpecs,
+        checkpoint: Checkpoint,
+        *,
+        lock_path: Path,
+        driver_name: str,
+        node_name: str,
+        handlers: Mapping[str, StepHandler] | None = None,
+        guards: Sequence[Guard] = (exclusivity_guard,),
+        faults: FaultPoints = NO_FAULTS,
+        clock: Callable[[], float] = time.time,
+        lock_timeout_s: float = LOCK_TIMEOUT_S,
+    ) -> None:
+        self.inventory = inventory
+        self.cdi = cdi
+        self.checkpoint = checkpoint
+        self.lock_path = lock_path
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.handlers: dict[str, StepHandler] = {
+            "attach-gpu": AttachGpuHandler(nvml),
+            "set-time-slice": TimeSliceHandler(nvml),
+        }
+        self.handlers.update(handlers or {})
+        self._guards = tuple(guards)
+        self._faults = faults
+        self._clock = clock
+        self._lock_timeout_s = lock_timeout_s
+        self._thread_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The node-wide lock: a thread lock, then ``flock`` on the lock file."""
+        deadline = time.monotonic() + self._lock_timeout_s
+        if not self._thread_lock.acquire(timeout=self._lock_timeout_s):
+            raise RetryableError(f"lock {self.lock_path}: busy for {self._lock_timeout_s}s")
+        try:
+            self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError as e:
+                        if time.monotonic() > deadline:
+                            raise RetryableError(
+                                f"lock {self.lock_path}: held by another process for "
+                                f"{self._lock_timeout_s}s"
+                            ) from e
+                        time.sleep(0.05)
+                yield
+            finally:
+                os.close(fd)
+        finally:
+            self._thread_lock.release()
+
+    def _load(self) -> CheckpointData:
+        state, status = self.checkpoint.load()
+        if status.kind == "corrupt":
+            log.error("checkpoint problem kind=%s message=%s", status.kind, status.message)
+        return state
+
+    # prepare ---------------------------------------------------------------
+
+    def prepare(self, claim: Mapping[str, Any], ref: ClaimRef) -> PrepareResult:
+        """Prepare one claim (the API object as JSON); errors are the result's ``error``."""
+        planned: tuple[ClaimAllocation, Plan] | None = None
+        problem = ""
+        try:
+            allocation = parse_claim(
+                claim,
+                ref,
+                driver_name=self.driver_name,
+                node_name=self.node_name,
+                device_names=_Names(self.inventory),
+            )
+            planned = (allocation, build_plan(allocation, self.inventory))
+        except TrancheError as e:
+            problem = str(e)
+        try:
+            with self._locked():
+                return self._prepare_locked(ref, planned, problem)
+        except TrancheError as e:
+            return PrepareResult(error=f"claim {ref.namespace}/{ref.name}: {e}")
+
+    def _prepare_locked(
+        self, ref: ClaimRef, planned: tuple[ClaimAllocation, Plan] | None, problem: str
+    ) -> PrepareResult:
+        self._faults.reached("prepare:after-lock")
+        state = self._load()
+        record = state.claims.get(ref.uid)
+        if record is not None and record.state == "PrepareCompleted":
+            return _answer(record)
+        if record is not None:
+            self._roll_back(state, record)
+            self._faults.reached("prepare:after-rollback")
+        if planned is None:
+            return PrepareResult(error=problem)
+        allocation, plan = planned
+        try:
+            for guard in self._guards:
+                guard(allocation, plan, state)
+            missing = sorted({s.kind for s in plan.steps if s.kind not in self.handlers})
+            if missing:
+                raise ClaimError(
+                    f"claim {allocation.key}: this node cannot yet do {', '.join(missing)} "
+                    "(no handler); choose another sharing strategy or device"
+                )
+        except TrancheError as e:
+            return PrepareResult(error=str(e))
+
+        now = self._clock()
+        record = ClaimRecord(
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            state="PrepareStarted",
+            plan=plan,
+            started_at=now,
+        )
+        state.claims[ref.uid] = record
+        self.checkpoint.save(state)
+        self._faults.reached("prepare:after-started")
+        try:
+            devices, uuids = self._apply(ref, plan)
+        except (TrancheError, OSError) as e:
+            log.warning("prepare failed claim_uid=%s error=%s; rolling back", ref.uid, e)
+            self._roll_back(state, record)
+            return PrepareResult(error=f"claim {allocation.key}: {e}")
+        record.state = "PrepareCompleted"
+        record.completed_at = self._clock()
+        record.devices = devices
+        record.device_uuids = uuids
+        record.allocation = _allocation_record(allocation, plan, uuids, record.completed_at)
+        self.checkpoint.save(state)
+        self._faults.reached("prepare:after-completed")
+        log.info("prepared claim_uid=%s claim=%s devices=%d", ref.uid, allocation.key, len(devices))
+        return _answer(record)
+
+    def _apply(
+        self, ref: ClaimRef, plan: Plan
+    ) -> tuple[tuple[PreparedDeviceRecord, ...], dict[str, str]]:
+        uuids = {d.device: d.uuid for d in plan.devices if d.uuid}
+        extra: dict[str, ContainerEdits] = {}
+        for step in plan.steps:
+            outcome = self.handlers[step.kind].apply(step, plan)
+            uuids.update(outcome.uuids)
+            for name, edits in outcome.edits.items():
+                extra[name] = extra.get(name, ContainerEdits()) + edits
+            self._faults.reached("prepare:after-step")
+        self.cdi.write(ref.uid, claim_devices(ref, plan.devices, uuids, extra), claim_edits(ref))
+        self._faults.reached("prepare:after-cdi")
+        devices = tuple(
+            PreparedDeviceRecord(
+                request_names=(d.base_request,),
+                pool_name=d.pool,
+                device_name=d.device,
+                cdi_device_ids=(device_id(device_name(ref.uid, d.device, d.share_id)),),
+                share_id=d.share_id,
+            )
+            for d in plan.devices
+        )
+        return devices, uuids
+
+    def _roll_back(self, state: CheckpointData, record: ClaimRecord) -> None:
+        """Undo a claim's steps, remove its spec and record; keep it if an undo fails."""
+        self._undo(state, record)
+        self.cdi.remove(record.uid)
+        state.claims.pop(record.uid, None)
+        self.checkpoint.save(state)
+        log.info("rolled back claim_uid=%s state=%s", record.uid, record.state)
+
+    def _undo(self, state: CheckpointData, record: ClaimRecord) -> None:
+        others = [c.plan for uid, c in state.claims.items() if uid != record.uid]
+        for step in reversed(record.plan.steps):
+            handler = self.handlers.get(step.kind)
+            if handler is None:
+                raise ClaimError(
+                    f"claim {record.namespace}/{record.name}: cannot undo step {step.kind} "
+                    "(no handler on this node)"
+                )
+            handler.undo(step, record.plan, others)
+            self._faults.reached("unprepare:after-undo-step")
+
+    # unprepare -------------------------------------------------------------
+
+    def unprepare(self, ref: ClaimRef) -> UnprepareResult:
+        """Unprepare from the checkpoint alone; a claim this node does not hold succeeds."""
+        try:
+            with self._locked():
+                self._faults.reached("unprepare:after-lock")
+                state = self._load()
+                record = state.claims.get(ref.uid)
+                if record is None:
+                    return UnprepareResult()
+                self._undo(state, record)
+                self.cdi.remove(ref.uid)
+                self._faults.reached("unprepare:after-cdi-removed")
+                if record.allocation is not None:
+                    record.allocation.unprepared_at = self._clock()
+                    state.history.append(record.allocation)
+                del state.claims[ref.uid]
+                self.checkpoint.save(state)
+                self._faults.reached("unprepare:after-removed")
+        except (TrancheError, OSError) as e:
+            return UnprepareResult(error=f"claim {ref.namespace}/{ref.name}: {e}")
+        log.info("unprepared claim_uid=%s claim=%s/%s", ref.uid, ref.namespace, ref.name)
+        return UnprepareResult()
+
+    # start-up --------------------------------------------------------------
+
+    def recover(self) -> RecoveryReport:
+        """Start-up: roll back half-prepared claims, re-validate after a reboot, sweep specs.
+
+        A checkpoint from another boot keeps its claims (the kubelet still counts
+        them as prepared) but every step is applied again and every CDI spec is
+        rewritten: device state and ``/var/run/cdi`` did not survive the reboot.
+        A claim whose devices fail that check stays recorded, so unprepare still
+        works, and is listed in ``failed``.
+        """
+        with self._locked():
+            self.checkpoint.remove_temporaries()
+            state, status = self.checkpoint.load()
+            rolled_back, revalidated, failed = [], [], {}
+            for record in list(state.claims.values()):
+                if record.state == "PrepareStarted":
+                    try:
+                        self._roll_back(state, record)
+                        rolled_back.append(record.uid)
+                    except (TrancheError, OSError) as e:
+                        failed[record.uid] = str(e)
+                elif status.kind == "other-boot":
+                    ref = ClaimRef(record.uid, record.namespace, record.name)
+                    try:
+                        _, uuids = self._apply(ref, record.plan)
+                        record.device_uuids = uuids
+                        revalidated.append(record.uid)
+                    except (TrancheError, OSError) as e:
+                        failed[record.uid] = str(e)
+                        log.error("re-validation failed claim_uid=%s error=%s", record.uid, e)
+            self.checkpoint.save(state)
+            removed = self.cdi.sweep(
+                uid for uid, r in state.claims.items() if r.state == "PrepareCompleted"
+            )
+        if status.kind not in ("ok", "new"):
+            log.warning("checkpoint recovered kind=%s message=%s", status.kind, status.message)
+        return RecoveryReport(
+            checkpoint=status,
+            rolled_back=tuple(rolled_back),
+            revalidated=tuple(revalidated),
+            failed=failed,
+            orphan_specs_removed=tuple(removed),
+        )
+
+
+class _Names:
+    """Device-name membership backed by the inventory."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self._inventory = inventory
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            self._inventory.device(name)
+        except DeviceNotFound:
+            return False
+        return True
+
+
+def _answer(record: ClaimRecord) -> PrepareResult:
+    return PrepareResult(
+        devices=tuple(
+            PreparedDevice(
+                request_names=d.request_names,
+                pool_name=d.pool_name,
+                device_name=d.device_name,
+                cdi_device_ids=d.cdi_device_ids,
+                share_id=d.share_id,
+            )
+            for d in record.devices
+        )
+    )
+
+
+def _allocation_record(
+    allocation: ClaimAllocation, plan: Plan, uuids: Mapping[str, str], at: float
+) -> AllocationRecord:
+    return AllocationRecord(
+        claim_uid=allocation.ref.uid,
+        namespace=allocation.ref.namespace,
+        claim=allocation.ref.name,
+        pods=tuple(PodRecord(name=p.name, uid=p.uid) for p in allocation.reserved_for),
+        devices=tuple(
+            AllocatedDeviceRecord(
+                name=d.device,
+                uuid=uuids.get(d.device, d.gpu_uuid),
+                gpu_uuid=d.gpu_uuid,
+                mode=d.sharing.strategy,
+                share_id=d.share_id,
+            )
+            for d in plan.devices
+        ),
+        prepared_at=at,
+    )
