@@ -13,7 +13,8 @@ The split never copies a device's reading to every consumer. What the device
 did not do is ``idle``; what processes outside every claim did is
 ``unattributed``; the consumers' parts, unattributed and idle add up to the
 device's time (:func:`split_device`). MIG devices are measured on their own
-UUID, so a MIG slice's reading is its own.
+UUID, so a MIG slice's reading is its own; NVML has no utilisation for them, so
+their measured time is occupancy (a process of the claim resident on it).
 
 :func:`split_device` and :func:`integrate` are pure. :class:`UsageSampler`
 reads the NVML facade and the allocation records and hands each interval to a
@@ -98,20 +99,30 @@ class ClaimAllocation:
 class DeviceSplit:
     """One device reading split into its consumers' parts, unattributed and idle.
 
-    ``busy`` maps claim UID to its fraction of the device's time (0..1).
+    ``busy`` maps claim UID to its fraction of the device's time (0..1);
+    ``pod_busy`` splits the same by pod (the pods of one shared claim).
     ``sum(busy.values()) + unattributed + idle == 1``.
     """
 
     uuid: str
     busy: Mapping[str, float]
+    pod_busy: Mapping[str, float]  # pod UID -> its fraction, where processes have samples
     memory_bytes: Mapping[str, int]
     unattributed: float
     idle: float
     unattributed_memory_bytes: int
 
 
-def _claims_of(pod_uid: str, consumers: Sequence[ClaimAllocation]) -> list[str]:
-    return [c.claim_uid for c in consumers if pod_uid in c.pod_uids]
+def _pods_by_claim(consumers: Sequence[ClaimAllocation]) -> dict[str, frozenset[str]]:
+    merged: dict[str, frozenset[str]] = {}
+    for c in consumers:
+        merged[c.claim_uid] = merged.get(c.claim_uid, frozenset()) | c.pod_uids
+    return merged
+
+
+def reports_utilisation(uuid: str) -> bool:
+    """Whether NVML reports utilisation for the device: not for MIG devices."""
+    return not uuid.startswith("MIG-")
 
 
 def split_device(usage: DeviceUsage, consumers: Sequence[ClaimAllocation]) -> DeviceSplit:
@@ -121,30 +132,39 @@ def split_device(usage: DeviceUsage, consumers: Sequence[ClaimAllocation]) -> De
     utilisation NVML reports for each process (a process in a pod of two
     claims counts half to each). When no process has a sample, a sole consumer
     gets all of ``U``; several consumers share it by process memory; with no
-    process at all it is unattributed. Memory is each claim's processes' memory;
+    process at all it is unattributed. A MIG device has no utilisation in NVML:
+    it counts as busy while any process runs on it (occupancy) and idle
+    otherwise. Memory is each claim's processes' memory;
     the rest of the device's used memory (contexts, other processes) is
     unattributed.
     """
-    busy_total = min(max(usage.gpu_util_percent / 100.0, 0.0), 1.0)
-    sm: dict[str, float] = {c.claim_uid: 0.0 for c in consumers}
-    mem: dict[str, float] = {c.claim_uid: 0.0 for c in consumers}
+    if reports_utilisation(usage.uuid):
+        busy_total = min(max(usage.gpu_util_percent / 100.0, 0.0), 1.0)
+    else:
+        busy_total = 1.0 if usage.processes else 0.0
+    pods = _pods_by_claim(consumers)
+    sm: dict[str, float] = dict.fromkeys(pods, 0.0)
+    mem: dict[str, float] = dict.fromkeys(pods, 0.0)
+    pod_sm: dict[str, float] = {}
     other_sm = 0.0
     other_mem = 0.0
     for proc in usage.processes:
         where = parse_cgroup(proc.cgroup)
-        owners = _claims_of(where.pod_uid, consumers) if where is not None else []
-        if not owners:
+        owners = [uid for uid, p in pods.items() if where is not None and where.pod_uid in p]
+        if where is None or not owners:
             other_sm += proc.sm_util_percent
             other_mem += proc.used_memory_bytes
             continue
+        pod_sm[where.pod_uid] = pod_sm.get(where.pod_uid, 0.0) + proc.sm_util_percent
         for owner in owners:
             sm[owner] += proc.sm_util_percent / len(owners)
             mem[owner] += proc.used_memory_bytes / len(owners)
 
     weights, other_weight = sm, other_sm
-    if sum(sm.values()) + other_sm <= 0:
-        if len(consumers) == 1:
-            weights, other_weight = {consumers[0].claim_uid: 1.0}, 0.0
+    sampled = sum(sm.values()) + other_sm
+    if sampled <= 0:
+        if len(pods) == 1:
+            weights, other_weight = dict.fromkeys(pods, 1.0), 0.0
         else:
             weights, other_weight = mem, other_mem
     weight_total = sum(weights.values()) + other_weight
@@ -159,6 +179,7 @@ def split_device(usage: DeviceUsage, consumers: Sequence[ClaimAllocation]) -> De
     return DeviceSplit(
         uuid=usage.uuid,
         busy={uid: busy.get(uid, 0.0) for uid in sm},
+        pod_busy={pod: busy_total * v / sampled for pod, v in pod_sm.items()} if sampled else {},
         memory_bytes=memory,
         unattributed=unattributed,
         idle=1.0 - busy_total,
@@ -214,16 +235,16 @@ def integrate(
 
     The reading taken at ``end`` stands for the whole interval (rectangle rule,
     as a Prometheus ``rate`` does). Every claim that held a device at any time
-    in the interval gets an increment, zero or not; ``usages`` lacks (or has
+    in the interval gets an increment, zero or not (a claim prepared again after
+    an unprepare has two records: each counts its own held time); ``usages`` lacks (or has
     None for) a device NVML could not read, whose held time is then reported
     as ``unmeasured_s``.
     """
-    held = {r.claim_uid: _held_seconds(r, start, end) for r in records}
-    active = [r for r in records if held[r.claim_uid] > 0]
-    holders: dict[str, list[ClaimAllocation]] = {}
-    for record in active:
+    active = [(r, h) for r in records if (h := _held_seconds(r, start, end)) > 0]
+    holders: dict[str, list[tuple[ClaimAllocation, float]]] = {}
+    for record, seconds in active:
         for device in record.devices:
-            holders.setdefault(device.uuid, []).append(record)
+            holders.setdefault(device.uuid, []).append((record, seconds))
 
     splits: dict[str, DeviceSplit] = {}
     devices: list[DeviceIncrement] = []
@@ -231,9 +252,9 @@ def integrate(
         usage = usages.get(uuid)
         if usage is None:
             continue
-        split = split_device(usage, holders[uuid])
+        split = split_device(usage, [r for r, _ in holders[uuid]])
         splits[uuid] = split
-        device_s = max(held[r.claim_uid] for r in holders[uuid])
+        device_s = max(seconds for _, seconds in holders[uuid])
         devices.append(
             DeviceIncrement(
                 uuid=uuid,
@@ -245,11 +266,11 @@ def integrate(
         )
 
     claims: list[ClaimIncrement] = []
-    for record in active:
-        seconds = held[record.claim_uid]
+    for record, seconds in active:
         allocated = measured = memory = unmeasured = 0.0
         for device in record.devices:
-            allocated += seconds * device.fraction(len(holders[device.uuid]))
+            claims_holding = len({r.claim_uid for r, _ in holders[device.uuid]})
+            allocated += seconds * device.fraction(claims_holding)
             part = splits.get(device.uuid)
             if part is None:
                 unmeasured += seconds

@@ -21,11 +21,9 @@ from controller.report_chart import render_svg
 from controller.report_cli import ReportSettings, add_arguments, build_report, run
 from controller.report_data import Snapshot, report_from_snapshots
 from driver.metrics import Metrics
-from driver.nvml.types import DeviceUsage, ProcessUsage
+from driver.nvml.sim import SimControl, create_state, open_simulated
 from driver.usage import ClaimAllocation, HeldDevice, UsageSampler
 
-GPU = "GPU-11111111-2222-3333-4444-555555555555"
-MIG = "MIG-99999999-8888-7777-6666-555555555555"
 POD_A = "3f1e2c9a-1b2c-4d5e-8f90-123456789abc"
 POD_B = "7d2a0b11-aaaa-4bbb-8ccc-0123456789de"
 POD_C = "c0ffee00-1111-4222-8333-444455556666"
@@ -36,42 +34,62 @@ def cg(pod: str) -> str:
     return f"0::/kubepods/burstable/pod{pod}/{'a' * 64}\n"
 
 
-class ScriptedNvml:
+class SimNode:
+    """A simulated H100 node: GPU 0 shared over MPS by two claims, a 3g MIG slice on GPU 1."""
+
     def __init__(self) -> None:
-        self.readings: dict[str, DeviceUsage] = {}
-
-    def device_usage(self, uuid: str) -> DeviceUsage:
-        return self.readings[uuid]
-
-    def set_mps(self, a_sm: float, b_sm: float, device: float) -> None:
-        self.readings[GPU] = DeviceUsage(
-            GPU,
-            device,
-            12 * GIB,
-            80 * GIB,
-            (
-                ProcessUsage(10, GPU, 4 * GIB, a_sm, cg(POD_A)),
-                ProcessUsage(20, GPU, 8 * GIB, b_sm, cg(POD_B)),
+        store = create_state("dgx-h100")
+        self.nvml = open_simulated(store)
+        self.control = SimControl(store)
+        gpus = self.nvml.list_gpus()
+        self.gpu = gpus[0].uuid
+        self.nvml.set_mig_mode(gpus[1].uuid, True)
+        profile = next(p for p in self.nvml.gpu(gpus[1].uuid).mig_profiles if p.name == "3g.40gb")
+        self.mig = self.nvml.create_mig_instance(gpus[1].uuid, profile.id, 0).uuid
+        self.records = [
+            ClaimAllocation(
+                "a",
+                "ml",
+                "train",
+                "blue",
+                frozenset({POD_A}),
+                (HeldDevice.mps(self.gpu, "g", 50),),
+                0.0,
             ),
+            ClaimAllocation(
+                "b",
+                "web",
+                "serve",
+                "green",
+                frozenset({POD_B}),
+                (HeldDevice.mps(self.gpu, "g", 50),),
+                0.0,
+            ),
+            ClaimAllocation(
+                "c",
+                "ml",
+                "eval",
+                "blue",
+                frozenset({POD_C}),
+                (HeldDevice.mig(self.mig, "m", 3),),
+                0.0,
+            ),
+        ]
+
+    def set_mps(self, a_sm: int, b_sm: int, device: int) -> None:
+        self.control.add_process(
+            self.gpu, 10, used_memory_bytes=4 * GIB, sm_util=a_sm, cgroup=cg(POD_A)
         )
-
-    def set_mig(self, util: float) -> None:
-        self.readings[MIG] = DeviceUsage(
-            MIG, util, 2 * GIB, 40 * GIB, (ProcessUsage(30, MIG, 2 * GIB, 0.0, cg(POD_C)),)
+        self.control.add_process(
+            self.gpu, 20, used_memory_bytes=8 * GIB, sm_util=b_sm, cgroup=cg(POD_B)
         )
+        self.control.set_utilization(self.gpu, gpu_percent=device)
 
-
-RECORDS = [
-    ClaimAllocation(
-        "a", "ml", "train", "blue", frozenset({POD_A}), (HeldDevice.mps(GPU, "g", 50),), 0.0
-    ),
-    ClaimAllocation(
-        "b", "web", "serve", "green", frozenset({POD_B}), (HeldDevice.mps(GPU, "g", 50),), 0.0
-    ),
-    ClaimAllocation(
-        "c", "ml", "eval", "blue", frozenset({POD_C}), (HeldDevice.mig(MIG, "m", 3),), 0.0
-    ),
-]
+    def set_mig(self, running: bool) -> None:
+        if running:
+            self.control.add_process(self.mig, 30, used_memory_bytes=2 * GIB, cgroup=cg(POD_C))
+        else:
+            self.control.remove_process(30)
 
 
 @dataclass
@@ -109,8 +127,8 @@ def counters(registry: CollectorRegistry, name: str) -> dict[str, float]:
 def test_report_totals_equal_the_metrics_integrals(plugin: Plugin, tmp_path: Path) -> None:
     registry, url = plugin.registry, plugin.url
     now = [1000.0]
-    nvml = ScriptedNvml()
-    sampler = UsageSampler(nvml, lambda: RECORDS, plugin.metrics, clock=lambda: now[0])
+    node = SimNode()
+    sampler = UsageSampler(node.nvml, lambda: node.records, plugin.metrics, clock=lambda: now[0])
     baseline = tmp_path / "baseline.jsonl"
     settings = ReportSettings(since_s=1200.0, metrics_urls=(url,), baseline=baseline)
 
@@ -118,11 +136,12 @@ def test_report_totals_equal_the_metrics_integrals(plugin: Plugin, tmp_path: Pat
     sampler.sample_once()
     build_report(settings, clock=lambda: now[0])
 
-    nvml.set_mps(a_sm=30.0, b_sm=50.0, device=80.0)
-    nvml.set_mig(40.0)
+    node.set_mps(a_sm=30, b_sm=50, device=80)
+    node.set_mig(running=True)
     now[0] = 1600.0
     sampler.sample_once()
-    nvml.set_mps(a_sm=10.0, b_sm=60.0, device=70.0)
+    node.set_mps(a_sm=10, b_sm=60, device=70)
+    node.set_mig(running=False)
     now[0] = 2200.0
     sampler.sample_once()
 
@@ -130,14 +149,15 @@ def test_report_totals_equal_the_metrics_integrals(plugin: Plugin, tmp_path: Pat
     assert (report.start, report.end) == (1000.0, 2200.0)
     rows = {(r.namespace, r.tenant): r for r in report.rows}
     assert set(rows) == {("ml", "blue"), ("web", "green")}
-    # By hand: a is half the MPS GPU, c a 3/7 MIG slice; measured = device util split by SM.
+    # By hand: a is half the MPS GPU, c a 3/7 MIG slice; measured = device util split by SM
+    # (the MIG slice: occupied for the first 600 s).
     blue, green = rows[("ml", "blue")], rows[("web", "green")]
     assert blue.allocated_s == pytest.approx(1200 * 0.5 + 1200 * 3 / 7)
-    assert blue.measured_s == pytest.approx(600 * 0.3 + 600 * 0.1 + 1200 * 0.4)
+    assert blue.measured_s == pytest.approx(600 * 0.3 + 600 * 0.1 + 600)
     assert green.allocated_s == pytest.approx(1200 * 0.5)
     assert green.measured_s == pytest.approx(600 * 0.5 + 600 * 0.6)
     assert green.memory_byte_s == pytest.approx(1200 * 8 * GIB)
-    assert report.devices.idle_s == pytest.approx(600 * 0.2 + 600 * 0.3 + 1200 * 0.6)
+    assert report.devices.idle_s == pytest.approx(600 * 0.2 + 600 * 0.3 + 600)
     # The same totals as the counters the plugin exports.
     allocated = counters(registry, "tranche_tenant_gpu_allocated_seconds_total")
     measured = counters(registry, "tranche_tenant_gpu_measured_seconds_total")
@@ -159,10 +179,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def test_report_cli_prints_csv_and_json(plugin: Plugin, capsys: pytest.CaptureFixture[str]) -> None:
     url = plugin.url
     now = [0.0]
-    nvml = ScriptedNvml()
-    nvml.set_mps(30.0, 50.0, 80.0)
-    nvml.set_mig(40.0)
-    sampler = UsageSampler(nvml, lambda: RECORDS, plugin.metrics, clock=lambda: now[0])
+    node = SimNode()
+    node.set_mps(30, 50, 80)
+    node.set_mig(running=True)
+    sampler = UsageSampler(node.nvml, lambda: node.records, plugin.metrics, clock=lambda: now[0])
     sampler.sample_once()
     now[0] = 3600.0
     sampler.sample_once()
@@ -183,7 +203,7 @@ def test_report_cli_prints_csv_and_json(plugin: Plugin, capsys: pytest.CaptureFi
     doc = json.loads(capsys.readouterr().out)
     assert doc["start"] == "plugin start"
     assert doc["total"]["allocated_gpu_hours"] == pytest.approx(0.5 + 0.5 + 3 / 7)
-    assert doc["devices"]["idle_gpu_hours"] == pytest.approx(0.2 + 0.6)
+    assert doc["devices"]["idle_gpu_hours"] == pytest.approx(0.2)
 
 
 def test_report_names_an_unreachable_endpoint(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 
-from driver.errors import NvmlError
-from driver.nvml.types import DeviceUsage, ProcessUsage
+from driver.nvml.facade import Nvml
+from driver.nvml.sim import SimControl, create_state, open_simulated
+from driver.nvml.types import DeviceUsage, MigInstance, ProcessUsage
 from driver.pod_cgroup import PodContainer, parse_cgroup
 from driver.usage import (
     ClaimAllocation,
@@ -175,29 +177,6 @@ def test_process_outside_every_claim_is_unattributed() -> None:
     assert split.idle == pytest.approx(0.4)
 
 
-@pytest.mark.parametrize(
-    ("device", "uuid", "fraction"),
-    [
-        (HeldDevice.whole(GPU, "gpu-11111111"), GPU, 1.0),
-        (HeldDevice.mig(MIG, "gpu-11111111-mig-3g40gb-4", slices=3), MIG, 3 / 7),
-    ],
-    ids=["whole-gpu", "mig-3g"],
-)
-def test_sole_claim_gets_its_device(device: HeldDevice, uuid: str, fraction: float) -> None:
-    a = claim("a", {POD_A}, device, at=0.0)
-    # MIG devices report no per-process utilisation; the whole GPU here has samples.
-    sm = 0.0 if uuid == MIG else 65.0
-    usage = DeviceUsage(uuid, 65.0, 10 * GIB, 40 * GIB, (proc(7, uuid, POD_A, sm, 9 * GIB),))
-    interval = integrate(100.0, 160.0, [a], {uuid: usage})
-    (inc,) = interval.claims
-    assert inc.allocated_s == pytest.approx(60.0 * fraction)
-    assert inc.measured_s == pytest.approx(60.0 * 0.65)
-    assert inc.memory_byte_s == pytest.approx(60.0 * 9 * GIB)
-    (dev,) = interval.devices
-    assert dev.uuid == uuid
-    assert dev.idle_s + dev.unattributed_s + inc.measured_s == pytest.approx(dev.held_s)
-
-
 def test_time_slices_are_allocated_one_over_n_and_partial_intervals_count() -> None:
     a = claim("a", {POD_A}, HeldDevice.time_sliced(GPU, "g"), at=0.0)
     b = claim("b", {POD_B}, HeldDevice.time_sliced(GPU, "g"), at=30.0)
@@ -211,15 +190,55 @@ def test_time_slices_are_allocated_one_over_n_and_partial_intervals_count() -> N
     assert got == {"a": pytest.approx(20.0), "b": pytest.approx(10.0), "c": pytest.approx(5.0)}
 
 
-class FakeNvml:
-    def __init__(self) -> None:
-        self.readings: dict[str, DeviceUsage] = {}
-        self.broken: set[str] = set()
+@pytest.fixture
+def sim() -> Sim:
+    store = create_state("dgx-h100")
+    return Sim(open_simulated(store), SimControl(store))
 
-    def device_usage(self, uuid: str) -> DeviceUsage:
-        if uuid in self.broken:
-            raise NvmlError(f"nvmlDeviceGetUtilizationRates({uuid}) failed: GPU is lost", 15)
-        return self.readings[uuid]
+
+@dataclass
+class Sim:
+    nvml: Nvml
+    control: SimControl
+
+    def gpu(self, index: int) -> str:
+        return self.nvml.list_gpus()[index].uuid
+
+    def mig(self, index: int, profile: str) -> MigInstance:
+        parent = self.gpu(index)
+        self.nvml.set_mig_mode(parent, True)
+        p = next(p for p in self.nvml.gpu(parent).mig_profiles if p.name == profile)
+        return self.nvml.create_mig_instance(parent, p.id, p.placements[0][0])
+
+
+@pytest.mark.parametrize("device_util", [None, 82, 78])
+def test_two_pods_on_a_simulated_mps_gpu(sim: Sim, device_util: int | None) -> None:
+    gpu = sim.gpu(0)
+    sim.control.add_process(
+        gpu, 100, used_memory_bytes=4 * GIB, sm_util=30, cgroup=cgroup_v2(POD_A)
+    )
+    sim.control.add_process(
+        gpu, 200, used_memory_bytes=8 * GIB, sm_util=50, cgroup=cgroup_v1(POD_B)
+    )
+    sim.control.set_utilization(gpu, gpu_percent=device_util)  # None: the processes' sum
+    a = claim("a", {POD_A}, HeldDevice.mps(gpu, "g", 50))
+    b = claim("b", {POD_B}, HeldDevice.mps(gpu, "g", 50))
+    shared = claim("s", {POD_A, POD_B}, HeldDevice.whole(gpu, "g"))
+
+    usage = sim.nvml.device_usage(gpu)
+    two_claims = split_device(usage, [a, b])
+    assert two_claims.busy["a"] == pytest.approx(0.30, abs=TOLERANCE)
+    assert two_claims.busy["b"] == pytest.approx(0.50, abs=TOLERANCE)
+    total = math.fsum([*two_claims.busy.values(), two_claims.unattributed, two_claims.idle])
+    assert total == pytest.approx(1.0)
+    assert two_claims.idle == pytest.approx(1 - usage.gpu_util_percent / 100)
+
+    # One claim shared by both pods: the claim gets the sum, each pod its own part.
+    one_claim = split_device(usage, [shared])
+    assert one_claim.busy["s"] == pytest.approx(usage.gpu_util_percent / 100)
+    assert one_claim.pod_busy[POD_A] == pytest.approx(0.30, abs=TOLERANCE)
+    assert one_claim.pod_busy[POD_B] == pytest.approx(0.50, abs=TOLERANCE)
+    assert one_claim.memory_bytes == {"s": 12 * GIB}
 
 
 class RecordingSink:
@@ -234,25 +253,63 @@ class RecordingSink:
         self.errors.append(reason)
 
 
-def test_sampler_starts_counting_at_its_first_sample_and_survives_nvml_errors() -> None:
+def test_whole_gpu_and_mig_slice_each_go_to_their_sole_claim(sim: Sim) -> None:
+    gpu = sim.gpu(0)
+    mig = sim.mig(1, "3g.40gb")
+    sim.control.add_process(gpu, 10, used_memory_bytes=9 * GIB, sm_util=65, cgroup=cgroup_v2(POD_A))
+    sim.control.add_process(mig.uuid, 20, used_memory_bytes=3 * GIB, cgroup=cgroup_v2(POD_B))
+    records = [
+        claim("whole", {POD_A}, HeldDevice.whole(gpu, "gpu-0")),
+        claim("slice", {POD_B}, HeldDevice.mig(mig.uuid, "gpu-1-mig-3g40gb-0", slices=3)),
+    ]
     now = [1000.0]
-    nvml = FakeNvml()
-    nvml.readings[GPU] = DeviceUsage(GPU, 50.0, 0, 80 * GIB, (proc(1, GPU, POD_A, 50.0, 0),))
-    records = [claim("a", {POD_A}, HeldDevice.whole(GPU, "g"), at=0.0)]
     sink = RecordingSink()
-    sampler = UsageSampler(nvml, lambda: records, sink, clock=lambda: now[0])
-
+    sampler = UsageSampler(sim.nvml, lambda: records, sink, clock=lambda: now[0])
     assert sampler.sample_once() is None  # a restarted plugin never re-bills the past
-    now[0] = 1010.0
-    first = sampler.sample_once()
-    assert first is not None
-    assert first.claims[0].measured_s == pytest.approx(5.0)
+    now[0] = 1060.0
+    interval = sampler.sample_once()
+    assert interval is not None
+    got = {c.claim_uid: c for c in interval.claims}
+    assert got["whole"].allocated_s == pytest.approx(60.0)
+    assert got["whole"].measured_s == pytest.approx(60.0 * 0.65)
+    assert got["whole"].memory_byte_s == pytest.approx(60.0 * 9 * GIB)
+    # MIG: 3 of 7 compute slices; NVML has no MIG utilisation, so busy means occupied.
+    assert got["slice"].allocated_s == pytest.approx(60.0 * 3 / 7)
+    assert got["slice"].measured_s == pytest.approx(60.0)
+    assert got["slice"].memory_byte_s == pytest.approx(60.0 * 3 * GIB)
+    devices = {d.uuid: d for d in interval.devices}
+    assert devices[gpu].idle_s == pytest.approx(60.0 * 0.35)
+    assert devices[mig.uuid].idle_s == 0.0
 
-    nvml.broken.add(GPU)
-    now[0] = 1020.0
-    second = sampler.sample_once()
-    assert second is not None
-    (inc,) = second.claims
+    sim.control.remove_process(20)
+    now[0] = 1120.0
+    later = sampler.sample_once()
+    assert later is not None
+    assert {c.claim_uid: c.measured_s for c in later.claims}["slice"] == 0.0
+    assert {d.uuid: d.idle_s for d in later.devices}[mig.uuid] == pytest.approx(60.0)
+
+
+def test_sampler_survives_a_lost_gpu(sim: Sim) -> None:
+    gpu = sim.gpu(0)
+    records = [claim("a", {POD_A}, HeldDevice.whole(gpu, "g"))]
+    now = [0.0]
+    sink = RecordingSink()
+    sampler = UsageSampler(sim.nvml, lambda: records, sink, clock=lambda: now[0])
+    sampler.sample_once()
+    sim.control.lose_gpu(gpu)
+    now[0] = 10.0
+    interval = sampler.sample_once()
+    assert interval is not None
+    (inc,) = interval.claims
     assert (inc.allocated_s, inc.measured_s, inc.unmeasured_s) == (10.0, 0.0, 10.0)
     assert sink.errors == ["nvml"]
-    assert len(sink.intervals) == 2
+    assert interval.devices == ()
+
+
+def test_a_claim_prepared_again_counts_both_records_once_each() -> None:
+    first = ClaimAllocation(
+        "a", "ns", "c", "t", frozenset(), (HeldDevice.whole(GPU, "g"),), 0.0, 20.0
+    )
+    again = ClaimAllocation("a", "ns", "c", "t", frozenset(), (HeldDevice.whole(GPU, "g"),), 40.0)
+    interval = integrate(0.0, 60.0, [first, again], {GPU: DeviceUsage(GPU, 0.0, 0, GIB, ())})
+    assert sum(c.allocated_s for c in interval.claims) == pytest.approx(40.0)
