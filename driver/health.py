@@ -91,8 +91,10 @@ class GpuState:
     answering: bool = True
     probe_failures: int = 0
     last_probe_ok: float | None = None
-    reset_at: float | None = None
-    pending_action: str | None = None  # last non-NONE recovery action a probe reported
+    # Last time the GPU was seen cleared: a reset, a lost GPU answering again, or a probe
+    # that read NVML's recovery action NONE.
+    cleared_at: float | None = None
+    pending_action: str | None = None  # last non-NONE recovery action NVML reported
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ class HealthMonitor:
             targets = self._targets(event.gpu_uuid)
             if event.kind == "recovered":
                 for gpu in targets:
-                    gpu.reset_at = now
+                    gpu.cleared_at = now
                     gpu.pending_action = None
                 log.info("GPU reset seen gpu=%s", event.gpu_uuid)
                 self._after_change(self._heal(now))
@@ -236,13 +238,13 @@ class HealthMonitor:
             if probe.healthy:
                 if not gpu.answering:
                     log.info("GPU answers again gpu=%s", gpu_uuid)
-                    gpu.reset_at = now
+                    gpu.cleared_at = now
                 gpu.answering = True
                 gpu.probe_failures = 0
                 gpu.last_probe_ok = now
                 action = normalise_recovery_action(recovery_action)
-                if action == "NONE" and gpu.pending_action is not None:
-                    gpu.reset_at = now
+                if action == "NONE":
+                    gpu.cleared_at = now
                     gpu.pending_action = None
                 elif action is not None and action != "NONE":
                     gpu.pending_action = action
@@ -269,19 +271,22 @@ class HealthMonitor:
                     )
             self._after_change(changes)
 
-    def observe_watch_error(self, detail: str) -> None:
-        """NVML events cannot be watched: every GPU is tainted ``unmonitored`` (effect None)."""
+    def observe_watch_error(self, detail: str, gpus: Iterable[str] | None = None) -> None:
+        """NVML events of ``gpus`` (default: all) cannot be watched: taint ``unmonitored``."""
         with self._lock:
             now = self._clock.now()
             msg = f"GPU events cannot be watched: {detail}"
             seen = Fault(KEY_UNMONITORED, "", FaultClass.INFORMATIONAL, "None", msg, now, now)
-            gpus = list(self._gpus.values())
-            self._after_change([c for g in gpus if (c := self._record(g, seen)) is not None])
+            wanted = None if gpus is None else set(gpus)
+            targets = [g for u, g in self._gpus.items() if wanted is None or u in wanted]
+            self._after_change([c for g in targets if (c := self._record(g, seen)) is not None])
 
-    def observe_watch_ok(self) -> None:
+    def observe_watch_ok(self, still_unmonitored: Iterable[str] = ()) -> None:
+        """Events can be watched again (except on ``still_unmonitored``)."""
+        keep = set(still_unmonitored)
         with self._lock:
             changes = []
-            for gpu in self._gpus.values():
+            for gpu in [g for u, g in self._gpus.items() if u not in keep]:
                 fault = gpu.faults.pop((KEY_UNMONITORED, ""), None)
                 if fault is not None:
                     changes.append(self._change("healed", gpu, fault))
@@ -374,13 +379,12 @@ class HealthMonitor:
             if event.ci_id is not None:
                 message += f" CI {event.ci_id}"
         fault_class = table_class
-        if action is not None and not overridden:
+        if action not in (None, "NONE") and not overridden:
+            # The action can only raise the class: NVML may still say NONE just after an
+            # XID and announce the real action later with XID 154.
             message += f" (recovery action {action})"
             action_class = RECOVERY_ACTION_CLASS[action]
-            if action == "NONE":
-                fault_class = min(table_class, action_class, key=SEVERITY.__getitem__)
-            else:
-                fault_class = max(table_class, action_class, key=SEVERITY.__getitem__)
+            fault_class = max(table_class, action_class, key=SEVERITY.__getitem__)
         return key, value, fault_class, message, action
 
     def _record(self, gpu: GpuState, seen: Fault) -> HealthChange | None:
@@ -438,7 +442,7 @@ class HealthMonitor:
             return True
         if gpu.pending_action is not None:
             return False
-        return gpu.reset_at is not None and gpu.reset_at > fault.last_seen
+        return gpu.cleared_at is not None and gpu.cleared_at > fault.last_seen
 
     def _heal(self, now: float) -> list[HealthChange]:
         changes = []

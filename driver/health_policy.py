@@ -3,18 +3,21 @@
 Every NVML event falls into one :class:`FaultClass`. The class decides the
 taint effect (configurable per class) and how the fault heals:
 
-=============  ==================  ======================================================
-Class          Default effect      Heals when
-=============  ==================  ======================================================
-application    no taint            (never tainted: the application is at fault)
-informational  ``None``            no new event for the quiet time and a probe passes
-reset          ``NoSchedule``      a reset is seen, a probe passes, quiet time elapsed
-uncontained    ``NoExecute``       a reset is seen, a probe passes, quiet time elapsed
-lost           ``NoExecute``       the GPU answers again, quiet time elapsed
-=============  ==================  ======================================================
+=============  ==============  ==========================================================
+Class          Default effect  Heals when
+=============  ==============  ==========================================================
+application    no taint        (never tainted: the application is at fault)
+informational  ``None``        quiet time elapsed and a probe passed since the last error
+reset          ``NoSchedule``  as informational, and the GPU was seen cleared since
+uncontained    ``NoExecute``   as reset
+lost           ``NoExecute``   as reset (a lost GPU that answers again counts as cleared)
+=============  ==============  ==========================================================
 
-NVML's recovery action, where an event reports one, wins over the XID table
-(``gpu-facts.md`` §6.3): ``NONE`` means the device is usable at once.
+"Cleared" means a reset was seen, a lost GPU answered again, or a probe read
+NVML's recovery action ``NONE``; a pending action other than ``NONE`` blocks
+healing. The recovery action an event reports (``gpu-facts.md`` §6.3) can
+raise the class the XID table gives, never lower it: NVML may still say
+``NONE`` just after an XID and announce the real action with XID 154.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ UNKNOWN_XID_CLASS = FaultClass.RESET
 
 # nvmlDeviceGpuRecoveryAction_t names (prefix NVML_GPU_RECOVERY_ACTION_ stripped) -> class.
 RECOVERY_ACTION_CLASS: dict[str, FaultClass] = {
-    "NONE": FaultClass.INFORMATIONAL,
+    "NONE": FaultClass.APPLICATION,
     "GPU_RESET": FaultClass.RESET,
     "DRAIN_P2P": FaultClass.RESET,
     "DRAIN_AND_RESET": FaultClass.RESET,

@@ -14,10 +14,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from driver.errors import NvmlError
 from driver.health import HealthMonitor
 from driver.nvml.types import DeviceProbe, XidEvent
+
+if TYPE_CHECKING:
+    from driver.nvml.facade import Nvml
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,9 @@ class HealthWatcher:
         probe: Probe,
         *,
         recovery_action: RecoveryAction | None = None,
+        register_events: Callable[[], list[str]] | None = None,
     ) -> None:
+        self._register_events = register_events
         self._monitor = monitor
         self._wait_event = wait_event
         self._probe = probe
@@ -47,10 +53,39 @@ class HealthWatcher:
         self._thread: threading.Thread | None = None
         self._hung: dict[str, threading.Thread] = {}
         self._watch_failing = False
+        self._unregistered: set[str] = set()
+
+    @classmethod
+    def from_facade(cls, monitor: HealthMonitor, nvml: Nvml) -> HealthWatcher:
+        """A watcher over the NVML facade: its event wait, probe and recovery action."""
+        return cls(
+            monitor,
+            nvml.wait_event,
+            nvml.probe,
+            recovery_action=nvml.recovery_action,
+            register_events=lambda: nvml.register_events(monitor.gpus()),
+        )
+
+    def register(self) -> None:
+        """Register for NVML events; GPUs that cannot be registered are marked unmonitored."""
+        if self._register_events is None:
+            return
+        try:
+            failed = self._register_events()
+        except NvmlError as e:
+            log.error("NVML event registration failed code=%d error=%s", e.code, e)
+            self._watch_failing = True
+            self._monitor.observe_watch_error(str(e))
+            return
+        self._unregistered = set(failed)
+        if failed:
+            self._monitor.observe_watch_error("event registration failed", gpus=failed)
 
     def start(self) -> None:
+        """Register for events, probe every GPU once, then watch on a daemon thread."""
         if self._thread is not None:
             return
+        self.register()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="gpu-health", daemon=True)
         self._thread.start()
@@ -85,7 +120,7 @@ class HealthWatcher:
         if self._watch_failing:
             log.info("NVML event wait works again")
             self._watch_failing = False
-            self._monitor.observe_watch_ok()
+            self._monitor.observe_watch_ok(still_unmonitored=self._unregistered)
         if event is not None:
             self._monitor.observe_event(event)
 

@@ -120,8 +120,9 @@ def test_non_xid_events(kind: str, key: str, value: str, expected: str) -> None:
     ("code", "action", "expected"),
     [
         (13, "GPU_RESET", "NoSchedule"),  # the GPU itself asks for a reset
-        (95, "NONE", "None"),  # NVML says usable at once
-        (13, "NONE", None),  # an application error stays one
+        (95, "NONE", "NoExecute"),  # NONE may be stale: it never lowers the class
+        (13, "NONE", None),
+        (154, "GPU_RESET", "NoSchedule"),  # the action changed after an earlier XID
         (74, "NODE_REBOOT", "NoExecute"),
         (109, "nvml_gpu_recovery_action_drain_and_reset", "NoSchedule"),
     ],
@@ -262,6 +263,16 @@ def test_an_error_after_the_reset_restarts_the_quiet_time() -> None:
     clock.advance(100)
     monitor.observe_probe(ok())
     assert effects(monitor) == {(KEY_XID, "74"): "NoSchedule"}
+
+
+def test_recovery_action_none_after_the_quiet_time_clears_the_gpu() -> None:
+    monitor, clock = make()
+    monitor.observe_event(xid(74))
+    clock.advance(100)
+    monitor.observe_probe(ok())  # this driver reports no recovery action: wait for a reset
+    assert effects(monitor) == {(KEY_XID, "74"): "NoSchedule"}
+    monitor.observe_probe(ok(), recovery_action="NONE")
+    assert effects(monitor) == {}
 
 
 def test_recovery_action_back_to_none_counts_as_reset() -> None:
