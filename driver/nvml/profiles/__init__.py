@@ -1,0 +1,1 @@
+"""Node profiles for the simulated NVML (JSON data; see docs/simulation.md)."""
