@@ -1,0 +1,155 @@
+"""Helpers for e2e tests of published devices: publishing, claims, pods, waiting."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from driver.inventory import Inventory
+from driver.slices import DEFAULT_DRIVER_NAME, build_slices
+from kubelet_plugin.publisher import Backoff, Publisher
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+DRIVER = DEFAULT_DRIVER_NAME
+NODE_LABEL = "tranche.dev/e2e-node"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.25)
+
+
+def list_slices(api: client.ApiClient, node: str, driver: str = DRIVER) -> list[dict[str, Any]]:
+    selector = f"spec.nodeName={node},spec.driver={driver}"
+    got: Any = client.CustomObjectsApi(api).list_cluster_custom_object(
+        GROUP, VERSION, "resourceslices", field_selector=selector
+    )
+    items: list[dict[str, Any]] = got["items"]
+    return sorted(items, key=lambda s: s["metadata"]["name"])
+
+
+@contextlib.contextmanager
+def publishing(
+    api: client.ApiClient,
+    node: str,
+    inventory: Inventory,
+    **kwargs: Any,
+) -> Iterator[Publisher]:
+    """A started publisher for ``node`` that has published ``inventory``; stopped afterwards."""
+    pub = Publisher(api, DRIVER, node, backoff=Backoff(0.2, 2.0), **kwargs)
+    pub.update(build_slices(inventory, node))
+    pub.start()
+    try:
+        if not pub.wait_published(60):
+            pytest.fail(f"slices of {node} not published within 60s: {pub.error}")
+        yield pub
+    finally:
+        pub.stop()
+
+
+@contextlib.contextmanager
+def device_class(api: client.ApiClient) -> Iterator[str]:
+    name = f"tranche-e2e-{secrets.token_hex(3)}"
+    objects = client.CustomObjectsApi(api)
+    objects.create_cluster_custom_object(
+        GROUP, VERSION, "deviceclasses",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "DeviceClass", "metadata": {"name": name},
+         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}},
+    )  # fmt: skip
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException):
+            objects.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)
+
+
+def claim(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    device_class_name: str,
+    selectors: Sequence[str] = (),
+    count: int = 1,
+    match_attribute: str | None = None,
+) -> None:
+    exactly: dict[str, Any] = {"deviceClassName": device_class_name, "count": count}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    if match_attribute:
+        spec["devices"]["constraints"] = [{"requests": ["gpu"], "matchAttribute": match_attribute}]
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "resourceclaims",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim",
+         "metadata": {"name": name}, "spec": spec},
+    )  # fmt: skip
+
+
+def pod(api: client.ApiClient, namespace: str, name: str, claim_name: str, node: str) -> None:
+    """A pod that uses ``claim_name`` and may only land on ``node``."""
+    body: Any = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {NODE_LABEL: node},
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": "gpu"}]}}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }  # fmt: skip
+    client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+
+
+def allocated_devices(api: client.ApiClient, namespace: str, name: str) -> list[str] | None:
+    got: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "resourceclaims", name
+    )
+    allocation = (got.get("status") or {}).get("allocation")
+    if not allocation:
+        return None
+    return [r["device"] for r in allocation["devices"]["results"]]
+
+
+def wait_allocated(api: client.ApiClient, namespace: str, name: str) -> list[str]:
+    devices: list[str] = wait_for(
+        f"claim {namespace}/{name} to be allocated",
+        lambda: allocated_devices(api, namespace, name),
+    )
+    return devices
+
+
+def unschedulable(api: client.ApiClient, namespace: str, pod_name: str) -> str | None:
+    """The scheduler's message when it tried and failed to place the pod."""
+    p = client.CoreV1Api(api).read_namespaced_pod(pod_name, namespace)
+    for c in (p.status.conditions if p.status else None) or []:
+        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+            return str(c.message or "unschedulable")
+    return None
+
+
+def schedule(
+    api: client.ApiClient,
+    namespace: str,
+    node: str,
+    device_class_name: str,
+    selectors: Sequence[str] = (),
+    count: int = 1,
+    match_attribute: str | None = None,
+) -> str:
+    """A claim plus a pod using it; returns the claim (and pod) name."""
+    name = f"c-{secrets.token_hex(3)}"
+    claim(api, namespace, name, device_class_name, selectors, count, match_attribute)
+    pod(api, namespace, name, name, node)
+    return name

@@ -1,0 +1,91 @@
+"""A TCP relay to the API server that a test can cut and restore: an outage seen
+by one client only, without stopping the shared control plane.
+
+While cut, the listening socket is closed (connections are refused) and open
+connections are dropped; TLS passes through untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+from urllib.parse import urlparse
+
+
+class TcpRelay:
+    def __init__(self, target_url: str) -> None:
+        parsed = urlparse(target_url)
+        self._target = (parsed.hostname or "127.0.0.1", parsed.port or 443)
+        self._scheme = parsed.scheme
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = int(probe.getsockname()[1])
+        self._listener: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def url(self) -> str:
+        return f"{self._scheme}://127.0.0.1:{self.port}"
+
+    def up(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self._listener = listener
+        t = threading.Thread(target=self._accept, args=(listener,), daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def down(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+        for t in self._threads:
+            t.join(5)
+        self._threads = [t for t in self._threads if t.is_alive()]
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                conn.close()
+                continue
+            with self._lock:
+                self._conns += [conn, upstream]
+            t = threading.Thread(target=self._pump, args=(conn, upstream), daemon=True)
+            t.start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while True:
+                readable, _, _ = select.select([a, b], [], [], 1.0)
+                for s in readable:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    peers[s].sendall(data)
+        except (OSError, ValueError):
+            return
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.close()
