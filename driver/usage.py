@@ -42,27 +42,40 @@ MIG_COMPUTE_SLICES = 7  # A100, H100, H200, B200; an A30 has 4
 
 @dataclass(frozen=True)
 class HeldDevice:
-    """One device a claim holds, measured on ``uuid`` (a GPU UUID, or a MIG device's own)."""
+    """One device a claim holds, measured on ``uuid`` (a GPU UUID, or a MIG device's own).
+
+    ``size`` is the device in physical GPUs (1 for a GPU, compute slices / 7 for
+    a MIG device); ``share`` the claim's part of the device (None: 1/N of the
+    claims holding it). Allocated GPU-seconds are held time * size * share;
+    measured GPU-seconds are held time * size * the claim's busy fraction, so
+    both count in whole-GPU units.
+    """
 
     uuid: str
     device_name: str
     mode: SharingMode
-    share: float | None = None  # fixed fraction of the device; None: 1/N (time-slicing)
+    share: float | None = 1.0
+    size: float = 1.0
 
     @classmethod
     def whole(cls, uuid: str, device_name: str) -> HeldDevice:
-        return cls(uuid, device_name, "exclusive", 1.0)
+        return cls(uuid, device_name, "exclusive")
 
     @classmethod
     def mig(
-        cls, uuid: str, device_name: str, slices: int, total: int = MIG_COMPUTE_SLICES
+        cls,
+        uuid: str,
+        device_name: str,
+        slices: int,
+        total: int = MIG_COMPUTE_SLICES,
+        share: float | None = 1.0,
     ) -> HeldDevice:
         """A MIG device: its compute slices over the parent's (7 on A100/H100/H200)."""
-        return cls(uuid, device_name, "mig", slices / total)
+        return cls(uuid, device_name, "mig", share, slices / total)
 
     @classmethod
     def mps(cls, uuid: str, device_name: str, thread_percentage: float) -> HeldDevice:
-        """An MPS share: its active-thread percentage."""
+        """An MPS share of a GPU held by several claims: its active-thread percentage."""
         return cls(uuid, device_name, "mps", thread_percentage / 100.0)
 
     @classmethod
@@ -76,9 +89,9 @@ class HeldDevice:
         return cls(uuid, device_name, "capacity", consumed / total)
 
     def fraction(self, holders: int) -> float:
-        if self.share is not None:
-            return self.share
-        return 1.0 / max(holders, 1)
+        """The claim's allocated part of one physical GPU, ``holders`` claims holding the device."""
+        share = self.share if self.share is not None else 1.0 / max(holders, 1)
+        return self.size * share
 
 
 @dataclass(frozen=True)
@@ -203,7 +216,7 @@ class ClaimIncrement:
 
 @dataclass(frozen=True)
 class DeviceIncrement:
-    """A held device over one interval: its own time split into idle and unattributed."""
+    """A held device over one interval, in GPU-seconds (a MIG device counts its size)."""
 
     uuid: str
     held_s: float
@@ -254,7 +267,8 @@ def integrate(
             continue
         split = split_device(usage, [r for r, _ in holders[uuid]])
         splits[uuid] = split
-        device_s = max(seconds for _, seconds in holders[uuid])
+        size = next(d.size for r, _ in holders[uuid] for d in r.devices if d.uuid == uuid)
+        device_s = max(seconds for _, seconds in holders[uuid]) * size
         devices.append(
             DeviceIncrement(
                 uuid=uuid,
@@ -275,7 +289,7 @@ def integrate(
             if part is None:
                 unmeasured += seconds
                 continue
-            measured += seconds * part.busy[record.claim_uid]
+            measured += seconds * device.size * part.busy[record.claim_uid]
             memory += seconds * part.memory_bytes[record.claim_uid]
         claims.append(
             ClaimIncrement(

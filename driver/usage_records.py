@@ -27,10 +27,11 @@ _MIG_SLICES = re.compile(r"-mig-(\d+)g")
 
 
 def held_device(device: AllocatedDeviceRecord) -> HeldDevice:
+    share = None if device.share_id is not None else 1.0
     mig = _MIG_SLICES.search(device.name)
     if mig is not None:
-        return HeldDevice.mig(device.uuid, device.name, int(mig.group(1)))
-    if device.share_id is not None:
+        return HeldDevice.mig(device.uuid, device.name, int(mig.group(1)), share=share)
+    if share is None:
         return HeldDevice.time_sliced(device.uuid, device.name)
     return HeldDevice.whole(device.uuid, device.name)
 

@@ -150,14 +150,14 @@ def test_report_totals_equal_the_metrics_integrals(plugin: Plugin, tmp_path: Pat
     rows = {(r.namespace, r.tenant): r for r in report.rows}
     assert set(rows) == {("ml", "blue"), ("web", "green")}
     # By hand: a is half the MPS GPU, c a 3/7 MIG slice; measured = device util split by SM
-    # (the MIG slice: occupied for the first 600 s).
+    # (the MIG slice, 3/7 of a GPU: occupied for the first 600 s).
     blue, green = rows[("ml", "blue")], rows[("web", "green")]
     assert blue.allocated_s == pytest.approx(1200 * 0.5 + 1200 * 3 / 7)
-    assert blue.measured_s == pytest.approx(600 * 0.3 + 600 * 0.1 + 600)
+    assert blue.measured_s == pytest.approx(600 * 0.3 + 600 * 0.1 + 600 * 3 / 7)
     assert green.allocated_s == pytest.approx(1200 * 0.5)
     assert green.measured_s == pytest.approx(600 * 0.5 + 600 * 0.6)
     assert green.memory_byte_s == pytest.approx(1200 * 8 * GIB)
-    assert report.devices.idle_s == pytest.approx(600 * 0.2 + 600 * 0.3 + 600)
+    assert report.devices.idle_s == pytest.approx(600 * 0.2 + 600 * 0.3 + 600 * 3 / 7)
     # The same totals as the counters the plugin exports.
     allocated = counters(registry, "tranche_tenant_gpu_allocated_seconds_total")
     measured = counters(registry, "tranche_tenant_gpu_measured_seconds_total")

@@ -274,8 +274,9 @@ def test_whole_gpu_and_mig_slice_each_go_to_their_sole_claim(sim: Sim) -> None:
     assert got["whole"].measured_s == pytest.approx(60.0 * 0.65)
     assert got["whole"].memory_byte_s == pytest.approx(60.0 * 9 * GIB)
     # MIG: 3 of 7 compute slices; NVML has no MIG utilisation, so busy means occupied.
+    # Both in whole-GPU units: an occupied 3g slice is 3/7 of a GPU busy.
     assert got["slice"].allocated_s == pytest.approx(60.0 * 3 / 7)
-    assert got["slice"].measured_s == pytest.approx(60.0)
+    assert got["slice"].measured_s == pytest.approx(60.0 * 3 / 7)
     assert got["slice"].memory_byte_s == pytest.approx(60.0 * 3 * GIB)
     devices = {d.uuid: d for d in interval.devices}
     assert devices[gpu].idle_s == pytest.approx(60.0 * 0.35)
@@ -286,7 +287,7 @@ def test_whole_gpu_and_mig_slice_each_go_to_their_sole_claim(sim: Sim) -> None:
     later = sampler.sample_once()
     assert later is not None
     assert {c.claim_uid: c.measured_s for c in later.claims}["slice"] == 0.0
-    assert {d.uuid: d.idle_s for d in later.devices}[mig.uuid] == pytest.approx(60.0)
+    assert {d.uuid: d.idle_s for d in later.devices}[mig.uuid] == pytest.approx(60.0 * 3 / 7)
 
 
 def test_sampler_survives_a_lost_gpu(sim: Sim) -> None:
