@@ -74,6 +74,7 @@ class _Totals:
     allocated_s: float = 0.0
     measured_s: float = 0.0
     memory_byte_s: float = 0.0
+    unmeasured_s: float = 0.0
 
 
 @dataclass
@@ -120,6 +121,7 @@ class UsageCollector(Collector):
                     totals.allocated_s += inc.allocated_s
                     totals.measured_s += inc.measured_s
                     totals.memory_byte_s += inc.memory_byte_s
+                    totals.unmeasured_s += inc.unmeasured_s
             for dev in usage.devices:
                 d = self._devices.setdefault(dev.uuid, _DeviceSeries())
                 d.held_s += dev.held_s
@@ -153,7 +155,13 @@ class UsageCollector(Collector):
             "Device memory used by a claim's processes, integrated over time (byte-seconds).",
             labels=_CLAIM_LABELS,
         )
+        c_unmeasured = CounterMetricFamily(
+            "tranche_claim_gpu_unmeasured_seconds",
+            "Allocated GPU-seconds of a claim on devices NVML could not read at the time.",
+            labels=_CLAIM_LABELS,
+        )
         for ns, name, tenant, t in claims:
+            c_unmeasured.add_metric([ns, name, tenant], t.unmeasured_s)
             c_alloc.add_metric([ns, name, tenant], t.allocated_s)
             c_meas.add_metric([ns, name, tenant], t.measured_s)
             c_mem.add_metric([ns, name, tenant], t.memory_byte_s)
@@ -173,7 +181,13 @@ class UsageCollector(Collector):
             "Device memory byte-seconds of all claims of a namespace and tenant on this node.",
             labels=_TENANT_LABELS,
         )
+        t_unmeasured = CounterMetricFamily(
+            "tranche_tenant_gpu_unmeasured_seconds",
+            "Allocated GPU-seconds of a namespace and tenant on devices NVML could not read.",
+            labels=_TENANT_LABELS,
+        )
         for ns, tenant, t in tenants:
+            t_unmeasured.add_metric([ns, tenant], t.unmeasured_s)
             t_alloc.add_metric([ns, tenant], t.allocated_s)
             t_meas.add_metric([ns, tenant], t.measured_s)
             t_mem.add_metric([ns, tenant], t.memory_byte_s)
@@ -203,12 +217,12 @@ class UsageCollector(Collector):
             d_idle.add_metric([uuid], d.idle_s)
             d_other.add_metric([uuid], d.unattributed_s)
             d_ratio.add_metric([uuid], d.idle_ratio)
-        yield from (c_alloc, c_meas, c_mem, t_alloc, t_meas, t_mem)
+        yield from (c_alloc, c_meas, c_mem, c_unmeasured, t_alloc, t_meas, t_mem, t_unmeasured)
         yield from (d_held, d_idle, d_other, d_ratio)
 
 
 def _copy(t: _Totals) -> _Totals:
-    return _Totals(t.allocated_s, t.measured_s, t.memory_byte_s)
+    return _Totals(t.allocated_s, t.measured_s, t.memory_byte_s, t.unmeasured_s)
 
 
 _LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

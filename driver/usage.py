@@ -211,7 +211,7 @@ class ClaimIncrement:
     allocated_s: float
     measured_s: float
     memory_byte_s: float
-    unmeasured_s: float  # held time on devices NVML could not read this interval
+    unmeasured_s: float  # GPU-seconds held on devices NVML could not read this interval
 
 
 @dataclass(frozen=True)
@@ -287,7 +287,7 @@ def integrate(
             allocated += seconds * device.fraction(claims_holding)
             part = splits.get(device.uuid)
             if part is None:
-                unmeasured += seconds
+                unmeasured += seconds * device.size
                 continue
             measured += seconds * device.size * part.busy[record.claim_uid]
             memory += seconds * part.memory_bytes[record.claim_uid]

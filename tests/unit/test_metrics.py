@@ -22,8 +22,10 @@ def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str
     }
 
 
-def inc(uid: str, ns: str, tenant: str, alloc: float, meas: float, mem: float) -> ClaimIncrement:
-    return ClaimIncrement(uid, ns, f"claim-{uid}", tenant, alloc, meas, mem, 0.0)
+def inc(
+    uid: str, ns: str, tenant: str, alloc: float, meas: float, mem: float, unmeasured: float = 0.0
+) -> ClaimIncrement:
+    return ClaimIncrement(uid, ns, f"claim-{uid}", tenant, alloc, meas, mem, unmeasured)
 
 
 def test_usage_counters_accumulate_per_claim_and_per_tenant() -> None:
@@ -41,7 +43,7 @@ def test_usage_counters_accumulate_per_claim_and_per_tenant() -> None:
         IntervalUsage(
             10.0,
             20.0,
-            (inc("a", "ml", "blue", 10.0, 4.0, 100.0),),
+            (inc("a", "ml", "blue", 10.0, 4.0, 100.0), inc("b", "ml", "blue", 5.0, 0.0, 0.0, 5.0)),
             (DeviceIncrement(GPU, 10.0, 6.0, 0.0, 0.6),),
         )
     )
@@ -51,8 +53,9 @@ def test_usage_counters_accumulate_per_claim_and_per_tenant() -> None:
     assert got[("tranche_claim_gpu_measured_seconds_total", a)] == 7.0
     assert got[("tranche_claim_gpu_memory_byte_seconds_total", a)] == 200.0
     t = (("namespace", "ml"), ("tenant", "blue"))
-    assert got[("tranche_tenant_gpu_allocated_seconds_total", t)] == 25.0
+    assert got[("tranche_tenant_gpu_allocated_seconds_total", t)] == 30.0
     assert got[("tranche_tenant_gpu_measured_seconds_total", t)] == 12.0
+    assert got[("tranche_tenant_gpu_unmeasured_seconds_total", t)] == 5.0
     d = (("uuid", GPU),)
     assert got[("tranche_device_held_seconds_total", d)] == 20.0
     assert got[("tranche_device_idle_seconds_total", d)] == 8.0
