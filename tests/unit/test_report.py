@@ -322,3 +322,33 @@ def test_report_from_prometheus_query_range(tmp_path: Path) -> None:
     chart = tmp_path / "chart.svg"
     chart.write_text(render_svg(report))
     ET.parse(chart)
+
+
+def test_two_scrapes_an_interval_apart(plugin: Plugin) -> None:
+    now = [0.0]
+    node = SimNode()
+    node.set_mps(30, 50, 80)
+    sampler = UsageSampler(node.nvml, lambda: node.records, plugin.metrics, clock=lambda: now[0])
+    sampler.sample_once()
+    now[0] = 500.0
+    sampler.sample_once()  # usage before the report's window
+
+    def wait(seconds: float) -> None:
+        now[0] += seconds
+        sampler.sample_once()
+
+    settings = ReportSettings(since_s=3600.0, metrics_urls=(plugin.url,), interval_s=60.0)
+    report = build_report(settings, clock=lambda: now[0], sleep=wait)
+    assert (report.start, report.end) == (500.0, 560.0)
+    green = next(r for r in report.rows if r.tenant == "green")
+    assert green.allocated_s == pytest.approx(30.0)
+    assert green.measured_s == pytest.approx(30.0)
+
+
+def test_a_chart_needs_a_window(
+    plugin: Plugin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chart = tmp_path / "c.svg"
+    assert run(parse(["--metrics-url", plugin.url, "--chart", str(chart)])) == 2
+    assert "--chart" in capsys.readouterr().err
+    assert not chart.exists()
