@@ -1,0 +1,117 @@
+"""``tranche kubelet-plugin``: the node process of the DaemonSet.
+
+Settings are validated once; then the whole object graph is wired
+(:class:`~kubelet_plugin.node.NodePlugin`) before any socket opens. SIGTERM
+stops accepting calls, lets in-flight calls finish, and removes the sockets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+import prometheus_client
+import pynvml
+from prometheus_client import CollectorRegistry
+
+from driver.cli import Command
+from driver.errors import ConfigError, TrancheError
+from driver.kube import api_client
+from driver.logs import configure
+from driver.metrics import Metrics
+from driver.nvml.facade import Nvml
+from driver.nvml.sim import create_state, open_simulated
+from kubelet_plugin.liveness import HealthEndpoint, probe_sockets
+from kubelet_plugin.node import NodePlugin
+from kubelet_plugin.settings import (
+    PluginSettings,
+    add_arguments,
+    parse_address,
+    settings_from_args,
+)
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+
+
+def open_nvml(settings: PluginSettings, on_call: Callable[[str, float], None]) -> Nvml:
+    """The real libnvidia-ml, or the simulation (file-backed with ``--sim-state``)."""
+    if settings.nvml == "real":
+        nvml = Nvml(pynvml, on_call=on_call)
+        nvml.init()
+        return nvml
+    path = settings.sim_state
+    if path is not None and path.exists():
+        return open_simulated(path, on_call=on_call)
+    return open_simulated(create_state(settings.profile, path), on_call=on_call)
+
+
+def serve(settings: PluginSettings, stop: threading.Event) -> int:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    nvml = open_nvml(settings, metrics.nvml_call)
+    plugin = NodePlugin(settings, api_client(settings.kubeconfig), nvml, registry, metrics)
+    stoppers: list[Callable[[], None]] = []
+    try:
+        if settings.metrics_address:
+            host, port = parse_address(settings.metrics_address, "--metrics-address")
+            server, _ = prometheus_client.start_http_server(port, host, registry)
+            stoppers.append(server.shutdown)
+        plugin.start()
+        stoppers.append(lambda: plugin.stop(STOP_GRACE_S))
+        if settings.health_address:
+            host, port = parse_address(settings.health_address, "--health-address")
+            reg_socket, dra_socket = plugin.probe_paths()
+            endpoint = HealthEndpoint(
+                host,
+                port,
+                live=lambda: probe_sockets(reg_socket, dra_socket, settings.driver_name),
+                ready=plugin.ready,
+            )
+            endpoint.start()
+            stoppers.append(endpoint.stop)
+        stop.wait()
+        log.info("stopping node=%s", settings.node_name)
+    finally:
+        for fn in reversed(stoppers):
+            fn()
+        nvml.shutdown()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as e:
+        print(f"tranche kubelet-plugin: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(settings.model_dump_json(indent=2))
+        return 0
+    configure(settings.log_format, settings.log_level)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal received signal=%s", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        return serve(settings, stop)
+    except TrancheError as e:
+        log.error("kubelet plugin failed to start: %s", e)
+        return 1
+
+
+command = Command(
+    help="run the kubelet plugin of one GPU node (the DaemonSet's process)",
+    add_arguments=add_arguments,
+    run=run,
+)

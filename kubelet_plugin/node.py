@@ -1,0 +1,230 @@
+"""The object graph of one node's plugin: wired completely before any socket opens.
+
+:class:`NodePlugin` owns the NVML session, the inventory, the executor
+(:class:`~driver.state.DeviceState`), the ResourceSlice publisher, the health
+monitor and its watcher, the usage sampler and the gRPC servers. ``start()``
+recovers the checkpoint, publishes the slices, then opens the DRA socket and
+only after it the registration socket (the kubelet connects as soon as the
+latter appears). ``stop()`` undoes it in reverse order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kubernetes.client import ApiClient
+from prometheus_client import CollectorRegistry
+
+from driver.cdi import CdiSpecs
+from driver.checkpoint import Checkpoint, CheckpointData
+from driver.faults import FaultPoints
+from driver.health import HealthChange, HealthMonitor, device_gpu_map
+from driver.health_metrics import HealthMetrics
+from driver.health_store import HealthStateFile
+from driver.health_watch import HealthWatcher
+from driver.inventory import Inventory, build_inventory
+from driver.metrics import Metrics
+from driver.nvml.facade import Nvml
+from driver.plan import CreateMigDevice
+from driver.slices import build_slices
+from driver.state import DeviceState, RecoveryReport, StepHandler
+from driver.usage import UsageSampler
+from driver.usage_records import checkpoint_records
+from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
+from kubelet_plugin.grpc_server import PluginServer
+from kubelet_plugin.publisher import Publisher
+from kubelet_plugin.settings import PluginSettings
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.json"
+LOCK_FILE = "plugin.lock"
+HEALTH_FILE = "health.json"
+
+HandlerFactory = Callable[[Nvml, Inventory, PluginSettings], Mapping[str, StepHandler]]
+NodeEvent = Callable[[str, str, str], None]  # (type, reason, message)
+
+
+def managed_mig_uuids(state: CheckpointData) -> set[str]:
+    """MIG instances the driver created for claims: their slots stay dynamic slots."""
+    created = set()
+    for record in state.claims.values():
+        for step in record.plan.steps:
+            if isinstance(step, CreateMigDevice) and step.device in record.device_uuids:
+                created.add(record.device_uuids[step.device])
+    return created
+
+
+class NodePlugin:
+    """Everything the kubelet plugin runs on one node."""
+
+    def __init__(
+        self,
+        settings: PluginSettings,
+        api_client: ApiClient,
+        nvml: Nvml,
+        registry: CollectorRegistry,
+        metrics: Metrics,
+        *,
+        handler_factory: HandlerFactory | None = None,
+        extra_devices: Callable[[Inventory], Mapping[str, Sequence[Mapping[str, Any]]]]
+        | None = None,
+        node_event: NodeEvent | None = None,
+        faults: FaultPoints | None = None,
+    ) -> None:
+        self.settings = settings
+        self.nvml = nvml
+        self.metrics = metrics
+        self._node_event = node_event or (lambda _type, _reason, _message: None)
+        self._extra_devices = extra_devices
+        data_dir = settings.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        settings.cdi_root.mkdir(parents=True, exist_ok=True)
+        faults = faults or FaultPoints.from_env(os.environ)
+
+        self.checkpoint = Checkpoint(data_dir / CHECKPOINT_FILE, faults=faults)
+        state, _ = self.checkpoint.load()
+        self.inventory = build_inventory(
+            nvml.list_gpus(),
+            nvml.system_info(),
+            settings.advertise,
+            managed_mig_uuids=managed_mig_uuids(state),
+        )
+        for note in self.inventory.notes:
+            log.info("inventory note=%s", note, extra={"node": settings.node_name})
+        handlers = handler_factory(nvml, self.inventory, settings) if handler_factory else None
+        self.state = DeviceState(
+            nvml,
+            self.inventory,
+            CdiSpecs(settings.cdi_root, faults=faults),
+            self.checkpoint,
+            lock_path=data_dir / LOCK_FILE,
+            driver_name=settings.driver_name,
+            node_name=settings.node_name,
+            handlers=handlers,
+            faults=faults,
+        )
+        self.health = HealthMonitor(
+            settings.health_policy,
+            settings.node_name,
+            store=HealthStateFile(data_dir / HEALTH_FILE),
+            metrics=HealthMetrics(registry),
+        )
+        self.health.set_devices(device_gpu_map(self.inventory))
+        self.health.add_listener(self._on_health_change)
+        self.watcher = HealthWatcher(
+            self.health,
+            nvml.wait_event,
+            nvml.probe,
+            recovery_action=nvml.recovery_action,
+            register_events=nvml.register_events,
+        )
+        self.publisher = Publisher(
+            api_client, settings.driver_name, settings.node_name, on_count=self._on_publish
+        )
+        self.driver = PluginDriver(self.state, ApiClaimReader(api_client))
+        self.server = PluginServer(
+            settings.driver_name,
+            settings.kubelet_root_dir,
+            self.driver,
+            health=self.health,
+            rolling_update_uid=settings.rolling_update_uid,
+        )
+        self.sampler = UsageSampler(nvml, checkpoint_records(self.checkpoint.path), self.metrics)
+        self._stop = threading.Event()
+        self._sampler_thread = threading.Thread(
+            target=self._sample_loop, name="usage-sampler", daemon=True
+        )
+        self._published_devices = 0
+        self.recovery: RecoveryReport | None = None
+
+    # ----- slices ---------------------------------------------------------------------------
+
+    def desired_slices(self) -> list[dict[str, Any]]:
+        extra = self._extra_devices(self.inventory) if self._extra_devices else None
+        devices = device_gpu_map(self.inventory)
+        for gpu, shares in (extra or {}).items():
+            uuid = self.inventory.gpu_of(gpu).uuid
+            devices.update({str(share["name"]): uuid for share in shares})
+        self.health.set_devices(devices)
+        taints = {k: v for k, v in self.health.taints_by_device(devices).items() if v}
+        slices = build_slices(
+            self.inventory,
+            self.settings.node_name,
+            self.settings.driver_name,
+            taints=taints,
+            extra_devices=extra,
+        )
+        self._published_devices = sum(len(s["spec"].get("devices", [])) for s in slices)
+        return slices
+
+    def republish(self) -> None:
+        self.publisher.update(self.desired_slices())
+        self.metrics.set_published_devices(self._published_devices)
+
+    def _on_publish(self, name: str) -> None:
+        if name in ("sync_error", "field_dropped"):
+            self.metrics.count_error("publish")
+
+    def _on_health_change(self, change: HealthChange) -> None:
+        healed = change.kind == "healed"
+        self._node_event(
+            "Normal" if healed else "Warning",
+            "DeviceHealed" if healed else "DeviceTainted",
+            change.message,
+        )
+        self.republish()
+
+    # ----- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.recovery = self.state.recover()
+        status = self.recovery.checkpoint
+        if status.kind == "corrupt":
+            self.metrics.count_error("checkpoint")
+            self._node_event("Warning", "CheckpointCorrupt", status.message)
+        for uid, problem in self.recovery.failed.items():
+            self._node_event("Warning", "ClaimRecoveryFailed", f"claim {uid}: {problem}")
+        state, _ = self.checkpoint.load()
+        self.metrics.set_prepared_claims(
+            sum(1 for r in state.claims.values() if r.state == "PrepareCompleted")
+        )
+        self.publisher.start()
+        self.republish()
+        self.watcher.start()
+        self.server.start()
+        self._sampler_thread.start()
+        log.info(
+            "plugin started node=%s driver=%s gpus=%d devices=%d",
+            self.settings.node_name,
+            self.settings.driver_name,
+            len(self.inventory.gpus),
+            self._published_devices,
+        )
+
+    def stop(self, grace: float = 10.0) -> None:
+        self._stop.set()
+        self.server.stop(grace)
+        self.watcher.stop()
+        self.publisher.stop()
+        self.driver.close()
+        if self._sampler_thread.is_alive():
+            self._sampler_thread.join(timeout=5)
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(self.settings.sample_interval_s):
+            try:
+                self.sampler.sample_once()
+            except Exception:
+                log.exception("usage sample failed")
+                self.metrics.count_error("nvml")
+
+    def probe_paths(self) -> tuple[str, str]:
+        return self.server.registration_socket, self.server.endpoint
+
+    def ready(self) -> str | None:
+        return self.publisher.error

@@ -1,0 +1,200 @@
+"""Settings of ``tranche kubelet-plugin``: parsed once at start, validated, frozen.
+
+Every flag has a ``TRANCHE_*`` environment twin (see :mod:`driver.flags`); the
+DaemonSet sets the twins, a developer passes flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from driver.errors import ConfigError
+from driver.flags import add_flag, add_switch
+from driver.health_policy import HealthPolicy
+from driver.inventory import AdvertiseConfig, parse_advertise
+from driver.slices import DEFAULT_DRIVER_NAME
+from driver.trust import TrustLevel
+
+_ADDRESS = re.compile(r"^(?P<host>[^:]*|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
+
+
+def parse_address(value: str, field: str) -> tuple[str, int]:
+    """``"127.0.0.1:9400"`` / ``":9400"`` → (host, port); host defaults to all interfaces."""
+    m = _ADDRESS.match(value)
+    if not m or not 0 <= int(m["port"]) <= 65535:
+        raise ConfigError(f"{field}: {value!r} is not HOST:PORT")
+    return (m["host"].strip("[]") or "0.0.0.0", int(m["port"]))
+
+
+class PluginSettings(BaseModel):
+    """Validated configuration of one kubelet-plugin process."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node_name: str = Field(min_length=1, max_length=253)
+    driver_name: str = Field(default=DEFAULT_DRIVER_NAME, min_length=1, max_length=63)
+    kubelet_root_dir: Path = Path("/var/lib/kubelet")
+    cdi_root: Path = Path("/var/run/cdi")
+    state_dir: Path | None = None  # default: <kubelet-root>/plugins/<driver>
+    nvml: Literal["real", "simulated"] = "real"
+    profile: str = "dgx-h100"
+    sim_state: Path | None = None
+    advertise: AdvertiseConfig = AdvertiseConfig()
+    kubeconfig: Path | None = None
+    metrics_address: str = ":9400"
+    health_address: str = ":9401"
+    rolling_update_uid: str | None = None
+    default_trust_level: TrustLevel = TrustLevel.ISOLATED
+    sample_interval_s: float = Field(default=10.0, gt=0, le=3600)
+    health_policy: HealthPolicy = HealthPolicy()
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("driver_name")
+    @classmethod
+    def _dns_subdomain(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", v):
+            raise ValueError("must be a lowercase DNS subdomain such as gpu.tranche.dev")
+        return v
+
+    @field_validator("metrics_address", "health_address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if v:
+            parse_address(v, "address")
+        return v
+
+    @property
+    def data_dir(self) -> Path:
+        """Checkpoint, lock and health state: shared by two plugin pods of one node."""
+        if self.state_dir is not None:
+            return self.state_dir
+        return self.kubelet_root_dir / "plugins" / self.driver_name
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_flag(p, "--node-name", "name of this node (pool name of its ResourceSlices); required")
+    add_flag(p, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
+    add_flag(p, "--kubelet-root-dir", "kubelet root directory", default="/var/lib/kubelet")
+    add_flag(p, "--cdi-root", "directory for CDI spec files", default="/var/run/cdi")
+    add_flag(
+        p,
+        "--state-dir",
+        "checkpoint and lock directory (default: <kubelet-root-dir>/plugins/<driver-name>)",
+    )
+    add_flag(
+        p,
+        "--nvml",
+        "GPU library: the real libnvidia-ml or the simulation",
+        default="real",
+        choices=("real", "simulated"),
+    )
+    add_flag(
+        p,
+        "--profile",
+        "simulation: a shipped node profile name or a profile file",
+        default="dgx-h100",
+    )
+    add_flag(
+        p,
+        "--sim-state",
+        "simulation: state file of the simulated GPUs, created from "
+        "--profile when missing; lets faults be injected from outside",
+    )
+    add_flag(
+        p,
+        "--advertise",
+        "device types per GPU, JSON/YAML such as "
+        '\'{"*": ["gpu", "mig"]}\' or @FILE (default: every type)',
+        default="",
+    )
+    add_flag(p, "--kubeconfig", "kubeconfig file (default: in-cluster service account)")
+    add_flag(
+        p,
+        "--metrics-address",
+        "HOST:PORT of the Prometheus endpoint; empty disables",
+        default=":9400",
+    )
+    add_flag(
+        p,
+        "--health-address",
+        "HOST:PORT of /healthz (liveness through the plugin's own sockets); empty disables",
+        default=":9401",
+    )
+    add_flag(
+        p,
+        "--rolling-update-uid",
+        "this pod's UID: serve per-pod sockets so two plugin "
+        "pods of one node can overlap during a rolling update",
+    )
+    add_flag(
+        p,
+        "--default-trust-level",
+        "trust level of namespaces without a trust label (must match the admission policy)",
+        default=TrustLevel.ISOLATED.value,
+        choices=tuple(lv.value for lv in TrustLevel),
+    )
+    add_flag(p, "--sample-interval", "seconds between usage samples", default="10")
+    add_flag(
+        p,
+        "--health-policy",
+        "health policy as JSON/YAML or @FILE: effects per fault class, "
+        "quiet and debounce seconds, probe interval (see docs/health.md)",
+        default="",
+    )
+    add_flag(p, "--log-format", "log format", default="text", choices=("text", "json"))
+    add_flag(
+        p, "--log-level", "log level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
+    )
+    add_switch(p, "--dry-run", "validate the configuration and print it, then exit")
+
+
+def parse_health_policy(value: str) -> HealthPolicy:
+    """``--health-policy``: inline JSON/YAML or ``@FILE``; empty means the defaults."""
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text()
+        except OSError as e:
+            raise ConfigError(f"--health-policy {value}: cannot read: {e.strerror}") from e
+    if not text.strip():
+        return HealthPolicy()
+    try:
+        return HealthPolicy.model_validate(yaml.safe_load(text))
+    except (ValidationError, yaml.YAMLError) as e:
+        raise ConfigError(f"--health-policy: {e}") from e
+
+
+def settings_from_args(args: argparse.Namespace) -> PluginSettings:
+    """Validate once; a bad value raises :class:`ConfigError` naming the flag."""
+    if not args.node_name:
+        raise ConfigError("--node-name (TRANCHE_NODE_NAME) is required")
+    try:
+        return PluginSettings(
+            node_name=args.node_name,
+            driver_name=args.driver_name,
+            kubelet_root_dir=Path(args.kubelet_root_dir),
+            cdi_root=Path(args.cdi_root),
+            state_dir=Path(args.state_dir) if args.state_dir else None,
+            nvml=args.nvml,
+            profile=args.profile,
+            sim_state=Path(args.sim_state) if args.sim_state else None,
+            advertise=parse_advertise(args.advertise),
+            kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
+            metrics_address=args.metrics_address,
+            health_address=args.health_address,
+            rolling_update_uid=args.rolling_update_uid or None,
+            default_trust_level=TrustLevel(args.default_trust_level),
+            sample_interval_s=float(args.sample_interval),
+            health_policy=parse_health_policy(args.health_policy),
+            log_format=args.log_format,
+            log_level=args.log_level,
+        )
+    except (ValidationError, ValueError) as e:
+        raise ConfigError(f"tranche kubelet-plugin: invalid setting: {e}") from e
