@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kubernetes import client
 
-from controller.kube_client import Json, call
+from controller.kube_client import RESOURCE_V1, Json, request
 from driver.errors import DeviceNotFound
 
 DEFAULT_DRIVER = "gpu.tranche.dev"
@@ -110,15 +110,16 @@ def rule_selects(rule: Json, device: ClusterDevice) -> bool:
 
 
 def read_view(api: client.ApiClient, driver: str, *, with_claims: bool = False) -> ClusterView:
-    resource = client.ResourceV1Api(api)
-    slices = call(
+    slices = request(
+        api,
         f"ResourceSlices of driver {driver}",
-        resource.list_resource_slice,
-        field_selector=f"spec.driver={driver}",
+        "GET",
+        f"{RESOURCE_V1}/resourceslices",
+        query={"fieldSelector": f"spec.driver={driver}"},
     )
-    rules = call("DeviceTaintRules", resource.list_device_taint_rule)
+    rules = request(api, "DeviceTaintRules", "GET", f"{RESOURCE_V1}/devicetaintrules")
     claims = (
-        call("ResourceClaims", resource.list_resource_claim_for_all_namespaces)
+        request(api, "ResourceClaims", "GET", f"{RESOURCE_V1}/resourceclaims")
         if with_claims
         else None
     )

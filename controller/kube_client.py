@@ -1,7 +1,7 @@
 """Kubernetes API access for the cluster-facing commands.
 
-Responses are read as plain JSON (``_preload_content=False``) so that fields
-the generated client models lag behind on are never lost. Errors become the
+Requests and answers are plain JSON, so fields the generated client models
+lag behind on are never lost. Errors become the
 project's error tree: an unreachable API server is :class:`ApiUnavailable`, a
 refusal is :class:`ApiCallError` naming the object.
 """
@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, cast
 
 import urllib3
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 
 from driver.errors import ApiUnavailable, ConfigError, PermanentError
 from driver.flags import add_flag
@@ -59,20 +58,37 @@ def api_client(kubeconfig: str | None) -> client.ApiClient:
     return cast(client.ApiClient, config.new_client_from_config())  # type: ignore[no-untyped-call]
 
 
-def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Json | None:
-    """Call a generated client method; the JSON answer, or None when ``what`` was not found."""
+RESOURCE_V1 = "/apis/resource.k8s.io/v1"
+
+
+def request(
+    api: client.ApiClient,
+    what: str,
+    method: str,
+    path: str,
+    *,
+    body: Json | None = None,
+    query: Mapping[str, str] | None = None,
+) -> Json | None:
+    """Send ``method path`` with a JSON body; the JSON answer, or None when ``what`` is absent."""
     try:
-        resp = fn(*args, _preload_content=False, **kwargs)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise ApiCallError(f"{what}: {e.status} {e.reason}: {_message(e.body)}", e.status) from e
+        method, url, headers, data, _ = api.param_serialize(
+            method,
+            path,
+            query_params=list((query or {}).items()),
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = api.call_api(method, url, header_params=headers, body=data, _request_timeout=30)
+        raw: bytes = resp.read()  # type: ignore[no-untyped-call]
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise ApiUnavailable(f"{what}: the API server cannot be reached: {e}") from e
-    data: bytes = resp.data
-    if not data:
-        return {}
-    parsed: Json = json.loads(data)
+    if resp.status == 404:
+        return None
+    if not 200 <= resp.status <= 299:
+        raise ApiCallError(f"{what}: {resp.status} {resp.reason}: {_message(raw)}", resp.status)
+    parsed: Json = json.loads(raw) if raw else {}
     return parsed
 
 

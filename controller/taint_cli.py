@@ -17,10 +17,8 @@ import re
 import sys
 from collections.abc import Mapping
 
-from kubernetes import client
-
 from controller.device_lookup import DEFAULT_DRIVER, ClusterDevice, find_device, read_view
-from controller.kube_client import Json, add_kubeconfig_flag, api_client, call
+from controller.kube_client import RESOURCE_V1, Json, add_kubeconfig_flag, api_client, request
 from driver.cli import Command
 from driver.errors import DeviceNotFound, TrancheError
 from driver.flags import add_flag
@@ -34,6 +32,7 @@ ANN_REASON = "gpu.tranche.dev/reason"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tranche"}
 EFFECTS = ("NoSchedule", "NoExecute", "None")
 MAX_NAME = 253
+RULES = f"{RESOURCE_V1}/devicetaintrules"
 
 
 def rule_name(node: str, device: str) -> str:
@@ -100,15 +99,15 @@ def run_taint(args: argparse.Namespace) -> int:
         view = read_view(api, args.driver)
         device = find_device(view.devices, node, name)
         body = rule_body(device, args.effect, args.reason)
-        resource = client.ResourceV1Api(api)
         rule = body["metadata"]["name"]
-        existing = call(f"DeviceTaintRule {rule}", resource.read_device_taint_rule, rule)
+        what, path = f"DeviceTaintRule {rule}", f"{RULES}/{rule}"
+        existing = request(api, what, "GET", path)
         if existing is None:
-            call(f"DeviceTaintRule {rule}", resource.create_device_taint_rule, body)
+            request(api, what, "POST", RULES, body=body)
             verb = "tainted"
         else:
             body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-            call(f"DeviceTaintRule {rule}", resource.replace_device_taint_rule, rule, body)
+            request(api, what, "PUT", path, body=body)
             verb = "re-tainted"
     except TrancheError as e:
         print(f"tranche taint: {e}", file=sys.stderr)
@@ -149,9 +148,8 @@ def run_untaint(args: argparse.Namespace) -> int:
                 raise
             # The device is gone (GPU removed, node deleted) but its rule is still there.
         rules = admin_rules(view.rules, node, name)
-        resource = client.ResourceV1Api(api)
         for rule in rules:
-            call(f"DeviceTaintRule {rule}", resource.delete_device_taint_rule, rule)
+            request(api, f"DeviceTaintRule {rule}", "DELETE", f"{RULES}/{rule}")
     except TrancheError as e:
         print(f"tranche untaint: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,219 @@
+"""`tranche taint` / `untaint` on the real control plane: the scheduler and the
+device-taint-eviction controller act on the DeviceTaintRules they write.
+
+Each test uses its own driver name, so the hand-written ResourceSlices and the
+claims of other tests never mix with these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from controller import cluster_devices
+from controller.taint_cli import taint_command, untaint_command
+from driver.cli import build_parser
+from tests.e2e.cluster_state import get_json, request_json
+from tests.e2e.conftest import Cluster
+from tests.e2e.test_environment import RESOURCE_V1, wait_for
+
+pytestmark = pytest.mark.cluster
+
+COMMANDS = {
+    "taint": taint_command,
+    "untaint": untaint_command,
+    "cluster-devices": cluster_devices.command,
+}
+
+
+@dataclass
+class Rig:
+    api: client.ApiClient
+    kubeconfig: str
+    driver: str
+    node: str
+    device_class: str
+    devices: dict[str, str]  # device name -> UUID
+    namespace: str
+
+    def tranche(self, *argv: str) -> int:
+        args = build_parser(COMMANDS).parse_args(
+            [*argv, "--driver", self.driver, "--kubeconfig", self.kubeconfig]
+        )
+        rc: int = args._run(args)
+        return rc
+
+    def claim(self, name: str, tolerate_admin: bool = False) -> None:
+        exactly: dict[str, Any] = {"deviceClassName": self.device_class}
+        if tolerate_admin:
+            # The effect must be named: v1.37.2's eviction controller ignores a toleration
+            # with an empty effect (devicetainteviction claimEvictionTime).
+            exactly["tolerations"] = [
+                {"key": "gpu.tranche.dev/admin", "operator": "Exists", "effect": "NoExecute"}
+            ]
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
+        request_json(
+            self.api, "POST", f"{RESOURCE_V1}/namespaces/{self.namespace}/resourceclaims", body
+        )
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        }
+        request_json(self.api, "POST", f"/api/v1/namespaces/{self.namespace}/pods", pod)
+
+    def allocated(self, claim: str) -> str | None:
+        obj = get_json(
+            self.api, f"{RESOURCE_V1}/namespaces/{self.namespace}/resourceclaims/{claim}"
+        )
+        results = obj.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
+        return str(results[0]["device"]) if results else None
+
+    def wait_allocated(self, claim: str, timeout_s: float = 60) -> str:
+        device: str = wait_for(f"claim {claim} allocated", lambda: self.allocated(claim), timeout_s)
+        return device
+
+    def pod(self, name: str) -> dict[str, Any] | None:
+        try:
+            return get_json(self.api, f"/api/v1/namespaces/{self.namespace}/pods/{name}")
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def unschedulable(self, name: str) -> bool:
+        pod = self.pod(name) or {}
+        return any(
+            c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in pod.get("status", {}).get("conditions", [])
+        )
+
+
+@pytest.fixture
+def rig(cluster: Cluster, namespace: str, make_node: Callable[..., str]) -> Iterator[Rig]:
+    token = secrets.token_hex(4)
+    driver = f"taint-{token}.tranche.dev"
+    node = make_node(f"taint-node-{token}")
+    devices = {
+        f"gpu-{token}": f"GPU-{token}-0000-0000-0000-000000000001",
+        f"gpu-{token}b": f"GPU-{token}-0000-0000-0000-000000000002",
+    }
+    slice_ = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{token}"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": name, "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid}}}
+                for name, uuid in devices.items()
+            ],
+        },
+    }
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": f"taint-{token}"},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+    }
+    with cluster.api_client() as api:
+        request_json(api, "POST", f"{RESOURCE_V1}/resourceslices", slice_)
+        request_json(api, "POST", f"{RESOURCE_V1}/deviceclasses", device_class)
+        try:
+            yield Rig(api, cluster.kubeconfig, driver, node, f"taint-{token}", devices, namespace)
+        finally:
+            rules = get_json(api, f"{RESOURCE_V1}/devicetaintrules").get("items", [])
+            paths = [
+                f"{RESOURCE_V1}/devicetaintrules/{r['metadata']['name']}"
+                for r in rules
+                if r["spec"].get("deviceSelector", {}).get("driver") == driver
+            ]
+            paths += [
+                f"{RESOURCE_V1}/resourceslices/{node}-{token}",
+                f"{RESOURCE_V1}/deviceclasses/taint-{token}",
+            ]
+            for path in paths:
+                with contextlib.suppress(client.ApiException):
+                    request_json(api, "DELETE", path)
+
+
+def test_taint_stops_new_placements_and_untaint_restores_them(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, second = rig.devices
+    assert rig.tranche("taint", rig.node, first, "--reason", "e2e maintenance") == 0
+    assert f"tainted {rig.node}/{first}" in capsys.readouterr().out
+
+    rig.claim("one")
+    assert rig.wait_allocated("one") == second
+    rig.claim("two")
+    wait_for("pod two unschedulable", lambda: rig.unschedulable("two"))
+    assert rig.allocated("two") is None
+
+    assert rig.tranche("cluster-devices", "--node", rig.node) == 0
+    listing = capsys.readouterr().out
+    lines = {line.split()[1]: line for line in listing.splitlines()[1:]}
+    assert "gpu.tranche.dev/admin:NoSchedule [rule" in lines[first]
+    assert f"{rig.namespace}/one" in lines[second]
+
+    assert rig.tranche("untaint", rig.node, first) == 0
+    assert f"untainted {rig.node}/{first}" in capsys.readouterr().out
+    assert rig.wait_allocated("two", 120) == first
+
+
+def test_unknown_device_is_refused_with_close_matches(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = next(iter(rig.devices))
+    assert rig.tranche("taint", rig.node, first + "x", "--reason", "typo") == 1
+    err = capsys.readouterr().err
+    assert f"device '{first}x' does not exist on node '{rig.node}'" in err
+    assert f"did you mean {first}" in err
+    rules = get_json(rig.api, f"{RESOURCE_V1}/devicetaintrules").get("items", [])
+    assert not [r for r in rules if r["spec"]["deviceSelector"].get("driver") == rig.driver]
+
+
+def test_noexecute_evicts_pods_that_do_not_tolerate_it(rig: Rig) -> None:
+    rig.claim("plain")
+    rig.claim("tolerant", tolerate_admin=True)
+    held = {claim: rig.wait_allocated(claim) for claim in ("plain", "tolerant")}
+    assert sorted(held.values()) == sorted(rig.devices)
+    for name, uuid in rig.devices.items():
+        target = [uuid] if name == held["tolerant"] else [rig.node, name]
+        assert rig.tranche("taint", *target, "--effect", "NoExecute", "--reason", "dbe") == 0
+
+    def evicted() -> bool:
+        pod = rig.pod("plain")
+        return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+
+    wait_for("pod plain evicted", evicted)
+    rule = f"{RESOURCE_V1}/devicetaintrules/tranche-{rig.node}-{held['tolerant']}"
+    wait_for(
+        "eviction status on the tolerated device's rule",
+        lambda: get_json(rig.api, rule).get("status", {}).get("conditions"),
+    )
+    tolerant = rig.pod("tolerant")
+    assert tolerant is not None and not tolerant["metadata"].get("deletionTimestamp")
