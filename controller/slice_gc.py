@@ -1,0 +1,87 @@
+"""Clean-up of this driver's ResourceSlices whose node is gone.
+
+A node's plugin deletes nothing once the node is removed, so its slices
+would keep advertising devices the scheduler can never use. Each pass lists
+the driver's slices and the nodes, and deletes the slices whose
+``spec.nodeName`` names no node, with the slice's UID as a precondition so
+a slice recreated in between is left alone. Slices without a node name
+(network-attached pools) are never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kubernetes import client
+
+from controller.kube_client import RESOURCE_V1, ApiCallError, Json, request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GcResult:
+    deleted: tuple[str, ...]
+    kept: int
+
+
+def _all(api: client.ApiClient, what: str, path: str, query: dict[str, str]) -> list[Json]:
+    items: list[Json] = []
+    token = ""
+    while True:
+        page = request(
+            api,
+            what,
+            "GET",
+            path,
+            query={**query, "limit": "500", **({"continue": token} if token else {})},
+        )
+        items.extend((page or {}).get("items") or [])
+        token = ((page or {}).get("metadata") or {}).get("continue") or ""
+        if not token:
+            return items
+
+
+def collect_orphaned_slices(api: client.ApiClient, driver_name: str) -> GcResult:
+    """One pass; returns the names of the slices deleted."""
+    slices = _all(
+        api,
+        f"list resourceslices of driver {driver_name}",
+        f"{RESOURCE_V1}/resourceslices",
+        {"fieldSelector": f"spec.driver={driver_name}"},
+    )
+    if not slices:
+        return GcResult((), 0)
+    nodes = {
+        str((n.get("metadata") or {}).get("name"))
+        for n in _all(api, "list nodes", "/api/v1/nodes", {})
+    }
+    deleted: list[str] = []
+    kept = 0
+    for s in slices:
+        meta: Json = s.get("metadata") or {}
+        node = (s.get("spec") or {}).get("nodeName")
+        if not node or node in nodes:
+            kept += 1
+            continue
+        name = meta["name"]
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta["uid"]}}
+        try:
+            request(
+                api,
+                f"delete resourceslice {name}",
+                "DELETE",
+                f"{RESOURCE_V1}/resourceslices/{name}",
+                body=body,
+            )
+        except ApiCallError as e:
+            if e.status == 409:  # replaced since the list: not ours to delete
+                kept += 1
+                continue
+            raise
+        log.info(
+            "orphaned resourceslice deleted slice=%s node=%s driver=%s", name, node, driver_name
+        )
+        deleted.append(name)
+    return GcResult(tuple(deleted), kept)
