@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.inventory import build_inventory
+from driver.inventory import AdvertiseConfig, build_inventory
 from driver.nvml.sim import create_state, open_simulated, shipped_profiles
 from driver.slices import build_slices
 from hack.devcluster.kubeconfig import api_client
@@ -208,3 +208,14 @@ def test_dropped_field_is_a_clear_error(cluster: Cluster, make_node: Callable[..
             wait_for("the pool to be withdrawn", lambda: not list_slices(api, node), timeout_s=30)
         finally:
             pub.stop()
+
+
+def test_node_without_devices_publishes_an_empty_pool(
+    cluster: Cluster, make_node: Callable[..., str]
+) -> None:
+    node = make_node("slices-empty")
+    inventory = build_inventory([h100(0)], SYSTEM, AdvertiseConfig.model_validate({"*": []}))
+    with cluster.api_client() as api, publishing(api, node, inventory):
+        (only,) = list_slices(api, node)
+        assert "devices" not in only["spec"] and "sharedCounters" not in only["spec"]
+        assert only["spec"]["pool"]["resourceSliceCount"] == 1
