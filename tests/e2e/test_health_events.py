@@ -1,0 +1,68 @@
+"""Health changes become Events on the Node in the real API server."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from driver.health import HealthMonitor
+from driver.health_policy import HealthPolicy
+from driver.nvml.types import DeviceProbe, XidEvent
+from kubelet_plugin.events import NodeEventRecorder
+from tests.e2e.cluster_state import get_json
+from tests.e2e.conftest import Cluster
+from tests.e2e.test_environment import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+class SteppingClock:
+    """Each reading is one second after the last."""
+
+    def __init__(self) -> None:
+        self.t = 1_800_000_000.0
+
+    def now(self) -> float:
+        self.t += 1
+        return self.t
+
+
+def test_taint_and_heal_are_recorded_as_node_events(
+    cluster: Cluster, make_node: Callable[..., str]
+) -> None:
+    node = make_node(f"events-{secrets.token_hex(4)}")
+    gpu = "GPU-5e5e5e5e-0000-0000-0000-000000000000"
+    monitor = HealthMonitor(HealthPolicy(quiet_seconds=0), node, clock=SteppingClock())
+    monitor.set_devices({"gpu-5e5e5e5e": gpu, "gpu-5e5e5e5e-mig-1g10gb-0": gpu})
+    with cluster.api_client() as api:
+        recorder = NodeEventRecorder(api, node)
+        monitor.add_listener(recorder)
+        recorder.start()
+        try:
+            monitor.observe_event(XidEvent(gpu, "xid", 79, 0.0))
+            monitor.observe_probe(DeviceProbe(gpu, healthy=True, lost=False))
+            monitor.observe_event(XidEvent(gpu, "recovered", 0, 0.0))
+            monitor.observe_probe(DeviceProbe(gpu, healthy=True, lost=False))
+        finally:
+            recorder.stop()
+
+        def node_events() -> list[dict[str, Any]]:
+            items: list[dict[str, Any]] = get_json(
+                api, f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name={node}"
+            ).get("items", [])
+            return items if len(items) >= 2 else []
+
+        events = sorted(wait_for("two node events", node_events), key=lambda e: e["reason"])
+    assert [(e["type"], e["reason"]) for e in events] == [
+        ("Normal", "DeviceHealed"),
+        ("Warning", "DeviceTainted"),
+    ]
+    tainted = events[1]
+    assert tainted["involvedObject"]["kind"] == "Node"
+    assert tainted["message"] == (
+        f"device gpu-5e5e5e5e (and 1 more on {gpu}) on node {node} tainted: "
+        "XID 79 GPU fell off the bus (gpu.tranche.dev/xid=79:NoExecute)"
+    )
