@@ -177,7 +177,7 @@ class Publisher:
                 continue
             self._wake.clear()
             try:
-                self._sync(version)
+                self._sync()
             except PermanentError as e:
                 self._fail(str(e), permanent=True)
                 not_before, failed_version = time.monotonic() + self._permanent_retry, version
@@ -204,9 +204,9 @@ class Publisher:
             extra={"node": self.node_name, "driver": self.driver_name, "permanent": permanent},
         )
 
-    def _sync(self, version: int) -> None:
+    def _sync(self) -> None:
         with self._cond:
-            desired = self._desired
+            desired, version = self._desired, self._version
         if desired is None:
             return
         node_uid = self._node_uid()
@@ -336,6 +336,7 @@ class Publisher:
                     _request_timeout=(self._timeout, self._watch_seconds + self._timeout),
                 )
                 self._watch_response = resp
+                self._wake.set()  # slices may have gone while no watch was open
                 for line in _iter_lines(resp):
                     if self._stop.is_set():
                         break
