@@ -22,15 +22,10 @@ raise the class the XID table gives, never lower it: NVML may still say
 
 from __future__ import annotations
 
-import argparse
 import enum
-from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from driver.errors import ConfigError
-from driver.flags import add_flag
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class FaultClass(enum.StrEnum):
@@ -159,102 +154,3 @@ class HealthPolicy(BaseModel):
 
 def xid_meaning(xid: int) -> str:
     return XID_TABLE.get(xid, (UNKNOWN_XID_CLASS, "unlisted XID"))[1]
-
-
-def parse_xid_classes(text: str) -> dict[int, FaultClass]:
-    """``"94=reset,109=application"`` → ``{94: RESET, 109: APPLICATION}``."""
-    result: dict[int, FaultClass] = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        xid, sep, name = item.partition("=")
-        if not sep or not xid.strip().isdigit():
-            raise ConfigError(f"--health-xid-classes: {item!r} is not XID=CLASS (e.g. 94=reset)")
-        try:
-            result[int(xid)] = FaultClass(name.strip().lower())
-        except ValueError:
-            choices = ", ".join(c.value for c in FaultClass)
-            raise ConfigError(
-                f"--health-xid-classes: class {name.strip()!r} for XID {xid.strip()} is not one of "
-                f"{choices}"
-            ) from None
-    return result
-
-
-_EFFECT_CHOICES = ("Ignore", "None", "NoSchedule", "NoExecute")
-
-
-def add_health_arguments(
-    parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None
-) -> None:
-    """Add the ``--health-*`` flags (each with its ``TRANCHE_HEALTH_*`` twin)."""
-    defaults = HealthPolicy()
-    for cls in FaultClass:
-        add_flag(
-            parser,
-            f"--health-{cls.value}-effect",
-            f"taint effect for {cls.value} faults (Ignore = no taint)",
-            default=defaults.effect(cls),
-            choices=_EFFECT_CHOICES,
-            env=env,
-        )
-    add_flag(
-        parser,
-        "--health-xid-classes",
-        "move XIDs between fault classes, e.g. 94=reset,109=application",
-        default="",
-        env=env,
-    )
-    numeric = (
-        (
-            "--health-quiet-seconds",
-            "seconds without a new error before a taint heals",
-            defaults.quiet_seconds,
-        ),
-        (
-            "--health-debounce-seconds",
-            "seconds in which repeats of one fault are merged",
-            defaults.debounce_seconds,
-        ),
-        (
-            "--health-probe-interval-seconds",
-            "seconds between health probes of each GPU",
-            defaults.probe_interval_seconds,
-        ),
-        (
-            "--health-probe-timeout-seconds",
-            "seconds a probe may take before it counts as failed",
-            defaults.probe_timeout_seconds,
-        ),
-        (
-            "--health-lost-after-probe-failures",
-            "failed probes in a row that mark a GPU lost",
-            defaults.lost_after_probe_failures,
-        ),
-    )
-    for flag, help_text, default in numeric:
-        add_flag(parser, flag, help_text, default=str(default), env=env)
-
-
-def policy_from_args(args: argparse.Namespace) -> HealthPolicy:
-    """Validate the ``--health-*`` flags; a bad value raises :class:`ConfigError`."""
-    try:
-        return HealthPolicy(
-            application_effect=args.health_application_effect,
-            informational_effect=args.health_informational_effect,
-            reset_effect=args.health_reset_effect,
-            uncontained_effect=args.health_uncontained_effect,
-            lost_effect=args.health_lost_effect,
-            xid_classes=parse_xid_classes(args.health_xid_classes or ""),
-            quiet_seconds=args.health_quiet_seconds,
-            debounce_seconds=args.health_debounce_seconds,
-            probe_interval_seconds=args.health_probe_interval_seconds,
-            probe_timeout_seconds=args.health_probe_timeout_seconds,
-            lost_after_probe_failures=args.health_lost_after_probe_failures,
-        )
-    except ValidationError as e:
-        fields = "; ".join(
-            f"--health-{'-'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
-            for err in e.errors()
-        )
-        raise ConfigError(f"invalid health settings: {fields}") from e

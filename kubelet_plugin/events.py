@@ -53,7 +53,7 @@ def describe(change: HealthChange) -> str:
 
 
 class NodeEventRecorder:
-    """Posts one Event per health change, in the background."""
+    """Posts Events on one Node in the background: health changes and any other note."""
 
     def __init__(
         self,
@@ -69,15 +69,21 @@ class NodeEventRecorder:
         self._namespace = namespace
         self._component = component
         self._retries = retries
-        self._queue: queue.Queue[HealthChange | None] = queue.Queue(MAX_QUEUED)
+        self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue(MAX_QUEUED)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def __call__(self, change: HealthChange) -> None:
+        """A :class:`HealthMonitor` listener."""
+        event_type, reason = REASONS[change.kind]
+        self.record(event_type, reason, describe(change))
+
+    def record(self, event_type: str, reason: str, message: str) -> None:
+        """Queue one Event on the Node (``Normal`` or ``Warning``); never blocks."""
         try:
-            self._queue.put_nowait(change)
+            self._queue.put_nowait((event_type, reason, message[:1024]))
         except queue.Full:
-            log.warning("event queue full, dropping event node=%s kind=%s", self._node, change.kind)
+            log.warning("event queue full, dropping event node=%s reason=%s", self._node, reason)
 
     def start(self) -> None:
         if self._thread is None:
@@ -95,26 +101,25 @@ class NodeEventRecorder:
 
     def _run(self) -> None:
         while True:
-            change = self._queue.get()
-            if change is None:
+            item = self._queue.get()
+            if item is None:
                 return
             for attempt in range(1, self._retries + 1):
                 try:
-                    self._post(change)
+                    self._post(self.body(*item))
                     break
                 except Exception as e:
                     if attempt == self._retries:
                         log.error(
-                            "event not recorded node=%s kind=%s error=%s",
+                            "event not recorded node=%s reason=%s error=%s",
                             self._node,
-                            change.kind,
+                            item[1],
                             e,
                         )
                     elif self._stop.wait(0.5 * attempt):
                         return
 
-    def body(self, change: HealthChange) -> dict[str, Any]:
-        event_type, reason = REASONS[change.kind]
+    def body(self, event_type: str, reason: str, message: str) -> dict[str, Any]:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return {
             "apiVersion": "v1",
@@ -125,7 +130,7 @@ class NodeEventRecorder:
             },
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self._node},
             "reason": reason,
-            "message": describe(change)[:1024],
+            "message": message,
             "type": event_type,
             "source": {"component": self._component, "host": self._node},
             "reportingComponent": self._component,
@@ -135,13 +140,13 @@ class NodeEventRecorder:
             "count": 1,
         }
 
-    def _post(self, change: HealthChange) -> None:
+    def _post(self, body: dict[str, Any]) -> None:
         path = f"/api/v1/namespaces/{self._namespace}/events"
         method, url, headers, data, _ = self._api.param_serialize(
             "POST",
             path,
             header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            body=self.body(change),
+            body=body,
             auth_settings=["BearerToken"],
         )
         resp = self._api.call_api(

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import queue
 import threading
 
 import pytest
+from pydantic import ValidationError
 
-from driver.errors import ConfigError, NvmlError
+from driver.errors import NvmlError
 from driver.health import KEY_GPU_LOST, KEY_UNMONITORED, KEY_XID, HealthMonitor
-from driver.health_policy import FaultClass, add_health_arguments, policy_from_args
+from driver.health_policy import FaultClass, HealthPolicy
 from driver.health_watch import HealthWatcher
 from driver.nvml.types import DeviceProbe, XidEvent
 
@@ -43,12 +43,7 @@ class FakeNvml:
 
 
 def setup(**policy: float) -> tuple[HealthMonitor, FakeNvml, HealthWatcher]:
-    args = argparse.ArgumentParser()
-    add_health_arguments(args, env={})
-    settings = policy_from_args(args.parse_args([]))
-    settings = settings.model_copy(
-        update={"event_wait_seconds": 0.01, "lost_after_probe_failures": 1, **policy}
-    )
+    settings = HealthPolicy(event_wait_seconds=0.01, lost_after_probe_failures=1, **policy)
     monitor = HealthMonitor(settings, "node-1")
     monitor.set_devices({"gpu-aaaaaaaa": GPU})
     nvml = FakeNvml()
@@ -110,33 +105,25 @@ def test_gpu_is_lost_from_the_event_wait_affects_every_gpu() -> None:
     assert keys(monitor) == {KEY_GPU_LOST}
 
 
-def test_flags_have_env_twins() -> None:
-    parser = argparse.ArgumentParser()
-    add_health_arguments(
-        parser,
-        env={
-            "TRANCHE_HEALTH_LOST_EFFECT": "NoSchedule",
-            "TRANCHE_HEALTH_XID_CLASSES": "94=reset, 109=application",
-            "TRANCHE_HEALTH_QUIET_SECONDS": "30",
-        },
+def test_policy_from_json_as_the_plugin_flag_gives_it() -> None:
+    policy = HealthPolicy.model_validate(
+        {"lost_effect": "NoSchedule", "xid_classes": {"94": "reset", "109": "application"}}
     )
-    policy = policy_from_args(parser.parse_args(["--health-quiet-seconds", "45"]))
     assert policy.lost_effect == "NoSchedule"
     assert policy.xid_classes == {94: FaultClass.RESET, 109: FaultClass.APPLICATION}
-    assert policy.quiet_seconds == 45
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("doc", "field"),
     [
-        (["--health-xid-classes", "94"], "'94' is not XID=CLASS"),
-        (["--health-xid-classes", "94=fatal"], "class 'fatal' for XID 94"),
-        (["--health-quiet-seconds", "-1"], "--health-quiet-seconds"),
-        (["--health-probe-timeout-seconds", "soon"], "--health-probe-timeout-seconds"),
+        ({"xid_classes": {"94": "fatal"}}, "xid_classes.94"),
+        ({"xid_classes": {"0": "reset"}}, "xid_classes"),
+        ({"quiet_seconds": -1}, "quiet_seconds"),
+        ({"reset_effect": "PreferNoSchedule"}, "reset_effect"),
+        ({"quiet": 5}, "quiet"),
     ],
 )
-def test_bad_flags_name_the_flag(argv: list[str], message: str) -> None:
-    parser = argparse.ArgumentParser()
-    add_health_arguments(parser, env={})
-    with pytest.raises(ConfigError, match=message):
-        policy_from_args(parser.parse_args(argv))
+def test_bad_policy_names_the_field(doc: dict[str, object], field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        HealthPolicy.model_validate(doc)
+    assert field in str(err.value)
