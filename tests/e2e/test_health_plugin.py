@@ -1,0 +1,97 @@
+"""Device health through the whole path: a fault in the simulated NVML of a node
+running the real plugin becomes taints in its ResourceSlice, the kubelet health
+stream reports the devices Unhealthy, the eviction controller deletes the pod
+that holds the GPU, and the taints go once the GPU is back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.e2e.cluster_state import get_json
+from tests.e2e.conftest import Cluster
+from tests.e2e.dra_objects import wait_for
+from tests.e2e.sim_nodes import RESOURCE_V1, PluginNode, apply_example
+
+pytestmark = pytest.mark.cluster
+
+FAST_HEALING = json.dumps(
+    {"quiet_seconds": 1, "probe_interval_seconds": 0.2, "event_wait_seconds": 0.2}
+)
+
+
+def slice_devices(pn: PluginNode) -> dict[str, dict[str, Any]]:
+    slices = get_json(pn.api, f"{RESOURCE_V1}/resourceslices?fieldSelector=spec.nodeName={pn.name}")
+    return {d["name"]: d for s in slices["items"] for d in s["spec"].get("devices") or []}
+
+
+def on_gpu(devices: dict[str, dict[str, Any]], uuid: str) -> dict[str, dict[str, Any]]:
+    def parent(d: dict[str, Any]) -> str:
+        attrs = d.get("attributes", {})
+        return str((attrs.get("parentUUID") or attrs.get("uuid") or {}).get("string", ""))
+
+    return {name: d for name, d in devices.items() if parent(d) == uuid}
+
+
+def taints(d: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(t["key"], t.get("value", ""), t["effect"]) for t in d.get("taints") or []}
+
+
+def test_lost_gpu_is_tainted_evicts_its_pod_and_heals(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
+) -> None:
+    pn = sim_node(extra_args=("--health-policy", FAST_HEALING))
+    apply_example(cluster, "one-gpu.yaml", namespace, pn.name)
+    claim = wait_for("claim of pod one-gpu", lambda: pn.pod_claim_name(namespace, "one-gpu", "gpu"))
+    result = wait_for(
+        "claim allocated",
+        lambda: pn.claim(namespace, claim).get("status", {}).get("allocation"),
+    )["devices"]["results"][0]
+    uid = pn.claim(namespace, claim)["metadata"]["uid"]
+    wait_for("claim prepared", lambda: pn.kubelet.prepared.get(uid))
+    uuid = pn.device_attribute(result["device"], "uuid") or ""
+    devices = on_gpu(slice_devices(pn), uuid)
+    assert len(devices) > 1, "the GPU and its MIG placements"
+    others = set(slice_devices(pn)) - set(devices)
+
+    pn.node.control().lose_gpu(uuid)
+    lost = {
+        ("gpu.tranche.dev/xid", "79", "NoExecute"),
+        ("gpu.tranche.dev/gpu-lost", "", "NoExecute"),
+    }
+
+    def tainted() -> bool:
+        now = slice_devices(pn)
+        return all(taints(now[name]) == lost for name in devices)
+
+    wait_for("slice taints on every device of the lost GPU", tainted, 30)
+    assert not any(taints(d) for name, d in slice_devices(pn).items() if name in others)
+
+    def unhealthy() -> bool:
+        if not pn.kubelet.health_updates:
+            return False
+        latest = {e.device_name: e for e in pn.kubelet.health_updates[-1].devices}
+        return all(latest[name].health == "Unhealthy" for name in devices)
+
+    wait_for("kubelet health stream reports the devices Unhealthy", unhealthy, 30)
+
+    def evicted() -> bool:
+        try:
+            pod = get_json(pn.api, f"/api/v1/namespaces/{namespace}/pods/one-gpu")
+        except Exception:
+            return True
+        return bool(pod["metadata"].get("deletionTimestamp"))
+
+    wait_for("pod on the lost GPU evicted", evicted, 60)
+
+    pn.node.control().recover(uuid)
+
+    def healed() -> bool:
+        now = slice_devices(pn)
+        return all(name in now and not taints(now[name]) for name in devices)
+
+    wait_for("taints lifted after the GPU is back", healed, 60)
