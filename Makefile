@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(shell find proto -name '*.proto' 2>/dev/null)
 
-.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins clean
+.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins helm-bin clean
 
 all: check
 
@@ -20,6 +20,9 @@ venv: $(STAMP)
 
 k8s-bins:
 	hack/build-k8s.sh >/dev/null
+
+helm-bin:
+	hack/build-helm.sh >/dev/null
 
 generate: $(STAMP)
 	$(BIN)/python hack/generate_proto.py
@@ -42,10 +45,10 @@ check: lint typecheck contracts check-generated
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-e2e: $(STAMP) k8s-bins
+e2e: $(STAMP) k8s-bins helm-bin
 	$(BIN)/pytest tests/e2e
 
-test: $(STAMP) k8s-bins check
+test: $(STAMP) k8s-bins helm-bin check
 	$(BIN)/pytest
 
 bench: $(STAMP) k8s-bins
