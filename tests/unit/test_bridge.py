@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from driver.bridge import (
     DevicePluginConflictError,
@@ -77,3 +79,16 @@ def test_bridge_classes_carry_the_extended_resource_name_and_select_the_profile(
     assert 'profile == "3g.40gb"' in mig["spec"]["selectors"][0]["cel"]["expression"]
     with pytest.raises(ConfigError, match=r"3x\.40gb"):
         bridge_device_class("3x.40gb")
+
+
+def test_shipped_bridge_manifests_match_the_classes_the_code_builds() -> None:
+    root = Path(__file__).resolve().parents[2] / "deploy/bridge"
+    migs = [d for d in yaml.safe_load_all((root / "mig-classes.yaml").read_text()) if d]
+    assert migs
+    for doc in migs:
+        profile = doc["spec"]["extendedResourceName"].removeprefix("nvidia.com/mig-")
+        assert doc == bridge_device_class(profile)
+    whole = yaml.safe_load((root / "whole-gpu.yaml").read_text())
+    assert whole == bridge_device_class(None)
+    source = yaml.safe_load((root.parent / "deviceclasses/whole-gpu.yaml").read_text())
+    assert whole["spec"]["selectors"] == source["spec"]["selectors"]
