@@ -29,6 +29,9 @@ POINTS = (
     "unprepare:after-removed",
     "checkpoint:before-replace",
     "cdi:before-replace",
+    "mig:after-intent",
+    "mig:after-create",
+    "mps:after-spawn",
 )
 
 

@@ -9,9 +9,12 @@ the checkpoint stores them and unprepare works from the checkpoint alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Annotated, Literal
 
+from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field
 
 from driver.claims import ClaimAllocation
@@ -28,6 +31,18 @@ from driver.errors import ConfigError, DeviceNotFound
 from driver.inventory import Device, GpuDevice, Inventory, MigDevice
 
 PlannedType = Literal["gpu", "mig"]
+ShareStrategy = Literal["TimeSlicing", "MPS"]
+
+
+@dataclass(frozen=True)
+class ShareTarget:
+    """A published share device (``<gpu>-ts-<group>``, ``<gpu>-mps-<group>``): a whole GPU
+    that several claims hold at once through consumable capacity (``driver.sharing``)."""
+
+    name: str
+    gpu_name: str
+    strategy: ShareStrategy
+    total_shares: int  # the device's ``shares`` capacity; a claim's share of SMs is its part
 
 
 class _Frozen(BaseModel):
@@ -152,16 +167,65 @@ def _attach_step(dev: Device) -> Step:
     )
 
 
-def build_plan(allocation: ClaimAllocation, inventory: Inventory) -> Plan:
-    """The plan to prepare ``allocation`` on this node. Raises DeviceNotFound/ConfigError."""
+def _share_sharing(key: str, share: ShareTarget, entry: ConfigEntry | None) -> Sharing:
+    """A share device's sharing: its mechanism, with the claim's settings for it."""
+    if entry is None or entry.config.sharing.strategy == "Exclusive":
+        return Sharing(strategy=share.strategy)
+    if entry.config.sharing.strategy != share.strategy:
+        raise ConfigError(
+            f"claim {key}: {entry.where}.sharing.strategy: {entry.config.sharing.strategy} "
+            f"cannot apply to device {share.name}, which is a {share.strategy} share of a GPU"
+        )
+    return entry.config.sharing
+
+
+def _whole(value: str) -> int:
+    return int(Decimal(parse_quantity(value)))  # type: ignore[no-untyped-call]
+
+
+def _capacity_mps(
+    key: str, mps: MpsConfig, consumed: Mapping[str, str], share: ShareTarget
+) -> MpsConfig:
+    """MPS limits of one share from its consumed capacity; a config may only lower them."""
+    updates: dict[str, int] = {}
+    try:
+        memory = _whole(consumed.get("memory", "0"))
+        parts = _whole(consumed.get("shares", "0"))
+    except (ValueError, ArithmeticError) as e:
+        raise ConfigError(
+            f"claim {key}: status.allocation.devices.results[].consumedCapacity of {share.name}: "
+            f"not a quantity: {e}"
+        ) from e
+    if memory > 0:
+        limit = mps.default_pinned_device_memory_limit
+        updates["default_pinned_device_memory_limit"] = min(limit or memory, memory)
+    if parts > 0 and share.total_shares > 0:
+        percent = max(1, min(100, -(-100 * parts // share.total_shares)))
+        current = mps.default_active_thread_percentage
+        updates["default_active_thread_percentage"] = min(current or percent, percent)
+    return mps.model_copy(update=updates) if updates else mps
+
+
+def build_plan(
+    allocation: ClaimAllocation,
+    inventory: Inventory,
+    shares: Mapping[str, ShareTarget] | None = None,
+) -> Plan:
+    """The plan to prepare ``allocation`` on this node. Raises DeviceNotFound/ConfigError.
+
+    ``shares`` are the share devices this node publishes, by name (``driver.sharing``).
+    """
     key = allocation.key
+    shares = shares or {}
     planned: list[PlannedDevice] = []
     entries: list[ConfigEntry | None] = []
     memory: dict[str, int] = {}
     devices: dict[str, Device] = {}
+    mps_of: dict[int, MpsConfig] = {}
     for alloc in allocation.devices:
+        share = shares.get(alloc.device)
         try:
-            dev = inventory.device(alloc.device)
+            dev = inventory.gpu_of(share.gpu_name) if share else inventory.device(alloc.device)
         except DeviceNotFound as e:
             raise DeviceNotFound(
                 f"claim {key}: status.allocation.devices.results[{alloc.index}].device: {e}",
@@ -175,28 +239,38 @@ def build_plan(allocation: ClaimAllocation, inventory: Inventory) -> Plan:
             raise ConfigError(f"claim {key}: {e}") from e
         default = GpuConfig() if dev.type == "gpu" else MigDeviceConfig()
         config = entry.config if entry else default
+        sharing = _share_sharing(key, share, entry) if share else config.sharing
+        name = share.name if share else dev.name
         gpu = dev.info if isinstance(dev, GpuDevice) else dev.parent
-        memory[dev.name] = (
-            gpu.memory_bytes if isinstance(dev, GpuDevice) else dev.profile.memory_bytes
-        )
-        devices[dev.name] = dev
+        memory[name] = gpu.memory_bytes if isinstance(dev, GpuDevice) else dev.profile.memory_bytes
+        devices[name] = dev
         entries.append(entry)
+        if sharing.strategy == "MPS":
+            mps = sharing.mps or MpsConfig()
+            if share:
+                mps = _capacity_mps(key, mps, alloc.consumed_capacity, share)
+            mps_of[len(planned)] = mps
         planned.append(
             PlannedDevice(
                 request=alloc.request,
                 pool=alloc.pool,
-                device=dev.name,
+                device=name,
                 type="gpu" if isinstance(dev, GpuDevice) else "mig",
                 gpu_uuid=gpu.uuid,
                 uuid=dev.uuid,
                 minor=gpu.minor,
                 share_id=alloc.share_id,
                 admin_access=alloc.admin_access,
-                sharing=config.sharing,
+                sharing=sharing,
             )
         )
 
-    steps: list[Step] = [_attach_step(devices[d.device]) for d in planned]
+    steps: list[Step] = [
+        AttachGpu(device=d.device, gpu_uuid=d.gpu_uuid)
+        if d.device in shares
+        else _attach_step(devices[d.device])
+        for d in planned
+    ]
     intervals: dict[str, tuple[Interval, str]] = {}
     mps_groups: dict[str, list[int]] = {}
     for i, d in enumerate(planned):
@@ -209,13 +283,12 @@ def build_plan(allocation: ClaimAllocation, inventory: Inventory) -> Plan:
                     "is a per-GPU setting"
                 )
         elif d.sharing.strategy == "MPS":
-            mps = d.sharing.mps or MpsConfig()
-            mps_groups.setdefault(mps.model_dump_json(), []).append(i)
+            mps_groups.setdefault(mps_of[i].model_dump_json(), []).append(i)
     for gpu_uuid, (interval, _) in sorted(intervals.items()):
         steps.append(SetTimeSlice(gpu_uuid=gpu_uuid, interval=interval))
     for n, indexes in enumerate(mps_groups.values()):
         group = [planned[i] for i in indexes]
-        mps = group[0].sharing.mps or MpsConfig()
+        mps = mps_of[indexes[0]]
         try:
             _check_mps_limits(entries[indexes[0]], mps, group, memory)
         except ConfigError as e:

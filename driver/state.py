@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from driver.api import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
 from driver.cdi import CdiSpecs, ContainerEdits, claim_devices, claim_edits, device_id, device_name
@@ -43,11 +43,28 @@ from driver.checkpoint import (
     PreparedDeviceRecord,
 )
 from driver.claims import ClaimAllocation, parse_claim
-from driver.errors import ClaimError, DeviceNotFound, NvmlError, RetryableError, TrancheError
+from driver.errors import (
+    ClaimError,
+    DeviceNotFound,
+    NvmlError,
+    RetryableError,
+    TrancheError,
+    TrustViolation,
+)
 from driver.faults import NO_FAULTS, FaultPoints
 from driver.inventory import Inventory
 from driver.nvml.types import DeviceProbe
-from driver.plan import AttachGpu, Plan, PlannedDevice, SetTimeSlice, Step, build_plan
+from driver.plan import (
+    AttachGpu,
+    Plan,
+    PlannedDevice,
+    SetTimeSlice,
+    ShareTarget,
+    Step,
+    build_plan,
+)
+from driver.trust import Tenancy
+from driver.trust_guard import check_claim
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +97,18 @@ class StepHandler(Protocol):
     def apply(self, step: Step, plan: Plan) -> StepOutcome: ...
 
     def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None: ...
+
+
+@runtime_checkable
+class Reconciler(Protocol):
+    """A handler that also owns state outside the checkpoint (MIG instances, daemons).
+
+    :meth:`DeviceState.recover` calls :meth:`reconcile` after its roll-backs with the
+    plans of the claims still prepared: the handler adopts what they use and removes
+    what nothing uses. It returns one line per thing it changed, for the report.
+    """
+
+    def reconcile(self, plans: Sequence[Plan]) -> Sequence[str]: ...
 
 
 class AttachGpuHandler:
@@ -170,6 +199,7 @@ class RecoveryReport:
     revalidated: tuple[str, ...] = ()
     failed: Mapping[str, str] = field(default_factory=dict)
     orphan_specs_removed: tuple[str, ...] = ()
+    reconciled: tuple[str, ...] = ()  # what handlers (MIG, MPS) cleaned up or adopted
 
 
 class DeviceState:
@@ -190,6 +220,7 @@ class DeviceState:
         faults: FaultPoints = NO_FAULTS,
         clock: Callable[[], float] = time.time,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
+        shares: Mapping[str, ShareTarget] | None = None,
     ) -> None:
         self.inventory = inventory
         self.cdi = cdi
@@ -207,6 +238,7 @@ class DeviceState:
         self._clock = clock
         self._lock_timeout_s = lock_timeout_s
         self._thread_lock = threading.Lock()
+        self.shares: Mapping[str, ShareTarget] = dict(shares or {})
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -243,8 +275,21 @@ class DeviceState:
 
     # prepare ---------------------------------------------------------------
 
-    def prepare(self, claim: Mapping[str, Any], ref: ClaimRef) -> PrepareResult:
-        """Prepare one claim (the API object as JSON); errors are the result's ``error``."""
+    def prepare(
+        self,
+        claim: Mapping[str, Any],
+        ref: ClaimRef,
+        tenancy: Tenancy | None = None,
+        on_refused: Callable[[TrustViolation], None] | None = None,
+    ) -> PrepareResult:
+        """Prepare one claim (the API object as JSON); errors are the result's ``error``.
+
+        With ``tenancy`` (the claim's namespace resolved by ``driver.trust``), trust
+        levels are checked against every claim on the node (``driver.trust_guard``),
+        before any other guard, and recorded with the claim; a refusal is also
+        handed to ``on_refused`` (called under the lock: it must be quick). A claim
+        already prepared keeps its answer whatever its namespace's level is now.
+        """
         planned: tuple[ClaimAllocation, Plan] | None = None
         problem = ""
         try:
@@ -253,19 +298,24 @@ class DeviceState:
                 ref,
                 driver_name=self.driver_name,
                 node_name=self.node_name,
-                device_names=_Names(self.inventory),
+                device_names=_Names(self.inventory, self.shares),
             )
-            planned = (allocation, build_plan(allocation, self.inventory))
+            planned = (allocation, build_plan(allocation, self.inventory, self.shares))
         except TrancheError as e:
             problem = str(e)
         try:
             with self._locked():
-                return self._prepare_locked(ref, planned, problem)
+                return self._prepare_locked(ref, planned, problem, tenancy, on_refused)
         except TrancheError as e:
             return PrepareResult(error=f"claim {ref.namespace}/{ref.name}: {e}")
 
     def _prepare_locked(
-        self, ref: ClaimRef, planned: tuple[ClaimAllocation, Plan] | None, problem: str
+        self,
+        ref: ClaimRef,
+        planned: tuple[ClaimAllocation, Plan] | None,
+        problem: str,
+        tenancy: Tenancy | None = None,
+        on_refused: Callable[[TrustViolation], None] | None = None,
     ) -> PrepareResult:
         self._faults.reached("prepare:after-lock")
         state = self._load()
@@ -279,6 +329,8 @@ class DeviceState:
             return PrepareResult(error=problem)
         allocation, plan = planned
         try:
+            if tenancy is not None:
+                check_claim(allocation, plan, state, tenancy, self.node_name)
             for guard in self._guards:
                 guard(allocation, plan, state)
             missing = sorted({s.kind for s in plan.steps if s.kind not in self.handlers})
@@ -288,6 +340,8 @@ class DeviceState:
                     "(no handler); choose another sharing strategy or device"
                 )
         except TrancheError as e:
+            if isinstance(e, TrustViolation) and on_refused is not None:
+                on_refused(e)
             return PrepareResult(error=str(e))
 
         now = self._clock()
@@ -298,6 +352,9 @@ class DeviceState:
             state="PrepareStarted",
             plan=plan,
             started_at=now,
+            tenant=tenancy.tenant if tenancy else None,
+            trust_level=tenancy.level.value if tenancy else None,
+            sharing_group=tenancy.sharing_group if tenancy else None,
         )
         state.claims[ref.uid] = record
         self.checkpoint.save(state)
@@ -313,6 +370,7 @@ class DeviceState:
         record.devices = devices
         record.device_uuids = uuids
         record.allocation = _allocation_record(allocation, plan, uuids, record.completed_at)
+        record.allocation.tenant = record.tenant
         self.checkpoint.save(state)
         self._faults.reached("prepare:after-completed")
         log.info("prepared claim_uid=%s claim=%s devices=%d", ref.uid, allocation.key, len(devices))
@@ -420,6 +478,7 @@ class DeviceState:
                         failed[record.uid] = str(e)
                         log.error("re-validation failed claim_uid=%s error=%s", record.uid, e)
             self.checkpoint.save(state)
+            reconciled = self._reconcile(state)
             removed = self.cdi.sweep(
                 uid for uid, r in state.claims.items() if r.state == "PrepareCompleted"
             )
@@ -431,18 +490,30 @@ class DeviceState:
             revalidated=tuple(revalidated),
             failed=failed,
             orphan_specs_removed=tuple(removed),
+            reconciled=tuple(reconciled),
         )
+
+    def _reconcile(self, state: CheckpointData) -> list[str]:
+        plans = [r.plan for r in state.claims.values() if r.state == "PrepareCompleted"]
+        done: list[str] = []
+        for handler in {id(h): h for h in self.handlers.values()}.values():
+            if isinstance(handler, Reconciler):
+                done.extend(handler.reconcile(plans))
+        return done
 
 
 class _Names:
-    """Device-name membership backed by the inventory."""
+    """Device-name membership backed by the inventory and the published share devices."""
 
-    def __init__(self, inventory: Inventory) -> None:
+    def __init__(self, inventory: Inventory, shares: Mapping[str, ShareTarget]) -> None:
         self._inventory = inventory
+        self._shares = shares
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
             return False
+        if name in self._shares:
+            return True
         try:
             self._inventory.device(name)
         except DeviceNotFound:

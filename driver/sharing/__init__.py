@@ -1,0 +1,147 @@
+"""Sharing modes: dynamic and static MIG, time-slicing, MPS, share devices, one mode per GPU.
+
+:class:`SharingNode` is what the kubelet plugin wires once per process: the step
+handlers for :class:`driver.state.DeviceState` (``handlers=``), the share devices
+(``shares=`` for the executor, :meth:`SharingNode.extra_devices` for
+``build_slices``), the mode guard (``guards=``) and the MPS supervisor thread.
+``docs/sharing.md`` describes the modes and how each is enforced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from driver.faults import NO_FAULTS, FaultPoints
+from driver.inventory import Inventory
+from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
+from driver.plan import ShareTarget
+from driver.sharing.devices import mps_memory_enforced, share_devices, share_targets
+from driver.sharing.guard import ModeGuard
+from driver.sharing.mig import (
+    AttachMigHandler,
+    CreateMigHandler,
+    MigCaps,
+    MigJournal,
+    WholeGpuHandler,
+    journal_mig_uuids,
+    standard_mig_minors,
+)
+from driver.sharing.mps import MpsDaemons, MpsHandler, MpsSupervisor
+from driver.sharing.settings import DEFAULT_MIG_MINORS, SharingConfig, parse_sharing
+from driver.state import Guard, StepHandler, TimeSliceHandler, exclusivity_guard
+
+__all__ = [
+    "SharingConfig",
+    "SharingNode",
+    "managed_mig_uuids",
+    "parse_sharing",
+    "sharing_handlers",
+]
+
+MIG_JOURNAL = "mig-journal.json"
+MPS_DIR = "mps"
+SIM_MIG_MINORS = "mig-minors"
+
+
+class SharingNvml(Protocol):
+    """The NVML facade surface (:class:`driver.nvml.facade.Nvml`) sharing needs."""
+
+    def gpu(self, uuid: str) -> GpuInfo: ...
+
+    def list_gpus(self) -> list[GpuInfo]: ...
+
+    def probe(self, uuid: str) -> DeviceProbe: ...
+
+    def set_timeslice(self, uuid: str, level: int) -> None: ...
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None: ...
+
+    def set_mig_mode(self, uuid: str, enabled: bool) -> bool: ...
+
+    def mig_instances(self, parent_uuid: str) -> tuple[MigInstance, ...]: ...
+
+    def create_mig_instance(self, parent_uuid: str, profile_id: int, start: int) -> MigInstance: ...
+
+    def destroy_mig_instance(self, parent_uuid: str, gi_id: int) -> bool: ...
+
+
+def managed_mig_uuids(nvml: SharingNvml, state_dir: Path) -> set[str]:
+    """MIG instances the driver created (its journal in ``state_dir``), for
+    ``build_inventory(managed_mig_uuids=...)`` together with the checkpoint's."""
+    return journal_mig_uuids(nvml, state_dir / MIG_JOURNAL)
+
+
+class SharingNode:
+    """The sharing machinery of one plugin process.
+
+    ``state_dir`` holds the MIG journal and the MPS daemon directories (it must be a
+    host path: containers bind-mount the MPS pipe directories from it).
+    ``simulated``: with the simulated NVML there is no ``/proc/driver/nvidia-caps``;
+    a standard ``mig-minors`` table is written to ``state_dir`` and used instead.
+    """
+
+    def __init__(
+        self,
+        nvml: SharingNvml,
+        inventory: Inventory,
+        config: SharingConfig,
+        *,
+        state_dir: Path,
+        faults: FaultPoints = NO_FAULTS,
+        simulated: bool = False,
+    ) -> None:
+        self.config = config
+        self.shares: dict[str, ShareTarget] = share_targets(inventory, config)
+        mig_minors = config.mig_minors
+        if simulated and mig_minors == DEFAULT_MIG_MINORS:
+            mig_minors = state_dir / SIM_MIG_MINORS
+            state_dir.mkdir(parents=True, exist_ok=True)
+            mig_minors.write_text(standard_mig_minors([g.info.minor for g in inventory.gpus]))
+        caps = MigCaps(mig_minors)
+        self.daemons = MpsDaemons(
+            config.mps_control,
+            state_dir / MPS_DIR,
+            nvml,
+            ready_timeout_s=config.mps_ready_timeout_s,
+            faults=faults,
+        )
+        self.supervisor = MpsSupervisor(self.daemons, config.mps_check_interval_s)
+        self.mps_enforced = mps_memory_enforced(inventory.system, config.cgroup_root)
+        self.handlers: dict[str, StepHandler] = {
+            "attach-gpu": WholeGpuHandler(nvml),
+            "attach-mig": AttachMigHandler(nvml, caps),
+            "create-mig": CreateMigHandler(
+                nvml, inventory, MigJournal(state_dir / MIG_JOURNAL, faults), caps, faults
+            ),
+            "set-time-slice": TimeSliceHandler(nvml),
+            "start-mps": MpsHandler(self.daemons, inventory, nvml, self.shares.__contains__),
+        }
+        self.guards: tuple[Guard, ...] = (ModeGuard(self.shares), exclusivity_guard)
+
+    def extra_devices(self, inventory: Inventory) -> dict[str, list[dict[str, Any]]]:
+        """Share devices per GPU name, for ``build_slices(extra_devices=...)``."""
+        return share_devices(inventory, self.config, mps_enforced=self.mps_enforced)
+
+    def start(self) -> None:
+        """Start the MPS supervisor (after ``DeviceState.recover()``)."""
+        self.supervisor.start()
+
+    def stop(self) -> None:
+        """Stop supervising; the daemons keep serving the prepared claims."""
+        self.supervisor.stop()
+
+
+def sharing_handlers(
+    nvml: SharingNvml,
+    inventory: Inventory,
+    config: SharingConfig,
+    *,
+    state_dir: Path,
+    faults: FaultPoints = NO_FAULTS,
+    simulated: bool = False,
+) -> dict[str, StepHandler]:
+    """Only the step handlers (without supervisor, share devices or guard)."""
+    return SharingNode(
+        nvml, inventory, config, state_dir=state_dir, faults=faults, simulated=simulated
+    ).handlers

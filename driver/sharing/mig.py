@@ -1,0 +1,362 @@
+"""MIG devices and whole GPUs: the ``create-mig``, ``attach-mig`` and ``attach-gpu`` handlers.
+
+Dynamic MIG: prepare switches MIG mode on where the GPU allows it without a
+reset (Hopper and later), creates the GPU instance at the allocated placement
+with one compute instance over all of it, and hands the MIG device to the
+container (``NVIDIA_VISIBLE_DEVICES=MIG-...``, the parent's ``/dev/nvidia<N>``
+and the two ``/dev/nvidia-caps/nvidia-cap<N>`` nodes of its GI and CI).
+Unprepare destroys it and switches MIG mode off when nothing is left on the
+GPU (where that needs no reset).
+
+Crash safety: every instance the driver creates is recorded in a journal next
+to the checkpoint, first as an intent (GPU, placement, claim) before NVML is
+called, then with its GI id and UUID. A roll-back or start-up reconcile
+destroys what the journal says the driver made and no prepared claim owns; an
+instance an administrator made (not in the journal) is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from driver.cdi import ContainerEdits, mig_caps_minors
+from driver.errors import ClaimError, NvmlError
+from driver.faults import NO_FAULTS, FaultPoints
+from driver.files import write_atomic
+from driver.inventory import Inventory, MigDevice
+from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
+from driver.plan import AttachGpu, AttachMigDevice, CreateMigDevice, Plan, Step
+from driver.state import StepOutcome
+
+log = logging.getLogger(__name__)
+
+CAPS_DIR = "/dev/nvidia-caps"
+
+
+class MigControl(Protocol):
+    """The part of :class:`driver.nvml.facade.Nvml` these handlers use."""
+
+    def gpu(self, uuid: str) -> GpuInfo: ...
+
+    def probe(self, uuid: str) -> DeviceProbe: ...
+
+    def set_mig_mode(self, uuid: str, enabled: bool) -> bool: ...
+
+    def mig_instances(self, parent_uuid: str) -> tuple[MigInstance, ...]: ...
+
+    def create_mig_instance(self, parent_uuid: str, profile_id: int, start: int) -> MigInstance: ...
+
+    def destroy_mig_instance(self, parent_uuid: str, gi_id: int) -> bool: ...
+
+
+class JournalEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    claim_uid: str
+    gpu_uuid: str
+    device: str
+    profile_id: int
+    start: int
+    gi_id: int | None = None  # None: create was called (or about to be) but not recorded
+    uuid: str | None = None
+
+
+class _JournalFile(BaseModel):
+    version: int = 1
+    entries: dict[str, JournalEntry] = {}
+
+
+class MigJournal:
+    """MIG instances this driver created, keyed by ``<gpu uuid>/<start>``; atomic file."""
+
+    def __init__(self, path: Path, faults: FaultPoints = NO_FAULTS) -> None:
+        self.path = path
+        self._faults = faults
+
+    @staticmethod
+    def key(gpu_uuid: str, start: int) -> str:
+        return f"{gpu_uuid}/{start}"
+
+    def load(self) -> dict[str, JournalEntry]:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        try:
+            return _JournalFile.model_validate_json(raw).entries
+        except ValidationError as e:
+            bad = self.path.with_name(self.path.name + ".corrupt")
+            self.path.replace(bad)
+            log.error("mig journal corrupt path=%s moved_to=%s error=%s", self.path, bad, e)
+            return {}
+
+    def _save(self, entries: dict[str, JournalEntry]) -> None:
+        data = _JournalFile(entries=entries).model_dump_json(indent=2).encode()
+        write_atomic(self.path, data)
+
+    def put(self, entry: JournalEntry) -> None:
+        entries = self.load()
+        entries[self.key(entry.gpu_uuid, entry.start)] = entry
+        self._save(entries)
+
+    def drop(self, gpu_uuid: str, start: int) -> None:
+        entries = self.load()
+        if entries.pop(self.key(gpu_uuid, start), None) is not None:
+            self._save(entries)
+
+
+@dataclass(frozen=True)
+class MigCaps:
+    """Where the nvidia-caps minors of MIG devices are read (``/proc/driver/nvidia-caps``)."""
+
+    mig_minors: Path
+
+    def edits(self, gpu: GpuInfo, inst: MigInstance) -> ContainerEdits:
+        gi, ci = mig_caps_minors(self.mig_minors, gpu.minor, inst.gi_id, inst.ci_id)
+        return ContainerEdits(
+            device_nodes=(f"{CAPS_DIR}/nvidia-cap{gi}", f"{CAPS_DIR}/nvidia-cap{ci}")
+        )
+
+
+def standard_mig_minors(gpu_minors: Sequence[int]) -> str:
+    """The ``mig-minors`` table the NVIDIA driver writes (``config``, ``monitor``, then per
+    GPU 15 GPU instances of 1 + 8 compute-instance entries); for simulated nodes."""
+    lines = ["config 1", "monitor 2"]
+    for minor in gpu_minors:
+        for gi in range(15):
+            base = 3 + minor * 135 + gi * 9
+            lines.append(f"gpu{minor}/gi{gi}/access {base}")
+            lines.extend(f"gpu{minor}/gi{gi}/ci{ci}/access {base + 1 + ci}" for ci in range(8))
+    return "\n".join(lines) + "\n"
+
+
+def _at(instances: Sequence[MigInstance], start: int, profile_id: int) -> MigInstance | None:
+    return next(
+        (i for i in instances if i.placement[0] == start and i.profile_id == profile_id), None
+    )
+
+
+class CreateMigHandler:
+    """``create-mig``: make the MIG device at its placement; destroy it on undo."""
+
+    def __init__(
+        self,
+        nvml: MigControl,
+        inventory: Inventory,
+        journal: MigJournal,
+        caps: MigCaps,
+        faults: FaultPoints = NO_FAULTS,
+    ) -> None:
+        self._nvml = nvml
+        self._inventory = inventory
+        self._journal = journal
+        self._caps = caps
+        self._faults = faults
+
+    def _slot(self, step: CreateMigDevice) -> MigDevice:
+        dev = self._inventory.device(step.device)
+        if not isinstance(dev, MigDevice):
+            raise ClaimError(f"device {step.device}: not a MIG device of this node")
+        return dev
+
+    def apply(self, step: Step, plan: Plan) -> StepOutcome:
+        assert isinstance(step, CreateMigDevice)
+        slot = self._slot(step)
+        gpu = self._nvml.gpu(step.gpu_uuid)
+        key = MigJournal.key(step.gpu_uuid, step.start)
+        mine = self._journal.load().get(key)
+        existing = _at(self._nvml.mig_instances(step.gpu_uuid), step.start, slot.profile.id)
+        if existing is not None:
+            if mine is None or mine.claim_uid != plan.claim_uid:
+                raise ClaimError(
+                    f"device {step.device}: placement {step.start} of GPU {step.gpu_uuid} holds "
+                    f"MIG device {existing.uuid}, which this claim did not create"
+                )
+            inst = existing  # created by an earlier attempt of this claim: adopt it
+        else:
+            if not gpu.mig_enabled:
+                self._enable_mig(step, gpu)
+            self._journal.put(
+                JournalEntry(
+                    claim_uid=plan.claim_uid,
+                    gpu_uuid=step.gpu_uuid,
+                    device=step.device,
+                    profile_id=slot.profile.id,
+                    start=step.start,
+                )
+            )
+            self._faults.reached("mig:after-intent")
+            try:
+                inst = self._nvml.create_mig_instance(step.gpu_uuid, slot.profile.id, step.start)
+            except NvmlError as e:
+                self._journal.drop(step.gpu_uuid, step.start)
+                raise NvmlError(
+                    f"device {step.device}: creating MIG {step.profile} at memory slice "
+                    f"{step.start} of GPU {step.gpu_uuid} failed: {e}",
+                    e.code,
+                ) from e
+            self._faults.reached("mig:after-create")
+        self._journal.put(
+            JournalEntry(
+                claim_uid=plan.claim_uid,
+                gpu_uuid=step.gpu_uuid,
+                device=step.device,
+                profile_id=slot.profile.id,
+                start=step.start,
+                gi_id=inst.gi_id,
+                uuid=inst.uuid,
+            )
+        )
+        return StepOutcome(
+            uuids={step.device: inst.uuid}, edits={step.device: self._caps.edits(gpu, inst)}
+        )
+
+    def _enable_mig(self, step: CreateMigDevice, gpu: GpuInfo) -> None:
+        if not gpu.mig_toggle_without_reset:
+            raise ClaimError(
+                f"device {step.device}: MIG mode is off on GPU {step.gpu_uuid} and turning it "
+                "on needs a GPU reset on this GPU; its MIG devices should not be advertised"
+            )
+        if not self._nvml.set_mig_mode(step.gpu_uuid, True):
+            raise ClaimError(
+                f"device {step.device}: MIG mode on GPU {step.gpu_uuid} is pending a reset"
+            )
+        log.info("mig mode enabled gpu=%s device=%s", step.gpu_uuid, step.device)
+
+    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+        assert isinstance(step, CreateMigDevice)
+        entry = self._journal.load().get(MigJournal.key(step.gpu_uuid, step.start))
+        if entry is None or entry.claim_uid != plan.claim_uid:
+            return  # never created for this claim, or already destroyed
+        self._destroy(entry)
+        self._maybe_disable(step.gpu_uuid, others)
+
+    def _destroy(self, entry: JournalEntry) -> None:
+        gi_id = entry.gi_id
+        if gi_id is None:
+            found = _at(self._nvml.mig_instances(entry.gpu_uuid), entry.start, entry.profile_id)
+            gi_id = found.gi_id if found else None
+        if gi_id is not None:
+            self._nvml.destroy_mig_instance(entry.gpu_uuid, gi_id)
+        self._journal.drop(entry.gpu_uuid, entry.start)
+        log.info(
+            "mig device destroyed gpu=%s device=%s gi=%s claim_uid=%s",
+            entry.gpu_uuid,
+            entry.device,
+            gi_id,
+            entry.claim_uid,
+        )
+
+    def _maybe_disable(self, gpu_uuid: str, others: Sequence[Plan]) -> None:
+        if any(
+            isinstance(s, CreateMigDevice) and s.gpu_uuid == gpu_uuid
+            for other in others
+            for s in other.steps
+        ):
+            return
+        gpu = self._nvml.gpu(gpu_uuid)
+        if gpu.mig_enabled and gpu.mig_toggle_without_reset and not gpu.mig_instances:
+            self._nvml.set_mig_mode(gpu_uuid, False)
+            log.info("mig mode disabled gpu=%s: no MIG device left", gpu_uuid)
+
+    def reconcile(self, plans: Sequence[Plan]) -> Sequence[str]:
+        """Destroy journalled instances no prepared claim owns; adopt the rest."""
+        owned = {
+            (p.claim_uid, MigJournal.key(s.gpu_uuid, s.start))
+            for p in plans
+            for s in p.steps
+            if isinstance(s, CreateMigDevice)
+        }
+        done = []
+        for key, entry in sorted(self._journal.load().items()):
+            if (entry.claim_uid, key) in owned:
+                continue
+            self._destroy(entry)
+            done.append(f"destroyed MIG device {entry.device} ({key}) of claim {entry.claim_uid}")
+        for key, entry in sorted(self._journal.load().items()):
+            log.info(
+                "mig device adopted key=%s claim_uid=%s uuid=%s", key, entry.claim_uid, entry.uuid
+            )
+        return done
+
+
+class AttachMigHandler:
+    """``attach-mig``: a static MIG device an administrator made; nothing is created."""
+
+    def __init__(self, nvml: MigControl, caps: MigCaps) -> None:
+        self._nvml = nvml
+        self._caps = caps
+
+    def apply(self, step: Step, plan: Plan) -> StepOutcome:
+        assert isinstance(step, AttachMigDevice)
+        inst = next(
+            (i for i in self._nvml.mig_instances(step.gpu_uuid) if i.uuid == step.mig_uuid), None
+        )
+        if inst is None:
+            raise ClaimError(
+                f"device {step.device}: MIG device {step.mig_uuid} no longer exists on GPU "
+                f"{step.gpu_uuid}"
+            )
+        gpu = self._nvml.gpu(step.gpu_uuid)
+        return StepOutcome(
+            uuids={step.device: inst.uuid}, edits={step.device: self._caps.edits(gpu, inst)}
+        )
+
+    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+        return None
+
+
+class WholeGpuHandler:
+    """``attach-gpu``: the GPU must answer NVML; MIG mode, where on with no MIG device left
+    and switchable without a reset, is turned off so CUDA sees the whole GPU."""
+
+    def __init__(self, nvml: MigControl) -> None:
+        self._nvml = nvml
+
+    def apply(self, step: Step, plan: Plan) -> StepOutcome:
+        assert isinstance(step, AttachGpu)
+        probe = self._nvml.probe(step.gpu_uuid)
+        if not probe.healthy:
+            raise NvmlError(
+                f"device {step.device}: GPU {step.gpu_uuid} is not usable: {probe.detail}",
+                probe.code,
+            )
+        gpu = self._nvml.gpu(step.gpu_uuid)
+        if gpu.mig_enabled:
+            if gpu.mig_instances or not gpu.mig_toggle_without_reset:
+                raise ClaimError(
+                    f"device {step.device}: GPU {step.gpu_uuid} is in MIG mode"
+                    + (f" with {len(gpu.mig_instances)} MIG device(s)" if gpu.mig_instances else "")
+                    + "; it cannot be used whole"
+                )
+            self._nvml.set_mig_mode(step.gpu_uuid, False)
+            log.info("mig mode disabled gpu=%s for whole-GPU device=%s", step.gpu_uuid, step.device)
+        return StepOutcome(uuids={step.device: step.gpu_uuid})
+
+    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+        return None
+
+
+def journal_mig_uuids(nvml: MigControl, path: Path) -> set[str]:
+    """UUIDs of the MIG instances the driver created, for ``build_inventory``'s
+    ``managed_mig_uuids``: also those of claims a crash left half-prepared, found by
+    placement when the crash came before their UUID was recorded."""
+    found = set()
+    for entry in MigJournal(path).load().values():
+        if entry.uuid:
+            found.add(entry.uuid)
+            continue
+        try:
+            inst = _at(nvml.mig_instances(entry.gpu_uuid), entry.start, entry.profile_id)
+        except NvmlError as e:
+            log.warning("mig journal lookup failed gpu=%s error=%s", entry.gpu_uuid, e)
+            continue
+        if inst is not None:
+            found.add(inst.uuid)
+    return found

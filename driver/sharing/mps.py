@@ -1,0 +1,526 @@
+"""MPS: one control daemon per GPU (or MIG device) in MPS mode, shared by its claims.
+
+The ``start-mps`` handler starts the daemon with the first MPS consumer of a
+device and stops it with the last (the other prepared plans say who is left).
+While it runs a whole GPU is in compute mode ``ExclusiveProcess``; ``Default``
+after. Containers get the daemon's pipe and log directories as bind mounts with
+``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``, and their claim's own
+limits as ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` / ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``.
+
+Each daemon lives in ``<root>/<hash of key>/`` (``pipe/``, ``log/``, ``daemon.json``);
+``key`` is the GPU UUID or the MIG device name. ``daemon.json`` is written right
+after the spawn, before anything waits, and every daemon process carries
+``TRANCHE_MPS_ROOT`` / ``TRANCHE_MPS_KEY`` in its environment, so a plugin killed
+mid-start leaves nothing that recovery cannot find and kill (its process group,
+and any process marked with the root). A supervisor thread restarts a daemon
+that died while claims still use it; those claims stay prepared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from driver.cdi import ContainerEdits, Mount
+from driver.config import MIB, MpsConfig
+from driver.errors import ClaimError, TrancheError
+from driver.faults import NO_FAULTS, FaultPoints
+from driver.files import write_atomic
+from driver.inventory import Inventory, MigDevice
+from driver.nvml.types import MigInstance
+from driver.plan import Plan, PlannedDevice, StartMps, Step
+from driver.state import StepOutcome
+
+log = logging.getLogger(__name__)
+
+PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
+LOG_IN_CONTAINER = "/var/log/nvidia-mps"
+RECORD = "daemon.json"
+MARK_ROOT = "TRANCHE_MPS_ROOT"
+MARK_KEY = "TRANCHE_MPS_KEY"
+CONTROL_TIMEOUT_S = 10.0
+
+
+class ComputeModeControl(Protocol):
+    def set_compute_mode(self, uuid: str, mode: str) -> None: ...
+
+    def mig_instances(self, parent_uuid: str) -> tuple[MigInstance, ...]: ...
+
+
+@dataclass(frozen=True)
+class DaemonSpec:
+    """What a daemon serves: ``key`` names it, ``uuid`` is the CUDA device it sees."""
+
+    key: str
+    uuid: str
+    gpu_uuid: str
+    whole_gpu: bool  # set the GPU's compute mode while it runs
+    defaults: MpsConfig | None = None  # daemon-wide defaults (one claim's own device)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "key": self.key,
+            "uuid": self.uuid,
+            "gpu_uuid": self.gpu_uuid,
+            "whole_gpu": self.whole_gpu,
+            "defaults": self.defaults.model_dump(by_alias=True) if self.defaults else None,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, object]) -> DaemonSpec:
+        defaults = raw.get("defaults")
+        return cls(
+            key=str(raw["key"]),
+            uuid=str(raw["uuid"]),
+            gpu_uuid=str(raw["gpu_uuid"]),
+            whole_gpu=bool(raw["whole_gpu"]),
+            defaults=MpsConfig.model_validate(defaults) if isinstance(defaults, dict) else None,
+        )
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, process group) of a process; None when it does not exist."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[2])
+
+
+def _alive(pid: int) -> bool:
+    stat = _proc_stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def _marks(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        name, _, value = item.partition(b"=")
+        if name in (MARK_ROOT.encode(), MARK_KEY.encode()):
+            out[name.decode()] = value.decode(errors="replace")
+    return out
+
+
+def _pids() -> Iterator[int]:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            yield int(entry.name)
+
+
+class MpsDaemons:
+    """Starts, stops, finds and restarts the MPS control daemons of one node."""
+
+    def __init__(
+        self,
+        binary: str,
+        root: Path,
+        nvml: ComputeModeControl,
+        *,
+        ready_timeout_s: float = 15.0,
+        faults: FaultPoints = NO_FAULTS,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.binary = binary
+        self.root = root
+        self._nvml = nvml
+        self._ready_timeout_s = ready_timeout_s
+        self._faults = faults
+        self._environ = dict(os.environ if environ is None else environ)
+        self._lock = threading.RLock()
+        self.restarts = 0
+
+    # paths ----------------------------------------------------------------------------------
+
+    def dir(self, key: str) -> Path:
+        """A short directory per daemon: MPS socket paths must stay under 108 bytes."""
+        return self.root / hashlib.sha256(key.encode()).hexdigest()[:12]
+
+    def pipe_dir(self, key: str) -> Path:
+        return self.dir(key) / "pipe"
+
+    def log_dir(self, key: str) -> Path:
+        return self.dir(key) / "log"
+
+    def _env(self, spec: DaemonSpec) -> dict[str, str]:
+        return self._environ | {
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(spec.key)),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir(spec.key)),
+            "CUDA_VISIBLE_DEVICES": spec.uuid,
+            MARK_ROOT: str(self.root.resolve()),
+            MARK_KEY: spec.key,
+        }
+
+    # records --------------------------------------------------------------------------------
+
+    def records(self) -> dict[str, tuple[DaemonSpec, int | None]]:
+        """Every daemon the node wants, with the process group it was started in."""
+        out: dict[str, tuple[DaemonSpec, int | None]] = {}
+        if not self.root.is_dir():
+            return out
+        for path in sorted(self.root.glob(f"*/{RECORD}")):
+            try:
+                raw = json.loads(path.read_text())
+                spec = DaemonSpec.from_json(raw["spec"])
+                pgid = raw.get("pgid")
+                out[spec.key] = (spec, int(pgid) if isinstance(pgid, int) else None)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.error("mps record unreadable path=%s error=%s", path, e)
+        return out
+
+    def _write_record(self, spec: DaemonSpec, pgid: int | None) -> None:
+        data = json.dumps({"spec": spec.to_json(), "pgid": pgid}, indent=2).encode()
+        write_atomic(self.dir(spec.key) / RECORD, data)
+
+    def processes(self, key: str | None = None) -> list[int]:
+        """Live processes marked as daemons of this root (of ``key``, when given)."""
+        root = str(self.root.resolve())
+        found = []
+        for pid in _pids():
+            marks = _marks(pid)
+            if marks.get(MARK_ROOT) != root or (key is not None and marks.get(MARK_KEY) != key):
+                continue
+            if _alive(pid):
+                found.append(pid)
+        return found
+
+    def running(self, key: str) -> bool:
+        return bool(self.processes(key))
+
+    # start / stop ---------------------------------------------------------------------------
+
+    def ensure(self, spec: DaemonSpec) -> None:
+        """Start the daemon of ``spec.key`` unless it runs already."""
+        with self._lock:
+            if self.running(spec.key):
+                return
+            self._start(spec)
+
+    def _start(self, spec: DaemonSpec) -> None:
+        pipe, logs = self.pipe_dir(spec.key), self.log_dir(spec.key)
+        pipe.mkdir(parents=True, exist_ok=True)
+        logs.mkdir(parents=True, exist_ok=True)
+        for leftover in pipe.iterdir():
+            if leftover.is_file() or leftover.is_fifo():
+                leftover.unlink()
+        if spec.whole_gpu:
+            self._nvml.set_compute_mode(spec.gpu_uuid, "ExclusiveProcess")
+        self._write_record(spec, None)
+        try:
+            proc = subprocess.Popen(
+                [self.binary, "-d"],
+                env=self._env(spec),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as e:
+            self._cleanup(spec)
+            raise ClaimError(f"MPS control daemon {self.binary!r} cannot start: {e}") from e
+        self._write_record(spec, proc.pid)
+        self._faults.reached("mps:after-spawn")
+        try:
+            self._await_ready(spec, proc)
+            if spec.defaults is not None:
+                self.control(spec.key, _default_commands(spec.defaults))
+        except TrancheError:
+            self.stop(spec.key)
+            raise
+        log.info("mps daemon started key=%s uuid=%s pgid=%d", spec.key, spec.uuid, proc.pid)
+
+    def _await_ready(self, spec: DaemonSpec, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + self._ready_timeout_s
+        try:
+            _, err = proc.communicate(timeout=self._ready_timeout_s)
+        except subprocess.TimeoutExpired as e:
+            proc.kill()
+            proc.wait()
+            raise ClaimError(
+                f"MPS control daemon for {spec.key}: `{self.binary} -d` did not return within "
+                f"{self._ready_timeout_s}s"
+            ) from e
+        if proc.returncode != 0:
+            raise ClaimError(
+                f"MPS control daemon for {spec.key}: `{self.binary} -d` exited with "
+                f"{proc.returncode}: {err.decode(errors='replace').strip()[:300]}"
+            )
+        control = self.pipe_dir(spec.key) / "control"
+        while not control.exists():
+            if time.monotonic() > deadline:
+                raise ClaimError(
+                    f"MPS control daemon for {spec.key}: no control pipe {control} after "
+                    f"{self._ready_timeout_s}s (see {self.log_dir(spec.key)})"
+                )
+            time.sleep(0.05)
+
+    def control(self, key: str, commands: Sequence[str]) -> None:
+        """Send control commands to the daemon of ``key`` (``nvidia-cuda-mps-control`` stdin)."""
+        if not commands:
+            return
+        spec = self.records()[key][0]
+        try:
+            done = subprocess.run(
+                [self.binary],
+                env=self._env(spec),
+                input="".join(c + "\n" for c in commands).encode(),
+                capture_output=True,
+                timeout=CONTROL_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise ClaimError(f"MPS control daemon for {key}: control commands failed: {e}") from e
+        if done.returncode != 0:
+            raise ClaimError(
+                f"MPS control daemon for {key}: {commands} exited with {done.returncode}: "
+                f"{done.stderr.decode(errors='replace').strip()[:300]}"
+            )
+
+    def stop(self, key: str) -> None:
+        """Quit the daemon, kill what is left of it, restore the compute mode; idempotent."""
+        with self._lock:
+            record = self.records().get(key)
+            if self.running(key) and record is not None:
+                try:
+                    self.control(key, ["quit"])
+                except ClaimError as e:
+                    log.warning("mps quit failed key=%s error=%s; killing", key, e)
+                deadline = time.monotonic() + 5.0
+                while self.running(key) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            self._kill(key, record[1] if record else None)
+            if record is not None:
+                self._cleanup(record[0])
+            else:
+                shutil.rmtree(self.dir(key), ignore_errors=True)
+            log.info("mps daemon stopped key=%s", key)
+
+    def _kill(self, key: str, pgid: int | None) -> None:
+        """SIGKILL the daemon's process group (where its members are ours) and every marked
+        process of ``key``."""
+        marked = set(self.processes(key))
+        if pgid is not None:
+            group = [p for p in _pids() if (s := _proc_stat(p)) is not None and s[1] == pgid]
+            if group and all(p in marked for p in group if _alive(p)):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+        for pid in marked:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while self.running(key) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _cleanup(self, spec: DaemonSpec) -> None:
+        if spec.whole_gpu:
+            try:
+                self._nvml.set_compute_mode(spec.gpu_uuid, "Default")
+            except TrancheError as e:
+                log.warning("compute mode reset failed gpu=%s error=%s", spec.gpu_uuid, e)
+        shutil.rmtree(self.dir(spec.key), ignore_errors=True)
+
+    # recovery and supervision -----------------------------------------------------------------
+
+    def sweep(self, keep: set[str]) -> list[str]:
+        """Stop every daemon (recorded or only marked) whose key is not in ``keep``."""
+        keys = set(self.records())
+        for pid in self.processes():
+            key = _marks(pid).get(MARK_KEY)
+            if key:
+                keys.add(key)
+        stopped = []
+        for key in sorted(keys - keep):
+            self.stop(key)
+            stopped.append(key)
+        return stopped
+
+    def restart_dead(self) -> list[str]:
+        """Restart every recorded daemon that is not running; returns their keys."""
+        restarted = []
+        with self._lock:
+            for key, (spec, pgid) in self.records().items():
+                if self.running(key):
+                    continue
+                log.warning("mps daemon died key=%s pgid=%s; restarting", key, pgid)
+                self._kill(key, pgid)
+                try:
+                    self._start(spec)
+                except TrancheError as e:
+                    log.error("mps daemon restart failed key=%s error=%s", key, e)
+                    self._write_record(spec, None)
+                    continue
+                self.restarts += 1
+                restarted.append(key)
+        return restarted
+
+
+class MpsSupervisor:
+    """A thread that restarts dead daemons every ``interval_s``."""
+
+    def __init__(self, daemons: MpsDaemons, interval_s: float) -> None:
+        self._daemons = daemons
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="mps-supervisor", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._interval_s + CONTROL_TIMEOUT_S)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._daemons.restart_dead()
+            except (OSError, TrancheError):
+                log.exception("mps supervision failed")
+
+
+def _mib(n: int) -> str:
+    return f"{max(1, n // MIB)}M"
+
+
+def _default_commands(mps: MpsConfig) -> list[str]:
+    out = []
+    if mps.default_active_thread_percentage is not None:
+        out.append(f"set_default_active_thread_percentage {mps.default_active_thread_percentage}")
+    if mps.default_pinned_device_memory_limit is not None:
+        limit = _mib(mps.default_pinned_device_memory_limit)
+        out.append(f"set_default_device_pinned_mem_limit 0 {limit}")
+    return out
+
+
+def daemon_key(device: PlannedDevice) -> str:
+    """A GPU's daemon is keyed by its UUID (whole GPU and share devices alike), a MIG
+    device's by its name (one placement of one GPU)."""
+    return device.gpu_uuid if device.type == "gpu" else device.device
+
+
+class MpsHandler:
+    """``start-mps``: a daemon per device of the group; the claim's limits per client."""
+
+    def __init__(
+        self,
+        daemons: MpsDaemons,
+        inventory: Inventory,
+        nvml: ComputeModeControl,
+        shared: Callable[[str], bool],
+    ) -> None:
+        self._daemons = daemons
+        self._inventory = inventory
+        self._nvml = nvml
+        self._shared = shared  # device name -> is a share device (several claims)
+
+    def _uuid(self, d: PlannedDevice) -> str:
+        if d.uuid:
+            return d.uuid
+        slot = self._inventory.device(d.device)
+        assert isinstance(slot, MigDevice)
+        for inst in self._nvml.mig_instances(d.gpu_uuid):
+            if inst.placement[0] == slot.start and inst.profile_id == slot.profile.id:
+                return inst.uuid
+        raise ClaimError(f"device {d.device}: its MIG device does not exist; MPS cannot start")
+
+    def apply(self, step: Step, plan: Plan) -> StepOutcome:
+        assert isinstance(step, StartMps)
+        by_name = {d.device: d for d in plan.devices}
+        group = [by_name[n] for n in step.devices]
+        edits: dict[str, ContainerEdits] = {}
+        for d in group:
+            key = daemon_key(d)
+            self._daemons.ensure(
+                DaemonSpec(
+                    key=key,
+                    uuid=self._uuid(d),
+                    gpu_uuid=d.gpu_uuid,
+                    whole_gpu=d.type == "gpu",
+                    defaults=None if self._shared(d.device) else step.mps,
+                )
+            )
+            edits[d.device] = ContainerEdits(
+                env=(
+                    f"CUDA_MPS_PIPE_DIRECTORY={PIPE_IN_CONTAINER}",
+                    f"CUDA_MPS_LOG_DIRECTORY={LOG_IN_CONTAINER}",
+                    *_client_env(step.mps, d, plan),
+                ),
+                mounts=(
+                    Mount(str(self._daemons.pipe_dir(key)), PIPE_IN_CONTAINER, ("rbind", "rw")),
+                    Mount(str(self._daemons.log_dir(key)), LOG_IN_CONTAINER, ("rbind", "ro")),
+                ),
+            )
+        return StepOutcome(edits=edits)
+
+    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+        assert isinstance(step, StartMps)
+        by_name = {d.device: d for d in plan.devices}
+        still = _keys_in_use(others)
+        for name in step.devices:
+            key = daemon_key(by_name[name])
+            if key not in still:
+                self._daemons.stop(key)
+
+    def reconcile(self, plans: Sequence[Plan]) -> Sequence[str]:
+        """Stop daemons no prepared claim uses; restart the used ones that died."""
+        stopped = self._daemons.sweep(_keys_in_use(plans))
+        restarted = self._daemons.restart_dead()
+        return [f"stopped MPS daemon {k}" for k in stopped] + [
+            f"restarted MPS daemon {k}" for k in restarted
+        ]
+
+
+def _keys_in_use(plans: Sequence[Plan]) -> set[str]:
+    keys: set[str] = set()
+    for p in plans:
+        by_name = {d.device: d for d in p.devices}
+        for s in p.steps:
+            if isinstance(s, StartMps):
+                keys.update(daemon_key(by_name[n]) for n in s.devices)
+    return keys
+
+
+def _client_env(mps: MpsConfig, device: PlannedDevice, plan: Plan) -> tuple[str, ...]:
+    """The claim's own limits for the clients of ``device``.
+
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` is indexed by the device's position among the
+    devices of its request, which is the order of ``NVIDIA_VISIBLE_DEVICES``.
+    """
+    env = []
+    if mps.default_active_thread_percentage is not None:
+        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={mps.default_active_thread_percentage}")
+    same_request = [d for d in plan.devices if d.base_request == device.base_request]
+    position = {d.device: i for i, d in enumerate(plan.devices)}
+    limits = []
+    for index, d in enumerate(same_request):
+        per_device = mps.default_per_device_pinned_memory_limit
+        limit = per_device.get(str(position[d.device]))
+        if limit is None and d.uuid:
+            limit = per_device.get(d.uuid)
+        if limit is None:
+            limit = mps.default_pinned_device_memory_limit
+        if limit is not None and d.sharing.strategy == "MPS":
+            limits.append(f"{index}={_mib(limit)}")
+    if limits:
+        env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(limits)}")
+    return tuple(env)

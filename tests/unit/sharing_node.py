@@ -1,0 +1,70 @@
+"""A plugin process with the sharing handlers, for sharing tests and crash tests.
+
+``python -m tests.unit.sharing_node WORKDIR OP UID`` builds the same
+:class:`DeviceState` as :func:`sharing_state` (fault point from
+``TRANCHE_FAULT_POINT``) and prepares or unprepares one claim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from driver.api import ClaimRef
+from driver.cdi import CdiSpecs
+from driver.checkpoint import Checkpoint
+from driver.faults import NO_FAULTS, FaultPoints
+from driver.inventory import build_inventory
+from driver.nvml.facade import Nvml
+from driver.nvml.sim import open_simulated
+from driver.sharing import SharingConfig, SharingNode, managed_mig_uuids
+from driver.state import DeviceState
+
+DRIVER = "gpu.tranche.dev"
+NODE = "node-a"
+FAKE_MPS = Path(__file__).resolve().parents[1] / "fixtures" / "fake-mps-control"
+CONFIG = SharingConfig(
+    groups=("blue",), mps_control=str(FAKE_MPS), mps_ready_timeout_s=20, mps_check_interval_s=0.2
+)
+
+
+def sharing_state(
+    workdir: Path, faults: FaultPoints = NO_FAULTS, config: SharingConfig = CONFIG
+) -> tuple[DeviceState, SharingNode, Nvml]:
+    nvml = open_simulated(workdir / "sim.json")
+    state_dir = workdir / "state"
+    managed = managed_mig_uuids(nvml, state_dir)
+    inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), managed_mig_uuids=managed)
+    node = SharingNode(nvml, inventory, config, state_dir=state_dir, faults=faults, simulated=True)
+    state = DeviceState(
+        nvml,
+        inventory,
+        CdiSpecs(workdir / "cdi", faults),
+        Checkpoint(workdir / "checkpoint.json", boot_id="boot-1", faults=faults),
+        lock_path=workdir / "pu.lock",
+        driver_name=DRIVER,
+        node_name=NODE,
+        handlers=node.handlers,
+        guards=node.guards,
+        shares=node.shares,
+        faults=faults,
+        lock_timeout_s=5.0,
+    )
+    return state, node, nvml
+
+
+def main(argv: list[str]) -> int:
+    workdir, op, uid = Path(argv[0]), argv[1], argv[2]
+    state, _, _ = sharing_state(workdir, FaultPoints.from_env(os.environ))
+    claim = json.loads((workdir / f"claim-{uid}.json").read_text())
+    meta = claim["metadata"]
+    ref = ClaimRef(uid=uid, namespace=meta["namespace"], name=meta["name"])
+    error = state.prepare(claim, ref).error if op == "prepare" else state.unprepare(ref).error
+    print(error)
+    return 1 if error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
