@@ -56,4 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the package module, so entry points and this module share one Command class.
+    from driver.cli import main as package_main
+
+    sys.exit(package_main())

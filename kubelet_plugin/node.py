@@ -35,7 +35,9 @@ from driver.state import DeviceState, RecoveryReport, StepHandler
 from driver.usage import UsageSampler
 from driver.usage_records import checkpoint_records
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
+from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import PluginServer
+from kubelet_plugin.namespace_reader import ApiNamespaceReader
 from kubelet_plugin.publisher import Publisher
 from kubelet_plugin.settings import PluginSettings
 
@@ -46,7 +48,6 @@ LOCK_FILE = "plugin.lock"
 HEALTH_FILE = "health.json"
 
 HandlerFactory = Callable[[Nvml, Inventory, PluginSettings], Mapping[str, StepHandler]]
-NodeEvent = Callable[[str, str, str], None]  # (type, reason, message)
 
 
 def managed_mig_uuids(state: CheckpointData) -> set[str]:
@@ -73,13 +74,11 @@ class NodePlugin:
         handler_factory: HandlerFactory | None = None,
         extra_devices: Callable[[Inventory], Mapping[str, Sequence[Mapping[str, Any]]]]
         | None = None,
-        node_event: NodeEvent | None = None,
         faults: FaultPoints | None = None,
     ) -> None:
         self.settings = settings
         self.nvml = nvml
         self.metrics = metrics
-        self._node_event = node_event or (lambda _type, _reason, _message: None)
         self._extra_devices = extra_devices
         data_dir = settings.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -126,7 +125,15 @@ class NodePlugin:
         self.publisher = Publisher(
             api_client, settings.driver_name, settings.node_name, on_count=self._on_publish
         )
-        self.driver = PluginDriver(self.state, ApiClaimReader(api_client))
+        self.events = EventRecorder(api_client, settings.node_name)
+        self.driver = PluginDriver(
+            self.state,
+            ApiClaimReader(api_client),
+            ApiNamespaceReader(api_client),
+            default_level=settings.default_trust_level,
+            events=self.events,
+            metrics=metrics,
+        )
         self.server = PluginServer(
             settings.driver_name,
             settings.kubelet_root_dir,
@@ -170,6 +177,9 @@ class NodePlugin:
         if name in ("sync_error", "field_dropped"):
             self.metrics.count_error("publish")
 
+    def _node_event(self, type: EventType, reason: str, message: str) -> None:
+        self.events.record(ObjectRef.node(self.settings.node_name), type, reason, message)
+
     def _on_health_change(self, change: HealthChange) -> None:
         healed = change.kind == "healed"
         self._node_event(
@@ -212,6 +222,7 @@ class NodePlugin:
         self.watcher.stop()
         self.publisher.stop()
         self.driver.close()
+        self.events.close()
         if self._sampler_thread.is_alive():
             self._sampler_thread.join(timeout=5)
 

@@ -1,0 +1,109 @@
+"""The kubelet plugin end to end: the real scheduler allocates, the kubelet simulator
+drives the real plugin process over its Unix sockets, CDI specs appear and go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from driver.checkpoint import Checkpoint
+from hack.kubeletsim.client import ClaimRequest
+from tests.e2e.conftest import Cluster
+from tests.e2e.dra_objects import wait_for
+from tests.e2e.sim_nodes import PluginNode, apply_example, delete_pod
+
+pytestmark = pytest.mark.cluster
+
+
+def _prepared(pn: PluginNode, namespace: str, pod: str, claim: str) -> tuple[str, Any]:
+    name = wait_for(f"claim {claim} of pod {pod}", lambda: pn.pod_claim_name(namespace, pod, claim))
+    uid = pn.claim(namespace, name)["metadata"]["uid"]
+    answer = wait_for(f"prepared claim {name}", lambda: pn.kubelet.prepared.get(uid))
+    return uid, answer
+
+
+def _allocated(pn: PluginNode, namespace: str, claim_name: str) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = pn.claim(namespace, claim_name)["status"]["allocation"][
+        "devices"
+    ]["results"]
+    return results
+
+
+def test_whole_gpu_claim_is_prepared_through_cdi_and_released_on_pod_deletion(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
+) -> None:
+    pn = sim_node()
+    apply_example(cluster, "one-gpu.yaml", namespace, pn.name)
+    uid, answer = _prepared(pn, namespace, "one-gpu", "gpu")
+
+    [device] = answer.devices
+    assert device.pool_name == pn.name
+    assert device.request_names == ("gpu",)
+    spec_file = pn.node.cdi_root / f"gpu.tranche.dev-claim_{uid}.json"
+    spec = pn.cdi_specs()[spec_file.name]
+    names = {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
+    assert set(device.cdi_device_ids) <= names, "the kubelet gets ids the spec defines"
+    edits = [d["containerEdits"] for d in spec["devices"]] + [spec.get("containerEdits", {})]
+    env = [e for ed in edits for e in ed.get("env", [])]
+    gpu_uuid = pn.device_attribute(device.device_name, "uuid")
+    assert f"NVIDIA_VISIBLE_DEVICES={gpu_uuid}" in env
+    nodes = {n["path"] for ed in edits for n in ed.get("deviceNodes", [])}
+    assert "/dev/nvidiactl" in nodes and any(p.startswith("/dev/nvidia") for p in nodes)
+
+    claim_name = pn.pod_claim_name(namespace, "one-gpu", "gpu") or ""
+    again = pn.kubelet.prepare("gpu.tranche.dev", [ClaimRequest(namespace, uid, claim_name)])
+    assert again[uid].devices == answer.devices, "repeated prepare returns the same answer"
+
+    delete_pod(pn.api, namespace, "one-gpu")
+    wait_for("CDI spec removed", lambda: not spec_file.exists())
+    state, _ = Checkpoint(pn.node.data_dir / "checkpoint.json").load()
+    assert uid not in state.claims
+
+
+def test_demo_examples_land_where_their_selectors_say(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
+) -> None:
+    pn = sim_node()
+    apply_example(cluster, "nvlink-pair.yaml", namespace, pn.name)
+    apply_example(cluster, "gpu-40gi.yaml", namespace, pn.name)
+    _prepared(pn, namespace, "nvlink-pair", "gpus")
+    _prepared(pn, namespace, "gpu-40gi", "gpu")
+
+    pair = _allocated(pn, namespace, pn.pod_claim_name(namespace, "nvlink-pair", "gpus") or "")
+    assert len({r["device"] for r in pair}) == 2
+    domains = {pn.device_attribute(r["device"], "nvlinkDomain") for r in pair}
+    assert len(domains) == 1 and None not in domains, "both GPUs share one NVLink domain"
+
+
+@pytest.mark.parametrize("style", ["1.33", "1.37"])
+def test_kubelets_of_old_and_new_protocol_versions_both_prepare(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode], style: str
+) -> None:
+    pn = sim_node(version_style=style)
+    apply_example(cluster, "one-gpu.yaml", namespace, pn.name)
+    _prepared(pn, namespace, "one-gpu", "gpu")
+    [reg] = pn.kubelet.registrations()
+    expected = "v1beta1.DRAPlugin" if style == "1.33" else "v1.DRAPlugin"
+    assert reg.dra_service == expected
+
+
+@pytest.mark.parametrize(
+    "point", ["prepare:after-started", "prepare:after-cdi", "prepare:after-completed"]
+)
+def test_plugin_killed_during_prepare_recovers_and_the_retry_succeeds(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode], point: str
+) -> None:
+    pn = sim_node(env={"TRANCHE_FAULT_POINT": point})
+    apply_example(cluster, "one-gpu.yaml", namespace, pn.name)
+    assert pn.node.wait_exit() == 137, "the fault point killed the plugin mid-prepare"
+    pn.node.start(env={"TRANCHE_FAULT_POINT": ""})
+    uid, _ = _prepared(pn, namespace, "one-gpu", "gpu")
+    assert set(pn.cdi_specs()) == {f"gpu.tranche.dev-claim_{uid}.json"}, "no leaked spec"
+
+    delete_pod(pn.api, namespace, "one-gpu")
+    wait_for("all CDI specs gone", lambda: not pn.cdi_specs())
+    state, _ = Checkpoint(pn.node.data_dir / "checkpoint.json").load()
+    assert state.claims == {}, "no leaked checkpoint entry"
