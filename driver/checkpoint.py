@@ -79,6 +79,8 @@ class AllocationRecord(_Model):
     devices: tuple[AllocatedDeviceRecord, ...] = ()
     prepared_at: float = Field(alias="preparedAt")
     unprepared_at: float | None = Field(default=None, alias="unpreparedAt")
+    # The claim's tenant when it was prepared; absent in records of older plugins.
+    tenant: str | None = None
 
 
 class ClaimRecord(_Model):
@@ -92,6 +94,12 @@ class ClaimRecord(_Model):
     devices: tuple[PreparedDeviceRecord, ...] = ()
     device_uuids: dict[str, str] = Field(default_factory=dict, alias="deviceUuids")
     allocation: AllocationRecord | None = None
+    # The namespace's tenancy when the claim was prepared (``driver.trust.Tenancy``).
+    # Absent in records of older plugins, or a level this version does not know:
+    # ``driver.trust_guard`` then fails closed. A string, so no value quarantines the file.
+    tenant: str | None = None
+    trust_level: str | None = Field(default=None, alias="trustLevel")
+    sharing_group: str | None = Field(default=None, alias="sharingGroup")
 
 
 class CheckpointData(_Model):

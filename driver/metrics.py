@@ -12,7 +12,8 @@ Usage (billing) series are counters kept in a :class:`UsageCollector`:
   gauge ``tranche_device_idle_ratio`` (label ``uuid``).
 
 Operational series: prepare and unprepare latency by mode, errors by reason,
-prepared claims, published devices and NVML call latency by call. No label
+prepared claims, published devices, NVML call latency by call and prepares
+refused by trust levels (``tranche_trust_refusals_total``, by tenant and reason). No label
 carries a process id. ``docs/metrics.md`` lists every series.
 """
 
@@ -47,6 +48,7 @@ ERROR_REASONS = (
     "api-unavailable",
     "checkpoint",
     "nvml",
+    "event",
     "internal",
 )
 
@@ -267,6 +269,12 @@ class Metrics:
             "Devices in this node's ResourceSlices now.",
             registry=registry,
         )
+        self._trust_refusals = Counter(
+            "tranche_trust_refusals",
+            "Claims refused at prepare by tenant trust levels, by the claim's tenant and reason.",
+            ["tenant", "reason"],
+            registry=registry,
+        )
         self._nvml = Histogram(
             "tranche_nvml_call_seconds",
             "Latency of NVML calls, by call name.",
@@ -296,6 +304,10 @@ class Metrics:
 
     def set_published_devices(self, count: int) -> None:
         self._published.set(count)
+
+    def count_trust_refusal(self, tenant: str, reason: str) -> None:
+        """A prepare refused by trust levels (``reason``: a ``driver.trust.Reason``)."""
+        self._trust_refusals.labels(tenant=tenant, reason=reason).inc()
 
     def nvml_call(self, name: str, seconds: float) -> None:
         """The NVML facade's ``on_call(name, seconds)`` hook."""

@@ -54,11 +54,15 @@ def checkpoint_records(
 ) -> RecordsProvider:
     """A records provider reading the checkpoint file at every call.
 
-    ``tenant_of`` maps a namespace to its tenant (``driver.trust``: the
-    namespace's ``gpu.tranche.dev/tenant`` label, else the namespace itself).
+    Each record's tenant is the one recorded when the claim was prepared;
+    ``tenant_of`` maps a namespace to its tenant for records without one
+    (written by an older plugin).
     """
 
     def provide() -> list[ClaimAllocation]:
-        return [allocation_from_record(r, tenant_of(r.namespace)) for r in read_allocations(path)]
+        return [
+            allocation_from_record(r, r.tenant or tenant_of(r.namespace))
+            for r in read_allocations(path)
+        ]
 
     return provide

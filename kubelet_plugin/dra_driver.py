@@ -2,9 +2,13 @@
 
 NodePrepareResources carries only claim references. The claims are read from
 the API server first, concurrently and before the node-wide lock (slow reads
-must not serialise behind device work); each is then prepared by
-:class:`driver.state.DeviceState`. A claim that cannot be read fails alone,
-with the reason (gone, API server unreachable) in its ``error``.
+must not serialise behind device work), together with each claim's Namespace
+(``kubelet_plugin.namespace_reader``) whose labels give the claim's tenancy
+(``driver.trust``); each claim is then prepared by :class:`driver.state.DeviceState`,
+which checks trust levels. A claim that cannot be read, or whose namespace cannot
+be read, fails alone with the reason (gone, API server unreachable) in its
+``error``: trust is never assumed. A trust refusal becomes a ``TrustViolation``
+Event on the claim and counts in ``tranche_trust_refusals_total``.
 NodeUnprepareResources needs no read: the checkpoint has everything.
 """
 
@@ -21,8 +25,12 @@ from kubernetes.client import ApiClient, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
 
 from driver.api import ClaimRef, PrepareResult, UnprepareResult
-from driver.errors import ApiUnavailable, ClaimError, TrancheError
+from driver.errors import ApiUnavailable, ClaimError, TrancheError, TrustViolation
+from driver.metrics import Metrics
 from driver.state import DeviceState
+from driver.trust import DEFAULT_LEVEL, ColocationRefused, Tenancy, TrustLevel, resolve_tenants
+from kubelet_plugin.event_recorder import EventRecorder, ObjectRef
+from kubelet_plugin.namespace_reader import NamespaceReader
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +79,30 @@ class ApiClaimReader:
         return body
 
 
-class PluginDriver:
-    """Implements :class:`driver.api.DraDriver` over a claim reader and a DeviceState."""
+TRUST_EVENT_REASON = "TrustViolation"
 
-    def __init__(self, state: DeviceState, reader: ClaimReader, read_workers: int = 8) -> None:
+
+class PluginDriver:
+    """Implements :class:`driver.api.DraDriver` over claim and namespace readers and a
+    DeviceState. ``default_level`` applies to namespaces without a valid trust label."""
+
+    def __init__(
+        self,
+        state: DeviceState,
+        reader: ClaimReader,
+        namespaces: NamespaceReader,
+        *,
+        default_level: TrustLevel = DEFAULT_LEVEL,
+        events: EventRecorder | None = None,
+        metrics: Metrics | None = None,
+        read_workers: int = 8,
+    ) -> None:
         self._state = state
         self._reader = reader
+        self._namespaces = namespaces
+        self._default_level = default_level
+        self._events = events
+        self._metrics = metrics
         self._pool = ThreadPoolExecutor(max_workers=read_workers, thread_name_prefix="claim-read")
 
     def close(self) -> None:
@@ -86,13 +112,17 @@ class PluginDriver:
         reads: dict[str, Future[Mapping[str, Any]]] = {
             ref.uid: self._pool.submit(self._reader.read, ref) for ref in claims
         }
+        tenancies: dict[str, Future[Tenancy]] = {
+            ns: self._pool.submit(self._tenancy, ns) for ns in {ref.namespace for ref in claims}
+        }
         results: dict[str, PrepareResult] = {}
         for ref in claims:
             try:
                 claim = reads[ref.uid].result()
+                tenancy = _claim_tenancy(ref, tenancies[ref.namespace])
             except TrancheError as e:
                 log.warning(
-                    "claim read failed claim_uid=%s namespace=%s name=%s error=%s",
+                    "claim or namespace read failed claim_uid=%s namespace=%s name=%s error=%s",
                     ref.uid,
                     ref.namespace,
                     ref.name,
@@ -100,7 +130,10 @@ class PluginDriver:
                 )
                 results[ref.uid] = PrepareResult(error=str(e))
                 continue
-            results[ref.uid] = self._state.prepare(claim, ref)
+            refusals: list[TrustViolation] = []
+            results[ref.uid] = self._state.prepare(claim, ref, tenancy, refusals.append)
+            for refusal in refusals:
+                self._audit(ref, refusal)
             if results[ref.uid].error:
                 log.warning(
                     "prepare failed claim_uid=%s namespace=%s name=%s error=%s",
@@ -113,3 +146,42 @@ class PluginDriver:
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
         return {ref.uid: self._state.unprepare(ref) for ref in claims}
+
+    def _tenancy(self, namespace: str) -> Tenancy:
+        """The namespace's tenancy now; label problems are logged, never fail open."""
+        labels = self._namespaces.tenant_labels(namespace)
+        resolution = resolve_tenants(labels, self._default_level)[namespace]
+        for problem in resolution.problems:
+            log.warning("trust label problem namespace=%s problem=%s", namespace, problem)
+        return resolution.tenancy
+
+    def _audit(self, ref: ClaimRef, refusal: TrustViolation) -> None:
+        """The claim's Event and the refusal metric; neither can fail the prepare."""
+        reason = refusal.reason.value if isinstance(refusal, ColocationRefused) else "Unknown"
+        tenant = refusal.tenant if isinstance(refusal, ColocationRefused) else ref.namespace
+        log.warning(
+            "trust refusal layer=prepare claim_uid=%s namespace=%s tenant=%s reason=%s",
+            ref.uid,
+            ref.namespace,
+            tenant,
+            reason,
+        )
+        if self._metrics is not None:
+            self._metrics.count_trust_refusal(tenant, reason)
+        if self._events is not None:
+            self._events.record(
+                ObjectRef.resource_claim(ref.namespace, ref.name, ref.uid),
+                "Warning",
+                TRUST_EVENT_REASON,
+                f"refused at prepare on node {self._state.node_name} ({reason}): {refusal}",
+            )
+
+
+def _claim_tenancy(ref: ClaimRef, read: Future[Tenancy]) -> Tenancy:
+    """The tenancy read for the claim's namespace; its failure names the claim too."""
+    try:
+        return read.result()
+    except ClaimError as e:
+        raise ClaimError(f"claim {ref.namespace}/{ref.name}: {e}") from e
+    except TrancheError as e:
+        raise ApiUnavailable(f"claim {ref.namespace}/{ref.name}: {e}; not prepared") from e

@@ -18,6 +18,7 @@ from driver.inventory import build_inventory
 from driver.nvml.sim import create_state, open_simulated
 from driver.state import DeviceState
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
+from kubelet_plugin.namespace_reader import ApiNamespaceReader
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import (
     DRIVER,
@@ -72,7 +73,7 @@ def test_allocated_claim_is_prepared_and_bad_refs_fail_alone(
         ref = _ref(api, namespace, name)
         gone = ClaimRef("0000-gone", namespace, "no-such-claim")
         stale = ClaimRef("0000-stale", namespace, name)
-        driver = PluginDriver(state, ApiClaimReader(api))
+        driver = PluginDriver(state, ApiClaimReader(api), ApiNamespaceReader(api))
         try:
             results = driver.prepare([ref, gone, stale])
         finally:
@@ -88,7 +89,9 @@ def test_allocated_claim_is_prepared_and_bad_refs_fail_alone(
 
         # The API server is unreachable: prepare fails with the reason, unprepare needs no read.
         down = client.ApiClient(client.Configuration(host="https://127.0.0.1:9"))
-        offline = PluginDriver(state, ApiClaimReader(down, timeout_s=2))
+        offline = PluginDriver(
+            state, ApiClaimReader(down, timeout_s=2), ApiNamespaceReader(down, timeout_s=2)
+        )
         try:
             other = ClaimRef("0000-other", namespace, "other")
             assert "API server is unreachable" in offline.prepare([other])[other.uid].error

@@ -1,0 +1,85 @@
+"""Trust levels at prepare: the new claim against every claim the checkpoint holds.
+
+Pure: :func:`check_claim` turns the new claim's plan and every recorded claim into
+:class:`driver.trust.Consumer` values and lets :func:`driver.trust.check_prepare`
+judge them. The executor (:mod:`driver.state`) calls it under the node-wide lock,
+before any other guard, whenever the caller passes the claim's tenancy.
+
+How a planned device is held (its :class:`~driver.trust.Mechanism`):
+
+* a share of a multi-allocatable device (the allocation has a ``shareID``):
+  ``mps`` with the MPS strategy, otherwise ``timeslice``: other claims hold the
+  same device at the same time;
+* otherwise a MIG device is ``mig`` and a whole GPU is ``gpu``, whatever the
+  sharing strategy *inside* the claim (time-slicing or MPS between one claim's
+  own pods shares nothing with other tenants; two claims on one such device are
+  judged as two holders of one whole GPU, which only one tenant may be);
+* a device with admin access is not judged: it is a cluster administrator's
+  grant, gated by the API server (``resource.kubernetes.io/admin-access``).
+
+A recorded claim without tenancy (written by an older plugin) or with a level this
+version does not know fails closed: it counts as a ``dedicated`` tenant of its own
+that shares with nobody.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from driver.checkpoint import CheckpointData, ClaimRecord
+from driver.claims import ClaimAllocation
+from driver.plan import Plan, PlannedDevice
+from driver.trust import ColocationRefused, Consumer, Mechanism, Tenancy, TrustLevel, check_prepare
+
+UNRECORDED_PREFIX = "unrecorded:"
+
+
+def mechanism_of(device: PlannedDevice) -> Mechanism:
+    """How ``device`` is held with respect to other claims."""
+    if device.share_id is not None:
+        return Mechanism.MPS if device.sharing.strategy == "MPS" else Mechanism.TIMESLICE
+    return Mechanism.MIG if device.type == "mig" else Mechanism.GPU
+
+
+def recorded_tenancy(record: ClaimRecord) -> Tenancy:
+    """The tenancy a checkpoint record holds; missing or unknown data fails closed."""
+    try:
+        level = TrustLevel(record.trust_level) if record.trust_level is not None else None
+    except ValueError:
+        level = None
+    if record.tenant is None or level is None:
+        return Tenancy(
+            record.namespace, f"{UNRECORDED_PREFIX}{record.namespace}", TrustLevel.DEDICATED, None
+        )
+    return Tenancy(record.namespace, record.tenant, level, record.sharing_group)
+
+
+def consumers(claim: str, tenancy: Tenancy, plan: Plan, node: str) -> Iterator[Consumer]:
+    """One consumer per device of ``plan`` that trust rules judge."""
+    for d in plan.devices:
+        if d.admin_access:
+            continue
+        yield Consumer(claim, tenancy, mechanism_of(d), node, d.gpu_uuid, d.device)
+
+
+def check_claim(
+    allocation: ClaimAllocation, plan: Plan, state: CheckpointData, tenancy: Tenancy, node: str
+) -> None:
+    """Raise :class:`ColocationRefused` (message naming the claim) if trust levels forbid it.
+
+    ``state`` holds every claim prepared or being prepared on the node; the new
+    claim's own record, if any, is ignored.
+    """
+    others = [
+        c
+        for record in state.claims.values()
+        if record.uid != plan.claim_uid
+        for c in consumers(record.uid, recorded_tenancy(record), record.plan, node)
+    ]
+    for new in consumers(plan.claim_uid, tenancy, plan, node):
+        try:
+            check_prepare(new, others)
+        except ColocationRefused as e:
+            raise ColocationRefused(
+                f"claim {allocation.key}: {e}", e.reason, e.tenant, e.other_tenant
+            ) from e

@@ -1,0 +1,98 @@
+"""A claim's namespace, and the other namespaces of its tenant, read for trust levels.
+
+The plugin resolves a claim's :class:`driver.trust.Tenancy` at every prepare from
+the API server, never from a cache, so a changed label applies to the next claim.
+A namespace labelled ``gpu.tranche.dev/tenant`` brings the other namespaces with
+the same label, so the tenant's strictest level applies
+(:func:`driver.trust.resolve_tenants`). Needs ``get`` and ``list`` on namespaces.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import urllib3
+from kubernetes.client import ApiClient, CoreV1Api
+from kubernetes.client.exceptions import ApiException
+
+from driver.errors import ApiUnavailable, ClaimError
+from driver.trust import LABEL_TENANT
+
+READ_TIMEOUT_S = 10.0
+
+Labels = Mapping[str, str]
+
+
+class NamespaceReader(Protocol):
+    def tenant_labels(self, namespace: str) -> dict[str, Labels]:
+        """Labels of ``namespace`` and of every namespace of its tenant, by name.
+
+        ClaimError when the namespace does not exist, ApiUnavailable when unreadable.
+        """
+        ...
+
+
+def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
+    meta = obj.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if not isinstance(labels, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+class ApiNamespaceReader:
+    """Reads Namespaces (``core/v1``) as raw JSON from the API server."""
+
+    def __init__(self, api_client: ApiClient, timeout_s: float = READ_TIMEOUT_S) -> None:
+        self._api = CoreV1Api(api_client)
+        self._timeout_s = timeout_s
+
+    def tenant_labels(self, namespace: str) -> dict[str, Labels]:
+        where = f"namespace {namespace}"
+        own = self._get(where, lambda: self._api.read_namespace(namespace, **self._raw()))
+        labels = _labels(own)
+        found: dict[str, Labels] = {namespace: labels}
+        tenant = labels.get(LABEL_TENANT)
+        if tenant:
+            listed = self._get(
+                where,
+                lambda: self._api.list_namespace(
+                    label_selector=f"{LABEL_TENANT}={tenant}", **self._raw()
+                ),
+            )
+            items = listed.get("items")
+            for item in items if isinstance(items, list) else []:
+                meta = item.get("metadata") if isinstance(item, Mapping) else None
+                name = meta.get("name") if isinstance(meta, Mapping) else None
+                if isinstance(name, str) and name != namespace:
+                    found[name] = _labels(item)
+        return found
+
+    def _raw(self) -> dict[str, Any]:
+        return {"_preload_content": False, "_request_timeout": self._timeout_s}
+
+    def _get(self, where: str, call: Callable[[], Any]) -> Mapping[str, Any]:
+        try:
+            response: Any = call()
+            body = json.loads(response.data)
+        except ApiException as e:
+            if e.status == 404:
+                raise ClaimError(
+                    f"{where}: not found on the API server; its trust level is unknown"
+                ) from e
+            raise ApiUnavailable(
+                f"{where}: reading it from the API server failed: HTTP {e.status} {e.reason}; "
+                "its trust level is unknown"
+            ) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise ApiUnavailable(
+                f"{where}: the API server is unreachable ({type(e).__name__}: {e}); "
+                "its trust level is unknown"
+            ) from e
+        except ValueError as e:
+            raise ApiUnavailable(f"{where}: the API server sent invalid JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise ApiUnavailable(f"{where}: the API server sent {type(body).__name__}")
+        return body
