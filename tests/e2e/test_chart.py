@@ -237,3 +237,15 @@ def test_plugin_token_writes_its_own_nodes_slices_and_nothing_else(
         subprocess.run([*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", "-"],
                        input=yaml.safe_dump_all(installed), capture_output=True, text=True,
                        check=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("example", ["legacy-gpu.yaml", "bridge-claim-equivalent.yaml"])
+def test_legacy_examples_are_accepted_by_the_api_server(
+    cluster: Cluster, namespace: str, example: str
+) -> None:
+    out = subprocess.run(
+        [f"{cluster.bin_dir}/kubectl", "--kubeconfig", cluster.kubeconfig, "apply",
+         "--dry-run=server", "--namespace", namespace, "-f", str(ROOT / "docs/examples" / example)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
