@@ -12,7 +12,14 @@ import re
 import socket
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from driver.errors import ConfigError
 from driver.flags import add_flag, add_switch
@@ -63,9 +70,9 @@ class ControllerSettings(BaseModel):
 
     @field_validator("webhook_address", "health_address", "metrics_address")
     @classmethod
-    def _address(cls, v: str) -> str:
+    def _address(cls, v: str, info: ValidationInfo) -> str:
         if v:
-            parse_address(v, "address")
+            parse_address(v, "--" + str(info.field_name).replace("_", "-"))
         return v
 
     @field_validator("webhook_ip_sans")
