@@ -1,0 +1,176 @@
+"""``status.devices`` of prepared claims: which device, in which mode, with which limits.
+
+After a successful prepare the plugin applies one entry per prepared device
+(driver, pool, device, shareID; ``data`` with the device UUID, the GPU, the
+mode and the limits in force; a ``Ready`` condition) with server-side apply
+under the driver's field manager, so entries of other drivers are kept. Since
+Kubernetes 1.36 the service account needs ``update``/``patch`` on
+``resourceclaims/status`` and, on ``resourceclaims/driver``, the verbs
+``associated-node:update`` and ``associated-node:patch``.
+
+A failure to write is logged and counted (``on_error``); it never fails the
+prepare: the claim is prepared, only its status is late.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import urllib3
+from kubernetes.client import ApiClient, ResourceV1Api
+from kubernetes.client.exceptions import ApiException
+
+from driver.api import ClaimRef
+from driver.checkpoint import Checkpoint, ClaimRecord
+from driver.config import MpsConfig
+from driver.plan import CreateMigDevice, PlannedDevice, SetTimeSlice, StartMps
+
+log = logging.getLogger(__name__)
+
+WRITE_TIMEOUT_S = 10.0
+
+
+def _mps_limits(mps: MpsConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if mps.default_active_thread_percentage is not None:
+        out["activeThreadPercentage"] = mps.default_active_thread_percentage
+    if mps.default_pinned_device_memory_limit is not None:
+        out["pinnedDeviceMemoryLimitBytes"] = mps.default_pinned_device_memory_limit
+    return out
+
+
+def device_data(record: ClaimRecord, device: PlannedDevice) -> dict[str, Any]:
+    """What a user needs to know about one prepared device (``status.devices[].data``)."""
+    data: dict[str, Any] = {
+        "uuid": record.device_uuids.get(device.device, device.uuid or device.gpu_uuid),
+        "gpuUUID": device.gpu_uuid,
+        "mode": "MIG" if device.type == "mig" else device.sharing.strategy,
+    }
+    if device.type == "mig" and device.sharing.strategy != "Exclusive":
+        data["sharing"] = device.sharing.strategy
+    for step in record.plan.steps:
+        if isinstance(step, CreateMigDevice) and step.device == device.device:
+            data["migProfile"] = step.profile
+            data["migPlacementStart"] = step.start
+        elif isinstance(step, SetTimeSlice) and step.gpu_uuid == device.gpu_uuid:
+            if device.sharing.strategy == "TimeSlicing":
+                data["timeSliceInterval"] = step.interval
+        elif isinstance(step, StartMps) and device.device in step.devices:
+            data["mps"] = _mps_limits(step.mps)
+    return data
+
+
+def device_statuses(
+    record: ClaimRecord, driver_name: str, now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """The ``status.devices`` entries of one prepared claim."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    by_name = {d.device: d for d in record.plan.devices}
+    out = []
+    for prepared in record.devices:
+        planned = by_name[prepared.device_name]
+        entry: dict[str, Any] = {
+            "driver": driver_name,
+            "pool": prepared.pool_name,
+            "device": prepared.device_name,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Prepared",
+                    "message": f"prepared on node {prepared.pool_name}",
+                    "lastTransitionTime": stamp,
+                }
+            ],
+            "data": device_data(record, planned),
+        }
+        if prepared.share_id:
+            entry["shareID"] = prepared.share_id
+        out.append(entry)
+    return out
+
+
+class ClaimStatusWriter:
+    """Applies ``status.devices`` of prepared claims; never raises."""
+
+    def __init__(
+        self,
+        api_client: ApiClient,
+        driver_name: str,
+        *,
+        on_error: Callable[[str], None] | None = None,
+        timeout_s: float = WRITE_TIMEOUT_S,
+    ) -> None:
+        self._api = ResourceV1Api(api_client)
+        self._driver_name = driver_name
+        self._on_error = on_error or (lambda _reason: None)
+        self._timeout_s = timeout_s
+
+    def write(self, ref: ClaimRef, record: ClaimRecord) -> bool:
+        """Apply the entries of ``record``; False (logged, counted) when the write failed."""
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+            "status": {"devices": device_statuses(record, self._driver_name)},
+        }
+        start = time.monotonic()
+        try:
+            self._api.patch_namespaced_resource_claim_status(
+                ref.name,
+                ref.namespace,
+                body,
+                field_manager=self._driver_name,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+                _preload_content=False,
+                _request_timeout=self._timeout_s,
+            )
+        except ApiException as e:
+            reason = "conflict" if e.status == 409 else f"http-{e.status}"
+            self._failed(ref, reason, f"HTTP {e.status} {e.reason}: {_message(e)}")
+            return False
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            self._failed(ref, "unreachable", f"{type(e).__name__}: {e}")
+            return False
+        log.info(
+            "claim status written claim_uid=%s claim=%s/%s devices=%d seconds=%.3f",
+            ref.uid,
+            ref.namespace,
+            ref.name,
+            len(record.devices),
+            time.monotonic() - start,
+        )
+        return True
+
+    def write_prepared(self, ref: ClaimRef, checkpoint: Checkpoint) -> bool:
+        """Look the claim up in the checkpoint and write its status (after a prepare)."""
+        state, _ = checkpoint.load()
+        record = state.claims.get(ref.uid)
+        if record is None or record.state != "PrepareCompleted":
+            self._failed(ref, "not-prepared", "the checkpoint has no completed prepare for it")
+            return False
+        return self.write(ref, record)
+
+    def _failed(self, ref: ClaimRef, reason: str, detail: str) -> None:
+        log.warning(
+            "claim status not written claim_uid=%s claim=%s/%s reason=%s error=%s",
+            ref.uid,
+            ref.namespace,
+            ref.name,
+            reason,
+            detail,
+        )
+        self._on_error(reason)
+
+
+def _message(e: ApiException) -> str:
+    try:
+        return str(json.loads(e.body or "{}").get("message", ""))[:300]
+    except ValueError:
+        return str(e.body or "")[:300]
