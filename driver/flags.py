@@ -39,12 +39,15 @@ def add_switch(
     flag: str,
     help: str,
     *,
+    default: bool = False,
     env: Mapping[str, str] | None = None,
 ) -> None:
-    """A boolean flag; the twin accepts ``1/true/yes/on``."""
+    """A boolean flag; the twin accepts ``1/true/yes/on`` and ``0/false/no/off``."""
     environ = os.environ if env is None else env
     name = env_name(flag)
-    default = environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+    raw = environ.get(name, "").strip().lower()
+    if raw:
+        default = raw in {"1", "true", "yes", "on"}
     parser.add_argument(
         flag, action=argparse.BooleanOptionalAction, default=default, help=f"{help} [env {name}]"
     )

@@ -48,6 +48,7 @@ ERROR_REASONS = (
     "api-unavailable",
     "checkpoint",
     "nvml",
+    "publish",
     "event",
     "internal",
 )

@@ -34,6 +34,7 @@ from driver.slices import build_slices
 from driver.state import DeviceState, RecoveryReport, StepHandler
 from driver.usage import UsageSampler
 from driver.usage_records import checkpoint_records
+from kubelet_plugin.bridge_check import check_node
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import PluginServer
@@ -125,7 +126,10 @@ class NodePlugin:
         self.publisher = Publisher(
             api_client, settings.driver_name, settings.node_name, on_count=self._on_publish
         )
-        self.events = EventRecorder(api_client, settings.node_name)
+        self._api = api_client
+        self.events = EventRecorder(
+            api_client, settings.node_name, on_error=lambda: metrics.count_error("event")
+        )
         self.driver = PluginDriver(
             self.state,
             ApiClaimReader(api_client),
@@ -192,6 +196,8 @@ class NodePlugin:
     # ----- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.settings.device_plugin_check:
+            check_node(self._api, self.settings.node_name)
         self.recovery = self.state.recover()
         status = self.recovery.checkpoint
         if status.kind == "corrupt":

@@ -53,6 +53,7 @@ class PluginSettings(BaseModel):
     default_trust_level: TrustLevel = TrustLevel.ISOLATED
     sample_interval_s: float = Field(default=10.0, gt=0, le=3600)
     health_policy: HealthPolicy = HealthPolicy()
+    device_plugin_check: bool = True
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -152,6 +153,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(
         p, "--log-level", "log level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
     )
+    add_switch(
+        p,
+        "--device-plugin-check",
+        "refuse to start while a device plugin advertises nvidia.com/gpu (or a MIG resource) "
+        "on this node: both would hand out the same GPUs (default on)",
+        default=True,
+    )
     add_switch(p, "--dry-run", "validate the configuration and print it, then exit")
 
 
@@ -193,6 +201,7 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             default_trust_level=TrustLevel(args.default_trust_level),
             sample_interval_s=float(args.sample_interval),
             health_policy=parse_health_policy(args.health_policy),
+            device_plugin_check=args.device_plugin_check,
             log_format=args.log_format,
             log_level=args.log_level,
         )

@@ -88,7 +88,7 @@ class PluginNode:
 def sim_node(
     cluster: Cluster, make_node: Callable[..., str], device_classes: None
 ) -> Iterator[Callable[..., PluginNode]]:
-    """A factory: ``sim_node(profile="dgx-h100", version_style="1.37", extra_args=())``."""
+    """A factory: ``sim_node(profile=, version_style=, extra_args=, env=, before_start=)``."""
     started: list[PluginNode] = []
     roots: list[Path] = []
     api = cluster.api_client()
@@ -98,8 +98,11 @@ def sim_node(
         version_style: str = "1.37",
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        before_start: Callable[[str], None] | None = None,
     ) -> PluginNode:
         name = make_node(f"gpu-{secrets.token_hex(3)}")
+        if before_start is not None:
+            before_start(name)
         root = Path(tempfile.mkdtemp(prefix="sn", dir="/tmp"))
         roots.append(root)
         node = SimNode(

@@ -8,9 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from driver.checkpoint import Checkpoint
 from hack.kubeletsim.client import ClaimRequest
+from hack.simnode import SimNodeError
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import wait_for
 from tests.e2e.sim_nodes import PluginNode, apply_example, delete_pod
@@ -107,3 +109,24 @@ def test_plugin_killed_during_prepare_recovers_and_the_retry_succeeds(
     wait_for("all CDI specs gone", lambda: not pn.cdi_specs())
     state, _ = Checkpoint(pn.node.data_dir / "checkpoint.json").load()
     assert state.claims == {}, "no leaked checkpoint entry"
+
+
+def test_plugin_refuses_to_start_where_a_device_plugin_serves_nvidia_gpu(
+    cluster: Cluster, sim_node: Callable[..., PluginNode]
+) -> None:
+    def advertise_device_plugin_gpus(node: str) -> None:
+        with cluster.api_client() as api:
+            client.CoreV1Api(api).patch_node_status(
+                node,
+                {
+                    "status": {
+                        "capacity": {"nvidia.com/gpu": "8"},
+                        "allocatable": {"nvidia.com/gpu": "8"},
+                    }
+                },
+            )
+
+    with pytest.raises(SimNodeError) as failure:
+        sim_node(before_start=advertise_device_plugin_gpus)
+    message = str(failure.value)
+    assert "nvidia.com/gpu" in message and "device plugin" in message
