@@ -1,9 +1,14 @@
 """``status.devices`` of prepared claims: which device, in which mode, with which limits.
 
-After a successful prepare the plugin applies one entry per prepared device
+After a successful prepare the plugin writes one entry per prepared device
 (driver, pool, device, shareID; ``data`` with the device UUID, the GPU, the
-mode and the limits in force; a ``Ready`` condition) with server-side apply
-under the driver's field manager, so entries of other drivers are kept. Since
+mode and the limits in force; a ``Ready`` condition). It reads the claim and
+sends a JSON patch of ``status.devices`` guarded by a ``test`` of the
+resourceVersion (retried when the claim changed), keeping other drivers'
+entries. A JSON patch leaves the bytes of untouched fields as they are; a merge
+patch or server-side apply re-encodes the allocation's opaque config, and the
+v1.37.2 API server then refuses the write ("status.allocation: field cannot be
+modified once set") for claims whose config was not sent as compact JSON. Since
 Kubernetes 1.36 the service account needs ``update``/``patch`` on
 ``resourceclaims/status`` and, on ``resourceclaims/driver``, the verbs
 ``associated-node:update`` and ``associated-node:patch``.
@@ -33,6 +38,8 @@ from driver.plan import CreateMigDevice, PlannedDevice, SetTimeSlice, StartMps
 log = logging.getLogger(__name__)
 
 WRITE_TIMEOUT_S = 10.0
+CONFLICT_RETRIES = 3
+KEY = ("driver", "device", "pool", "shareID")
 
 
 def _mps_limits(mps: MpsConfig) -> dict[str, Any]:
@@ -95,8 +102,21 @@ def device_statuses(
     return out
 
 
+def merge_devices(
+    live: dict[str, Any], mine: list[dict[str, Any]], driver_name: str
+) -> list[dict[str, Any]]:
+    """``status.devices`` with this driver's entries replaced by ``mine``, others kept."""
+    keys = {tuple(d.get(k) for k in KEY) for d in mine}
+    kept = [
+        d
+        for d in (live.get("status") or {}).get("devices") or []
+        if d.get("driver") != driver_name and tuple(d.get(k) for k in KEY) not in keys
+    ]
+    return kept + mine
+
+
 class ClaimStatusWriter:
-    """Applies ``status.devices`` of prepared claims; never raises."""
+    """Writes ``status.devices`` of prepared claims; never raises."""
 
     def __init__(
         self,
@@ -112,30 +132,46 @@ class ClaimStatusWriter:
         self._timeout_s = timeout_s
 
     def write(self, ref: ClaimRef, record: ClaimRecord) -> bool:
-        """Apply the entries of ``record``; False (logged, counted) when the write failed."""
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
-            "status": {"devices": device_statuses(record, self._driver_name)},
-        }
+        """Write the entries of ``record``; False (logged, counted) when the write failed."""
         start = time.monotonic()
+        mine = device_statuses(record, self._driver_name)
         try:
-            self._api.patch_namespaced_resource_claim_status(
-                ref.name,
-                ref.namespace,
-                body,
-                field_manager=self._driver_name,
-                force=True,
-                _content_type="application/apply-patch+yaml",
-                _preload_content=False,
-                _request_timeout=self._timeout_s,
-            )
+            for attempt in range(CONFLICT_RETRIES):
+                live = self._read(ref)
+                if live.get("metadata", {}).get("uid") != ref.uid:
+                    self._failed(ref, "gone", "the claim was deleted and recreated")
+                    return False
+                patch = [
+                    {
+                        "op": "test",
+                        "path": "/metadata/resourceVersion",
+                        "value": live["metadata"]["resourceVersion"],
+                    },
+                    {
+                        "op": "add",
+                        "path": "/status/devices",
+                        "value": merge_devices(live, mine, self._driver_name),
+                    },
+                ]
+                try:
+                    self._api.patch_namespaced_resource_claim_status(
+                        ref.name,
+                        ref.namespace,
+                        patch,
+                        _content_type="application/json-patch+json",
+                        _preload_content=False,
+                        _request_timeout=self._timeout_s,
+                    )
+                    break
+                except ApiException as e:
+                    # a failed "test" (the claim changed since the read) is 422 or 409
+                    if e.status not in (409, 422) or attempt == CONFLICT_RETRIES - 1:
+                        raise
         except ApiException as e:
             reason = "conflict" if e.status == 409 else f"http-{e.status}"
             self._failed(ref, reason, f"HTTP {e.status} {e.reason}: {_message(e)}")
             return False
-        except (urllib3.exceptions.HTTPError, OSError) as e:
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
             self._failed(ref, "unreachable", f"{type(e).__name__}: {e}")
             return False
         log.info(
@@ -147,6 +183,15 @@ class ClaimStatusWriter:
             time.monotonic() - start,
         )
         return True
+
+    def _read(self, ref: ClaimRef) -> dict[str, Any]:
+        response: Any = self._api.read_namespaced_resource_claim(
+            ref.name, ref.namespace, _preload_content=False, _request_timeout=self._timeout_s
+        )
+        body = json.loads(response.data)
+        if not isinstance(body, dict):
+            raise ValueError(f"the API server sent {type(body).__name__}")
+        return body
 
     def write_prepared(self, ref: ClaimRef, checkpoint: Checkpoint) -> bool:
         """Look the claim up in the checkpoint and write its status (after a prepare)."""

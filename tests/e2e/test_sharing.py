@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,26 +107,30 @@ class SimNode:
             self.sharing.daemons.sweep(set())
 
 
-def _apply(api: client.ApiClient, ns: str, example: str, node: str, pods: int = 1) -> list[str]:
-    """Create the example's objects in ``ns``; its pod ``pods`` times, pinned to ``node``."""
-    names = []
+def _apply(cluster: Cluster, ns: str, example: str, node: str, pods: int = 1) -> list[str]:
+    """``kubectl create`` the example in ``ns``, its pod ``pods`` times, pinned to ``node``."""
+    docs, names = [], []
     for obj in _docs(EXAMPLES / example):
         obj["metadata"]["namespace"] = ns
-        if obj["kind"] == "Pod":
-            for i in range(pods):
-                body = json.loads(json.dumps(obj))
-                body["metadata"]["name"] = f"{obj['metadata']['name']}-{i}"
-                body["spec"]["nodeSelector"] = {NODE_LABEL: node}
-                body["spec"]["terminationGracePeriodSeconds"] = 0
-                client.CoreV1Api(api).create_namespaced_pod(ns, body)
-                names.append(body["metadata"]["name"])
-        else:
-            plural = {"ResourceClaimTemplate": "resourceclaimtemplates"}.get(
-                obj["kind"], "resourceclaims"
-            )
-            client.CustomObjectsApi(api).create_namespaced_custom_object(
-                GROUP, VERSION, ns, plural, obj
-            )
+        if obj["kind"] != "Pod":
+            docs.append(obj)
+            continue
+        for i in range(pods):
+            body = json.loads(json.dumps(obj))
+            body["metadata"]["name"] = f"{obj['metadata']['name']}-{i}"
+            body["spec"]["nodeSelector"] = {NODE_LABEL: node}
+            body["spec"]["terminationGracePeriodSeconds"] = 0
+            docs.append(body)
+            names.append(body["metadata"]["name"])
+    subprocess.run(
+        [str(Path(cluster.bin_dir) / "kubectl"), "--kubeconfig", cluster.kubeconfig,
+         "create", "-f", "-"],
+        input=yaml.safe_dump_all(docs),
+        text=True,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
     return names
 
 
@@ -189,7 +194,7 @@ def test_timeslice_shares_fill_a_gpu_then_wait(
     share = f"{sim.gpu.name}-ts-blue"
     with cluster.api_client() as api, sim.published(api):
         # the L4 has 22Gi in steps of 1Gi: two 8Gi shares fit, the third waits
-        pods = _apply(api, namespace, "timeslice-shares.yaml", node, pods=3)
+        pods = _apply(cluster, namespace, "timeslice-shares.yaml", node, pods=3)
         claims = [_allocated(api, namespace, p) for p in pods[:2]]
         for c in claims:
             (res,) = c["status"]["allocation"]["devices"]["results"]
@@ -230,7 +235,7 @@ def test_mps_share_runs_a_daemon_with_the_claims_limits(
     config = SharingConfig(groups=("blue",), timeslice=False, mps_control=str(FAKE_MPS))
     sim = SimNode(tmp_path, node, "l4-x4", config)
     with cluster.api_client() as api, sim.published(api):
-        (pod,) = _apply(api, namespace, "mps-shares.yaml", node)
+        (pod,) = _apply(cluster, namespace, "mps-shares.yaml", node)
         claim = _allocated(api, namespace, pod)
         (res,) = claim["status"]["allocation"]["devices"]["results"]
         assert res["device"] == f"{sim.gpu.name}-mps-blue"
@@ -264,7 +269,7 @@ def test_dynamic_mig_from_the_example(
     node = make_node(name, labels={NODE_LABEL: name})
     sim = SimNode(tmp_path, node, "dgx-h100", SharingConfig())
     with cluster.api_client() as api, sim.published(api):
-        (pod,) = _apply(api, namespace, "mig-slice.yaml", node)
+        (pod,) = _apply(cluster, namespace, "mig-slice.yaml", node)
         claim = _allocated(api, namespace, pod)
         (res,) = claim["status"]["allocation"]["devices"]["results"]
         assert "-mig-1g10gb-" in res["device"]
@@ -279,3 +284,37 @@ def test_dynamic_mig_from_the_example(
         assert sim.state.unprepare(ref).error == ""
         gpu = sim.nvml.gpu(sim.gpu.uuid)
         assert gpu.mig_instances == () and not gpu.mig_enabled
+
+
+def test_one_claim_time_sliced_between_two_pods(
+    cluster: Cluster,
+    make_node: Callable[..., str],
+    namespace: str,
+    tmp_path: Path,
+    device_classes: None,
+) -> None:
+    name = f"one-{secrets.token_hex(3)}"
+    node = make_node(name, labels={NODE_LABEL: name})
+    sim = SimNode(tmp_path, node, "l4-x4", SharingConfig())
+    with cluster.api_client() as api, sim.published(api):
+        pods = _apply(cluster, namespace, "timeslice-one-claim.yaml", node)
+        assert len(pods) == 2
+        claims = [_allocated(api, namespace, p) for p in pods]
+        assert claims[0]["metadata"]["uid"] == claims[1]["metadata"]["uid"]
+        wait_for(
+            "both pods in reservedFor",
+            lambda: len(_claim_of(api, namespace, pods[0])["status"]["reservedFor"]) == 2,  # type: ignore[index]
+        )
+        ref = _ref(claims[0])
+        _prepare(api, sim, ref)
+        assert sim.nvml.timeslice(sim.gpu.uuid) == 3  # Long
+        (status,) = _status_devices(api, ref)
+        assert status["device"] == sim.gpu.name
+        assert status["data"] | {} == {
+            "uuid": sim.gpu.uuid,
+            "gpuUUID": sim.gpu.uuid,
+            "mode": "TimeSlicing",
+            "timeSliceInterval": "Long",
+        }
+        assert sim.state.unprepare(ref).error == ""
+        assert sim.nvml.timeslice(sim.gpu.uuid) == 0
