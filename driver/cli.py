@@ -25,7 +25,7 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
-def _load_commands() -> dict[str, Command]:
+def load_commands() -> dict[str, Command]:
     commands: dict[str, Command] = {}
     for ep in entry_points(group="tranche.commands"):
         cmd = ep.load()
@@ -49,7 +49,7 @@ def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(_load_commands())
+    parser = build_parser(load_commands())
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args._run
     return run(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,9 +20,9 @@ import pynvml
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from driver.cli import Command
+from driver.cli import Command, load_commands
 from driver.errors import TrancheError
-from driver.flags import add_flag
+from driver.flags import add_flag, add_switch
 from driver.health import HealthMonitor, device_gpu_map
 from driver.health_policy import HealthPolicy
 from driver.health_store import HealthStateFile
@@ -60,6 +61,18 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--advertise", "device types per GPU: JSON/YAML like "
              "'{\"*\": [\"gpu\", \"mig\"]}' or @FILE", default="")  # fmt: skip
     add_flag(p, "--health-state", "the plugin's health state file, to show its taints")
+    add_switch(
+        p,
+        "--cluster",
+        "list every device of the cluster (from its ResourceSlices and "
+        "DeviceTaintRules) with taints, health and the claims that hold it",
+    )
+    add_flag(
+        p,
+        "--kubeconfig",
+        "with --cluster: kubeconfig file (default: KUBECONFIG, in-cluster, ~/.kube/config)",
+        default=os.environ.get("KUBECONFIG"),
+    )
     add_flag(p, "--output", "table of devices, or the ResourceSlices as YAML or JSON",
              default="table", choices=("table", "yaml", "json"))  # fmt: skip
 
@@ -139,7 +152,26 @@ def format_table(rows: list[list[str]]) -> str:
     )
 
 
+def _run_cluster(args: argparse.Namespace) -> int:
+    """``--cluster``: every device of the cluster, through the controller's command."""
+    if args.output == "yaml":
+        print("tranche devices --cluster: --output is table or json", file=sys.stderr)
+        return 2
+    cluster = load_commands().get("cluster-devices")
+    if cluster is None:
+        print("tranche devices --cluster: the controller package is not installed", file=sys.stderr)
+        return 1
+    parser = argparse.ArgumentParser(prog="tranche devices --cluster")
+    cluster.add_arguments(parser)
+    argv = ["--driver", args.driver_name, "--output", args.output]
+    if args.kubeconfig:
+        argv += ["--kubeconfig", args.kubeconfig]
+    return cluster.run(parser.parse_args(argv))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.cluster:
+        return _run_cluster(args)
     try:
         settings = _settings(args)
         nvml = _open(settings)

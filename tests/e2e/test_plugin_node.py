@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 
 from driver.checkpoint import Checkpoint
+from driver.cli import main as cli_main
 from hack.kubeletsim.client import ClaimRequest
 from hack.simnode import SimNodeError
 from tests.e2e.conftest import Cluster
@@ -130,3 +131,20 @@ def test_plugin_refuses_to_start_where_a_device_plugin_serves_nvidia_gpu(
         sim_node(before_start=advertise_device_plugin_gpus)
     message = str(failure.value)
     assert "nvidia.com/gpu" in message and "device plugin" in message
+
+
+def test_devices_cluster_lists_published_devices_with_the_claims_that_hold_them(
+    cluster: Cluster,
+    namespace: str,
+    sim_node: Callable[..., PluginNode],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pn = sim_node()
+    apply_example(cluster, "one-gpu.yaml", namespace, pn.name)
+    _, answer = _prepared(pn, namespace, "one-gpu", "gpu")
+    held = answer.devices[0].device_name
+
+    assert cli_main(["devices", "--cluster", "--kubeconfig", cluster.kubeconfig]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if pn.name in line and f" {held} " in f" {line} ")
+    assert namespace in row, "the row of the held GPU names the claim's namespace"
