@@ -36,7 +36,7 @@ ANNOTATION_COUNT = "gpu.tranche.dev/legacy-count"
 ANNOTATION_REWRITTEN = "gpu.tranche.dev/legacy-rewritten"
 
 
-class PodRejected(PermanentError):  # noqa: N818 (an admission answer, not a crash)
+class PodRejected(PermanentError):
     """The pod cannot be admitted as written; the message names the field."""
 
 
