@@ -42,9 +42,9 @@ def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
     return done.stdout
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def device_classes(cluster: Cluster) -> None:
-    """The DeviceClasses the chart ships, applied once (idempotent)."""
+    """The DeviceClasses the chart ships, (re-)applied for every test that needs them."""
     kubectl(cluster, "apply", "--server-side", "-f", str(DEVICE_CLASSES))
 
 

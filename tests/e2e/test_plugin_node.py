@@ -14,9 +14,12 @@ from driver.checkpoint import Checkpoint
 from driver.cli import main as cli_main
 from hack.kubeletsim.client import ClaimRequest
 from hack.simnode import SimNodeError
+from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import wait_for
-from tests.e2e.sim_nodes import PluginNode, apply_example, delete_pod
+from tests.e2e.sim_nodes import REPO, PluginNode, apply_example, delete_pod, kubectl
+
+BRIDGE_CLASSES = REPO / "deploy" / "bridge"
 
 pytestmark = pytest.mark.cluster
 
@@ -148,3 +151,49 @@ def test_devices_cluster_lists_published_devices_with_the_claims_that_hold_them(
     lines = capsys.readouterr().out.splitlines()
     row = next(line for line in lines if pn.name in line and f" {held} " in f" {line} ")
     assert namespace in row, "the row of the held GPU names the claim's namespace"
+
+
+def test_legacy_nvidia_gpu_pod_is_prepared_with_cdi_ids_per_container(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
+) -> None:
+    pn = sim_node()
+    kubectl(cluster, "apply", "--server-side", "-f", str(BRIDGE_CLASSES / "whole-gpu.yaml"))
+    containers = {"trainer": "2", "sidecar": "1"}
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "legacy", "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": pn.name},
+            "containers": [
+                {
+                    "name": c,
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": {"nvidia.com/gpu": n}},
+                }
+                for c, n in containers.items()
+            ],
+        },
+    }
+    request_json(pn.api, "POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+    status = wait_for(
+        "the scheduler's extended-resource claim",
+        lambda: get_json(pn.api, f"/api/v1/namespaces/{namespace}/pods/legacy")["status"].get(
+            "extendedResourceClaimStatus"
+        ),
+    )
+    uid = pn.claim(namespace, status["resourceClaimName"])["metadata"]["uid"]
+    answer = wait_for("the bridged claim prepared", lambda: pn.kubelet.prepared.get(uid))
+
+    ids_by_request: dict[str, list[str]] = {}
+    for d in answer.devices:
+        for request in d.request_names:
+            ids_by_request.setdefault(request, []).extend(d.cdi_device_ids)
+    spec = pn.cdi_specs()[f"gpu.tranche.dev-claim_{uid}.json"]
+    defined = {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
+    for mapping in status["requestMappings"]:
+        ids = ids_by_request[mapping["requestName"]]
+        assert len(ids) == int(containers[mapping["containerName"]]), mapping["containerName"]
+        assert set(ids) <= defined
+    every = [i for ids in ids_by_request.values() for i in ids]
+    assert len(set(every)) == 3, "three distinct GPUs across the two containers"
