@@ -135,11 +135,17 @@ class DevCluster:
         for name in reversed(COMPONENTS):
             pid_file = self.layout.pid_file(name)
             pid = read_pid(pid_file)
-            if pid is not None and owned(pid, self._marker):
+            # A child of this process is ours for certain (its /proc cmdline may still
+            # be empty right after exec); a pid from a file must prove it is ours.
+            child = self._children.pop(name, None)
+            if child is not None and child.poll() is None:
+                pid = child.pid
+            elif pid is None or not owned(pid, self._marker):
+                pid = None
+            if pid is not None:
                 stop_group(pid)
                 stopped.append(name)
                 log.info("stopped component=%s pid=%d", name, pid)
-            child = self._children.pop(name, None)
             if child is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.wait(timeout=5)

@@ -83,7 +83,8 @@ def _install_backstops(dev: DevCluster) -> Callable[[], None]:
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         dev.down()
-        raise SystemExit(128 + signum)
+        # KeyboardInterrupt, unlike SystemExit, makes pytest stop the whole run.
+        raise KeyboardInterrupt(f"signal {signum}")
 
     for s in previous:
         signal.signal(s, on_signal)

@@ -18,7 +18,7 @@ from hack.devcluster.config import ClusterConfig, Layout, parse_gates
 from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
 from hack.devcluster.pki import ensure_pki
-from hack.devcluster.processes import alive, group_members, stop_group
+from hack.devcluster.processes import alive, group_members, owned, stop_group
 
 
 @pytest.mark.parametrize(
@@ -112,6 +112,10 @@ def test_down_stops_a_process_started_for_this_state_dir(tmp_path: Path) -> None
     )
     layout.pid_file("kube-apiserver").parent.mkdir(parents=True)
     layout.pid_file("kube-apiserver").write_text(f"{proc.pid}\n")
+    # Right after exec, /proc/<pid>/cmdline can still be empty.
+    deadline = time.monotonic() + 10
+    while not owned(proc.pid, str(layout.root)) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert _cluster(tmp_path).down() == ["kube-apiserver"]
     assert not alive(proc.pid)
     proc.wait(timeout=5)
