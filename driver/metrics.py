@@ -49,6 +49,7 @@ ERROR_REASONS = (
     "checkpoint",
     "nvml",
     "publish",
+    "claim-status",
     "event",
     "internal",
 )

@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,8 +31,8 @@ import urllib3
 from kubernetes.client import ApiClient, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
 
-from driver.api import ClaimRef
-from driver.checkpoint import Checkpoint, ClaimRecord
+from driver.api import ClaimRef, DraDriver, PrepareResult, UnprepareResult
+from driver.checkpoint import Checkpoint, CheckpointData, ClaimRecord
 from driver.config import MpsConfig
 from driver.plan import CreateMigDevice, PlannedDevice, SetTimeSlice, StartMps
 
@@ -219,3 +220,39 @@ def _message(e: ApiException) -> str:
         return str(json.loads(e.body or "{}").get("message", ""))[:300]
     except ValueError:
         return str(e.body or "")[:300]
+
+
+class StatusWritingDriver:
+    """A :class:`driver.api.DraDriver` that writes ``status.devices`` after each prepare.
+
+    The writes go to a small background pool: the kubelet's answer never waits
+    for them, and a failed write is logged and counted, never a failed prepare.
+    """
+
+    def __init__(
+        self, inner: DraDriver, writer: ClaimStatusWriter, records: Callable[[], CheckpointData]
+    ) -> None:
+        self._inner = inner
+        self._writer = writer
+        self._records = records
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="claim-status")
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        results = self._inner.prepare(claims)
+        done = [c for c in claims if c.uid in results and not results[c.uid].error]
+        if done:
+            self._pool.submit(self._write, done)
+        return results
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
+        return self._inner.unprepare(claims)
+
+    def _write(self, claims: Sequence[ClaimRef]) -> None:
+        state = self._records()
+        for ref in claims:
+            record = state.claims.get(ref.uid)
+            if record is not None:
+                self._writer.write(ref, record)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes.client import ApiClient
@@ -26,15 +25,18 @@ from driver.health import HealthChange, HealthMonitor, device_gpu_map
 from driver.health_metrics import HealthMetrics
 from driver.health_store import HealthStateFile
 from driver.health_watch import HealthWatcher
-from driver.inventory import Inventory, build_inventory
+from driver.inventory import build_inventory
 from driver.metrics import Metrics
 from driver.nvml.facade import Nvml
 from driver.plan import CreateMigDevice
+from driver.sharing import SharingNode
+from driver.sharing import managed_mig_uuids as sharing_mig_uuids
 from driver.slices import build_slices
-from driver.state import DeviceState, RecoveryReport, StepHandler
+from driver.state import DeviceState, RecoveryReport
 from driver.usage import UsageSampler
 from driver.usage_records import checkpoint_records
 from kubelet_plugin.bridge_check import check_node
+from kubelet_plugin.claim_status import ClaimStatusWriter, StatusWritingDriver
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import PluginServer
@@ -47,8 +49,6 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.json"
 LOCK_FILE = "plugin.lock"
 HEALTH_FILE = "health.json"
-
-HandlerFactory = Callable[[Nvml, Inventory, PluginSettings], Mapping[str, StepHandler]]
 
 
 def managed_mig_uuids(state: CheckpointData) -> set[str]:
@@ -72,15 +72,11 @@ class NodePlugin:
         registry: CollectorRegistry,
         metrics: Metrics,
         *,
-        handler_factory: HandlerFactory | None = None,
-        extra_devices: Callable[[Inventory], Mapping[str, Sequence[Mapping[str, Any]]]]
-        | None = None,
         faults: FaultPoints | None = None,
     ) -> None:
         self.settings = settings
         self.nvml = nvml
         self.metrics = metrics
-        self._extra_devices = extra_devices
         data_dir = settings.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         settings.cdi_root.mkdir(parents=True, exist_ok=True)
@@ -92,11 +88,18 @@ class NodePlugin:
             nvml.list_gpus(),
             nvml.system_info(),
             settings.advertise,
-            managed_mig_uuids=managed_mig_uuids(state),
+            managed_mig_uuids=managed_mig_uuids(state) | sharing_mig_uuids(nvml, data_dir),
         )
         for note in self.inventory.notes:
             log.info("inventory note=%s", note, extra={"node": settings.node_name})
-        handlers = handler_factory(nvml, self.inventory, settings) if handler_factory else None
+        self.sharing = SharingNode(
+            nvml,
+            self.inventory,
+            settings.sharing,
+            state_dir=data_dir,
+            faults=faults,
+            simulated=settings.nvml == "simulated",
+        )
         self.state = DeviceState(
             nvml,
             self.inventory,
@@ -105,7 +108,9 @@ class NodePlugin:
             lock_path=data_dir / LOCK_FILE,
             driver_name=settings.driver_name,
             node_name=settings.node_name,
-            handlers=handlers,
+            handlers=self.sharing.handlers,
+            guards=self.sharing.guards,
+            shares=self.sharing.shares,
             faults=faults,
         )
         self.health = HealthMonitor(
@@ -130,13 +135,22 @@ class NodePlugin:
         self.events = EventRecorder(
             api_client, settings.node_name, on_error=lambda: metrics.count_error("event")
         )
-        self.driver = PluginDriver(
+        self.plugin_driver = PluginDriver(
             self.state,
             ApiClaimReader(api_client),
             ApiNamespaceReader(api_client),
             default_level=settings.default_trust_level,
             events=self.events,
             metrics=metrics,
+        )
+        self.driver = StatusWritingDriver(
+            self.plugin_driver,
+            ClaimStatusWriter(
+                api_client,
+                settings.driver_name,
+                on_error=lambda _reason: metrics.count_error("claim-status"),
+            ),
+            lambda: self.checkpoint.load()[0],
         )
         self.server = PluginServer(
             settings.driver_name,
@@ -156,9 +170,9 @@ class NodePlugin:
     # ----- slices ---------------------------------------------------------------------------
 
     def desired_slices(self) -> list[dict[str, Any]]:
-        extra = self._extra_devices(self.inventory) if self._extra_devices else None
+        extra = self.sharing.extra_devices(self.inventory)
         devices = device_gpu_map(self.inventory)
-        for gpu, shares in (extra or {}).items():
+        for gpu, shares in extra.items():
             uuid = self.inventory.gpu_of(gpu).uuid
             devices.update({str(share["name"]): uuid for share in shares})
         self.health.set_devices(devices)
@@ -209,6 +223,7 @@ class NodePlugin:
         self.metrics.set_prepared_claims(
             sum(1 for r in state.claims.values() if r.state == "PrepareCompleted")
         )
+        self.sharing.start()
         self.publisher.start()
         self.republish()
         self.watcher.start()
@@ -226,8 +241,10 @@ class NodePlugin:
         self._stop.set()
         self.server.stop(grace)
         self.watcher.stop()
+        self.sharing.stop()
         self.publisher.stop()
         self.driver.close()
+        self.plugin_driver.close()
         self.events.close()
         if self._sampler_thread.is_alive():
             self._sampler_thread.join(timeout=5)

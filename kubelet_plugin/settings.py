@@ -18,6 +18,7 @@ from driver.errors import ConfigError
 from driver.flags import add_flag, add_switch
 from driver.health_policy import HealthPolicy
 from driver.inventory import AdvertiseConfig, parse_advertise
+from driver.sharing import SharingConfig, parse_sharing
 from driver.slices import DEFAULT_DRIVER_NAME
 from driver.trust import TrustLevel
 
@@ -46,6 +47,7 @@ class PluginSettings(BaseModel):
     profile: str = "dgx-h100"
     sim_state: Path | None = None
     advertise: AdvertiseConfig = AdvertiseConfig()
+    sharing: SharingConfig = SharingConfig()
     kubeconfig: Path | None = None
     metrics_address: str = ":9400"
     health_address: str = ":9401"
@@ -113,6 +115,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--advertise",
         "device types per GPU, JSON/YAML such as "
         '\'{"*": ["gpu", "mig"]}\' or @FILE (default: every type)',
+        default="",
+    )
+    add_flag(
+        p,
+        "--sharing",
+        "time-slicing/MPS share devices as JSON/YAML or @FILE: sharing groups, maxShares, "
+        "MPS daemon path (see docs/sharing.md; default: no share devices)",
         default="",
     )
     add_flag(p, "--kubeconfig", "kubeconfig file (default: in-cluster service account)")
@@ -194,6 +203,7 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             profile=args.profile,
             sim_state=Path(args.sim_state) if args.sim_state else None,
             advertise=parse_advertise(args.advertise),
+            sharing=parse_sharing(args.sharing),
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
             metrics_address=args.metrics_address,
             health_address=args.health_address,

@@ -295,7 +295,7 @@ def test_admission(
     with pytest.raises(client.ApiException) as err:
         _create(custom, obj)
     assert err.value.status == 403
-    message = json.loads(err.value.body)["message"]
+    message = json.loads(err.value.body or "{}")["message"]
     assert f"namespace {ns} " in message
     assert rejection in message
 
