@@ -1,0 +1,78 @@
+"""``python -m hack.bench [--only NAME ...] [--doc PATH | --no-doc]``: run the benchmarks.
+
+Prints a table per scenario and rewrites the scenario's block in
+``docs/performance.md``. Scenarios that need the control plane share one
+(started once, stopped at the end). Exit code 1 when a scenario failed to run;
+a missed target is reported, not an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+from hack.bench import attribution, discovery, health, modes, prepare, report
+from hack.bench.lab import Lab
+from hack.bench.machine import REPO, describe
+
+SCENARIOS: dict[str, ModuleType] = {
+    m.NAME: m for m in (discovery, prepare, modes, health, attribution)
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hack.bench", description=__doc__)
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(SCENARIOS),
+        help="run only this scenario (repeatable)",
+    )
+    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "performance.md")
+    parser.add_argument(
+        "--no-doc", action="store_true", help="print only, leave the document alone"
+    )
+    args = parser.parse_args(argv)
+    chosen = [SCENARIOS[n] for n in args.only] if args.only else list(SCENARIOS.values())
+    command = (
+        "make bench"
+        if not args.only
+        else "python -m hack.bench " + shlex.join(a for n in args.only for a in ("--only", n))
+    )
+    machine = describe()
+    print(f"machine: {machine}", flush=True)
+    lab: Lab | None = None
+    blocks: dict[str, str] = {}
+    failed = []
+    try:
+        for scenario in chosen:
+            if scenario.NEEDS_CLUSTER and lab is None:
+                print("starting the control plane", flush=True)
+                lab = Lab()
+            print(f"running {scenario.NAME}", flush=True)
+            try:
+                result = scenario.run(lab if scenario.NEEDS_CLUSTER else None)
+            except Exception:
+                traceback.print_exc()
+                failed.append(scenario.NAME)
+                continue
+            print(report.console(result), flush=True)
+            blocks[scenario.NAME] = report.markdown(result, command, machine)
+    finally:
+        if lab is not None:
+            lab.close()
+    if blocks and not args.no_doc:
+        report.update_document(args.doc, blocks)
+        print(f"updated {args.doc}: {', '.join(blocks)}")
+    if failed:
+        print(f"scenarios that failed to run: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The plugin's executor in-process, with the sharing handlers wired as the plugin would.
+
+``tranche kubelet-plugin`` does not wire :class:`driver.sharing.SharingNode` yet
+(``kubelet_plugin/node.py`` takes a ``handler_factory`` that ``main.py`` does not
+pass), so MIG creation and MPS cannot be prepared through the plugin process;
+the per-mode and attribution scenarios build the same :class:`DeviceState` with
+``SharingNode`` in this process, over a file-backed simulated node, and hand it
+claim JSON as the API server returns it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from driver.api import ClaimRef
+from driver.cdi import CdiSpecs
+from driver.checkpoint import Checkpoint
+from driver.inventory import build_inventory
+from driver.nvml.facade import Nvml
+from driver.nvml.sim import create_state, open_simulated
+from driver.sharing import SharingConfig, SharingNode, managed_mig_uuids
+from driver.state import DeviceState
+from driver.trust import Tenancy, TrustLevel
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = "gpu.tranche.dev"
+NODE = "bench-node"
+GROUP = "bench"
+FAKE_MPS = REPO / "tests" / "fixtures" / "fake-mps-control"
+TENANCY = Tenancy(namespace="bench", tenant="bench", level=TrustLevel.SHARED, sharing_group=GROUP)
+
+
+@dataclass
+class Executor:
+    state: DeviceState
+    sharing: SharingNode
+    nvml: Nvml
+    workdir: Path
+
+    @classmethod
+    def create(cls, workdir: Path, profile: str = "dgx-h100") -> Executor:
+        create_state(profile, workdir / "sim.json")
+        nvml = open_simulated(workdir / "sim.json")
+        state_dir = workdir / "state"
+        config = SharingConfig(groups=(GROUP,), mps_control=str(FAKE_MPS), mps_ready_timeout_s=30)
+        inventory = build_inventory(
+            nvml.list_gpus(),
+            nvml.system_info(),
+            managed_mig_uuids=managed_mig_uuids(nvml, state_dir),
+        )
+        sharing = SharingNode(nvml, inventory, config, state_dir=state_dir, simulated=True)
+        state = DeviceState(
+            nvml,
+            inventory,
+            CdiSpecs(workdir / "cdi"),
+            Checkpoint(workdir / "checkpoint.json"),
+            lock_path=workdir / "plugin.lock",
+            driver_name=DRIVER,
+            node_name=NODE,
+            handlers=sharing.handlers,
+            guards=sharing.guards,
+            shares=sharing.shares,
+        )
+        return cls(state, sharing, nvml, workdir)
+
+    def prepare(self, claim: dict[str, Any]) -> None:
+        error = self.state.prepare(claim, ref(claim), TENANCY).error
+        if error:
+            raise RuntimeError(error)
+
+    def unprepare(self, claim: dict[str, Any]) -> None:
+        error = self.state.unprepare(ref(claim)).error
+        if error:
+            raise RuntimeError(error)
+
+    def close(self) -> None:
+        self.sharing.daemons.sweep(set())
+
+
+def ref(claim: dict[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"])
+
+
+def claim_json(
+    name: str, results: Sequence[dict[str, Any]], parameters: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """An allocated, reserved claim as the API server returns it."""
+    devices: dict[str, Any] = {
+        "results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, **r} for r in results]
+    }
+    if parameters is not None:
+        devices["config"] = [
+            {"source": "FromClaim", "requests": ["gpu"],
+             "opaque": {"driver": DRIVER, "parameters": parameters}}
+        ]  # fmt: skip
+    pod = str(uuid.uuid4())
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "bench", "uid": str(uuid.uuid4())},
+        "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+        "status": {
+            "allocation": {
+                "devices": devices,
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
+            },
+            "reservedFor": [{"resource": "pods", "name": f"pod-{name}", "uid": pod}],
+        },
+    }  # fmt: skip

@@ -1,0 +1,137 @@
+"""Issue 4: prepare/unprepare latency of one claim, a 240-claim burst, plugin memory.
+
+Everything goes through the real plugin process (``tranche kubelet-plugin`` over
+the simulated NVML) on its real gRPC socket, and the plugin reads every claim and
+its namespace from the real API server. Claims are allocated by writing
+``status.allocation`` (see :mod:`hack.bench.claims`).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from driver.inventory import build_inventory
+from driver.nvml.sim import open_simulated
+from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP
+from hack.bench.claims import TIME_SLICING, Wanted, create_allocated
+from hack.bench.lab import Lab, plugin_pid
+from hack.bench.machine import rss_bytes
+from hack.bench.results import Row, ScenarioResult, ms, timing
+from hack.kubeletsim.client import ClaimRequest, PluginConnection
+
+NAME = "prepare"
+TITLE = "Prepare and unprepare (issue 4)"
+NEEDS_CLUSTER = True
+WARMUP = 5
+SINGLE_RUNS = 200
+BURST = 240
+CONCURRENCY = 16
+MIB = 1 << 20
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:.1f} MiB"
+
+
+def _check(answers: dict[str, str], what: str) -> None:
+    bad = {uid: err for uid, err in answers.items() if err}
+    if bad:
+        uid, err = next(iter(bad.items()))
+        raise RuntimeError(f"{what}: {len(bad)} claims failed, e.g. {uid}: {err}")
+
+
+def _prepare(conn: PluginConnection, claim: ClaimRequest) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    answer = conn.prepare([claim])[claim.uid]
+    return time.perf_counter() - t0, answer.error
+
+
+def _unprepare(conn: PluginConnection, claim: ClaimRequest) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    error = conn.unprepare([claim])[claim.uid]
+    return time.perf_counter() - t0, error
+
+
+def run(lab: Lab | None) -> ScenarioResult:
+    assert lab is not None
+    result = ScenarioResult(NAME, TITLE)
+    bench = lab.node("prep")
+    conn = bench.connect()
+    nvml = open_simulated(bench.node.sim_state)
+    gpus = [g.name for g in build_inventory(nvml.list_gpus(), nvml.system_info()).gpus]
+    lab.wait_slices(bench.name, 1)
+    pid = plugin_pid(bench.node)
+    time.sleep(2)  # let start-up work (first publish, watch) settle
+    rss_idle = rss_bytes(pid)
+
+    namespace = lab.namespace(
+        "bench-prepare", {LABEL_LEVEL: "shared", LABEL_SHARING_GROUP: "bench"}
+    )
+    (single,) = create_allocated(lab.api, namespace, bench.name, [Wanted("single", gpus[0])])
+    prep, unprep = [], []
+    for i in range(WARMUP + SINGLE_RUNS):
+        p, perr = _prepare(conn, single)
+        u, uerr = _unprepare(conn, single)
+        _check({single.uid: perr or uerr}, "single claim")
+        if i >= WARMUP:
+            prep.append(p)
+            unprep.append(u)
+    result.add(timing("Prepare, one whole-GPU claim (API read + executor)", prep, 0.005))
+    result.add(timing("Unprepare, one whole-GPU claim", unprep))
+
+    wanted = [Wanted(f"b-{i:03d}", gpus[i % len(gpus)], TIME_SLICING) for i in range(BURST)]
+    claims = create_allocated(lab.api, namespace, bench.name, wanted)
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        t0 = time.perf_counter()
+        prepared = list(pool.map(lambda c: _prepare(conn, c), claims))
+        burst_s = time.perf_counter() - t0
+    _check({c.uid: err for c, (_, err) in zip(claims, prepared, strict=True)}, "burst prepare")
+    rss_burst = rss_bytes(pid)
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        t0 = time.perf_counter()
+        unprepared = list(pool.map(lambda c: _unprepare(conn, c), claims))
+        unburst_s = time.perf_counter() - t0
+    _check({c.uid: err for c, (_, err) in zip(claims, unprepared, strict=True)}, "burst unprepare")
+    rss_after = rss_bytes(pid)
+
+    result.add(
+        Row(
+            f"Burst: {BURST} claims prepared, {CONCURRENCY} calls in flight (wall)",
+            ms(burst_s),
+            BURST,
+            "< 3000 ms",
+            burst_s < 3.0,
+        )
+    )
+    result.add(timing("Burst: latency of each prepare call", [p for p, _ in prepared]))
+    result.add(Row(f"Burst: {BURST} claims unprepared (wall)", ms(unburst_s), BURST))
+    peak = max(rss_idle, rss_burst, rss_after)
+    result.add(
+        Row(
+            "Plugin RSS idle (after start)", _mib(rss_idle), None, "< 100 MiB", rss_idle < 100 * MIB
+        )
+    )
+    result.add(
+        Row(
+            f"Plugin RSS with {BURST} claims prepared",
+            _mib(rss_burst),
+            None,
+            "< 100 MiB",
+            peak < 100 * MIB,
+        )
+    )
+    result.add(Row("Plugin RSS after unpreparing them", _mib(rss_after)))
+    result.setup.append(
+        f"One simulated `dgx-h100` node running the real plugin process; the benchmark plays a "
+        f"1.37 kubelet on the plugin's gRPC socket (`v1.DRAPlugin`). Claims are created by the "
+        f"admin client and allocated by writing `status.allocation` through the status "
+        f"subresource (no scheduler), in a namespace labelled trust level `shared`. "
+        f"Single claim: one whole GPU, no config, prepared then unprepared {SINGLE_RUNS} times "
+        f"after {WARMUP} warm-up rounds, one call at a time. Burst: {BURST} claims, "
+        f"{BURST // len(gpus)} per GPU with a `TimeSlicing` GpuConfig (time-slice sharing of "
+        f"one GPU by many claims), one `NodePrepareResources` call per claim (one pod each), "
+        f"{CONCURRENCY} calls in flight on one channel, as the kubelet prepares pods in parallel. "
+        "RSS is `VmRSS` of `/proc/<pid>/status`."
+    )
+    return result
