@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -14,21 +13,11 @@ from kubernetes import client
 from driver.inventory import Inventory
 from driver.slices import DEFAULT_DRIVER_NAME, build_slices
 from kubelet_plugin.publisher import Backoff, Publisher
+from tests.waiting import wait_for
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 DRIVER = DEFAULT_DRIVER_NAME
 NODE_LABEL = "tranche.dev/e2e-node"
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def list_slices(api: client.ApiClient, node: str, driver: str = DRIVER) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ from hack.devcluster.pki import Pki
 from tests.conftest import unavailable
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.dra_objects import wait_for
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy/helm/tranche"

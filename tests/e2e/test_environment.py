@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,20 +21,10 @@ from hack.devcluster.binaries import REPO
 from hack.devcluster.processes import alive
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
+from tests.waiting import wait_for
 
 DEV_CLUSTER = str(REPO / "hack" / "dev-cluster")
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.5)
 
 
 def processes_of(state_dir: Path) -> list[int]:

@@ -14,8 +14,8 @@ import pytest
 
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.dra_objects import wait_for
 from tests.e2e.sim_nodes import RESOURCE_V1, PluginNode, apply_example
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -16,8 +16,8 @@ from hack.kubeletsim.client import ClaimRequest
 from hack.simnode import SimNodeError
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.dra_objects import wait_for
 from tests.e2e.sim_nodes import REPO, PluginNode, apply_example, delete_pod, kubectl
+from tests.waiting import wait_for
 
 BRIDGE_CLASSES = REPO / "deploy" / "bridge"
 

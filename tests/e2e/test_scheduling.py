@@ -21,9 +21,9 @@ from tests.e2e.dra_objects import (
     schedule,
     unschedulable,
     wait_allocated,
-    wait_for,
 )
 from tests.unit.gpu_values import SYSTEM, h100
+from tests.waiting import wait_for
 
 A = 'device.attributes["gpu.tranche.dev"]'
 C = 'device.capacity["gpu.tranche.dev"]'

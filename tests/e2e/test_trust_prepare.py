@@ -46,8 +46,8 @@ from tests.e2e.dra_objects import (
     publishing,
     schedule,
     wait_allocated,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from driver.sharing import SharingNode
 from driver.sharing.mps import MpsDaemons
 from tests.unit.claim_values import claim, config, ref_of, result
 from tests.unit.sharing_node import sharing_state
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 MPS = {
@@ -66,13 +66,6 @@ def edits(node: Path, uid: str) -> dict[str, Any]:
 def log_lines(daemons: MpsDaemons, key: str, name: str) -> list[str]:
     path = daemons.log_dir(key) / name
     return path.read_text().splitlines() if path.exists() else []
-
-
-def wait_for(check: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_mps_on_a_whole_gpu(node: Path) -> None:
@@ -162,7 +155,9 @@ def test_a_daemon_that_dies_is_restarted_and_its_claims_stay_prepared(node: Path
     try:
         os.kill(pid, signal.SIGKILL)
         wait_for(
-            lambda: sharing.daemons.processes(gpu.uuid) not in ([], [pid]), "a restarted daemon"
+            "a restarted daemon",
+            lambda: sharing.daemons.processes(gpu.uuid) not in ([], [pid]),
+            interval_s=0.1,
         )
     finally:
         sharing.stop()
