@@ -40,6 +40,7 @@ from kubelet_plugin.claim_status import ClaimStatusWriter, StatusWritingDriver
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import PluginServer
+from kubelet_plugin.health_events import HealthEvents
 from kubelet_plugin.namespace_reader import ApiNamespaceReader
 from kubelet_plugin.publisher import Publisher
 from kubelet_plugin.settings import PluginSettings
@@ -135,6 +136,7 @@ class NodePlugin:
         self.events = EventRecorder(
             api_client, settings.node_name, on_error=lambda: metrics.count_error("event")
         )
+        self._health_events = HealthEvents(self.events)
         self.plugin_driver = PluginDriver(
             self.state,
             ApiClaimReader(api_client),
@@ -199,12 +201,7 @@ class NodePlugin:
         self.events.record(ObjectRef.node(self.settings.node_name), type, reason, message)
 
     def _on_health_change(self, change: HealthChange) -> None:
-        healed = change.kind == "healed"
-        self._node_event(
-            "Normal" if healed else "Warning",
-            "DeviceHealed" if healed else "DeviceTainted",
-            change.message,
-        )
+        self._health_events(change)
         self.republish()
 
     # ----- lifecycle ------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Health changes become Events on the Node in the real API server."""
+"""Health changes become Events on the Node in the real API server, through the
+listener and recorder the plugin wires (``NodePlugin._on_health_change``)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 from driver.health import HealthMonitor
 from driver.health_policy import HealthPolicy
 from driver.nvml.types import DeviceProbe, XidEvent
-from kubelet_plugin.events import NodeEventRecorder
+from kubelet_plugin.event_recorder import EventRecorder
+from kubelet_plugin.health_events import HealthEvents
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.test_environment import wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -38,16 +40,15 @@ def test_taint_and_heal_are_recorded_as_node_events(
     monitor = HealthMonitor(HealthPolicy(quiet_seconds=0), node, clock=SteppingClock())
     monitor.set_devices({"gpu-5e5e5e5e": gpu, "gpu-5e5e5e5e-mig-1g10gb-0": gpu})
     with cluster.api_client() as api:
-        recorder = NodeEventRecorder(api, node)
-        monitor.add_listener(recorder)
-        recorder.start()
+        recorder = EventRecorder(api, node)
+        monitor.add_listener(HealthEvents(recorder))
         try:
             monitor.observe_event(XidEvent(gpu, "xid", 79, 0.0))
             monitor.observe_probe(DeviceProbe(gpu, healthy=True, lost=False))
             monitor.observe_event(XidEvent(gpu, "recovered", 0, 0.0))
             monitor.observe_probe(DeviceProbe(gpu, healthy=True, lost=False))
         finally:
-            recorder.stop()
+            recorder.close()
 
         def node_events() -> list[dict[str, Any]]:
             items: list[dict[str, Any]] = get_json(
