@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from controller.device_lookup import DEFAULT_DRIVER, ClusterDevice, ClusterView, read_view
-from controller.kube_client import Json, add_kubeconfig_flag, api_client
+from controller.kube_client import Json, add_kubeconfig_flag
 from driver.cli import Command
 from driver.errors import TrancheError
 from driver.flags import add_flag
+from driver.kube import api_client
 
 HEALTH_PREFIX = "gpu.tranche.dev/"
 ADMIN_KEY = "gpu.tranche.dev/admin"

@@ -89,7 +89,11 @@ class ControllerSettings(BaseModel):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_flag(p, "--kubeconfig", "kubeconfig file (default: in-cluster service account)")
+    add_flag(
+        p,
+        "--kubeconfig",
+        "kubeconfig file (default: in-cluster service account, else KUBECONFIG or ~/.kube/config)",
+    )
     add_flag(p, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
     add_flag(p, "--namespace", "namespace of the lease and the TLS secret "
              "(default: the pod's own namespace)")  # fmt: skip

@@ -9,16 +9,16 @@ refusal is :class:`ApiCallError` naming the object.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 
-from driver.errors import ApiUnavailable, ConfigError, PermanentError
+from driver.errors import ApiUnavailable, PermanentError
 from driver.flags import add_flag
+from driver.kube import send
 
 Json = dict[str, Any]
 
@@ -45,19 +45,6 @@ def add_kubeconfig_flag(
     )
 
 
-def api_client(kubeconfig: str | None) -> client.ApiClient:
-    """An API client for ``kubeconfig``, or the in-cluster service account without one."""
-    if kubeconfig:
-        if not os.path.exists(kubeconfig):  # noqa: PTH110 (a str path from a flag)
-            raise ConfigError(f"--kubeconfig: file {kubeconfig!r} does not exist")
-        return cast(client.ApiClient, config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return client.ApiClient(cfg)
-    return cast(client.ApiClient, config.new_client_from_config())  # type: ignore[no-untyped-call]
-
-
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 
 
@@ -72,32 +59,13 @@ def request(
 ) -> Json | None:
     """Send ``method path`` with a JSON body; the JSON answer, or None when ``what`` is absent."""
     try:
-        method, url, headers, data, _ = api.param_serialize(
-            method,
-            path,
-            query_params=list((query or {}).items()),
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        resp = api.call_api(method, url, header_params=headers, body=data, _request_timeout=30)
-        raw: bytes = resp.read()  # type: ignore[no-untyped-call]
+        answer = send(api, method, path, body=body, query=query)
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise ApiUnavailable(f"{what}: the API server cannot be reached: {e}") from e
-    if resp.status == 404:
+    if answer.status == 404:
         return None
-    if not 200 <= resp.status <= 299:
-        raise ApiCallError(f"{what}: {resp.status} {resp.reason}: {_message(raw)}", resp.status)
-    parsed: Json = json.loads(raw) if raw else {}
-    return parsed
-
-
-def _message(body: object) -> str:
-    if isinstance(body, bytes | str):
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            return str(body)[:300]
-        if isinstance(doc, dict) and "message" in doc:
-            return str(doc["message"])
-    return str(body)[:300]
+    if not answer.ok:
+        raise ApiCallError(
+            f"{what}: {answer.status} {answer.reason}: {answer.message()}", answer.status
+        )
+    return answer.json()

@@ -30,13 +30,13 @@ from controller.controller_settings import (
     parse_address,
     settings_from_args,
 )
-from controller.kube_client import api_client
 from controller.leader import LeaderElector, LeaseConfig
 from controller.slice_gc import collect_orphaned_slices
 from controller.webhook_server import WebhookServer
 from controller.webhook_tls import WebhookTls
 from driver.cli import Command
 from driver.errors import TrancheError
+from driver.kube import api_client
 
 log = logging.getLogger(__name__)
 

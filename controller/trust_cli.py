@@ -16,12 +16,14 @@ import logging
 import sys
 from typing import Any, TextIO, cast
 
-from kubernetes import client, config
+from kubernetes import client
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from controller.trust_audit import Colocation, colocations, consumers
 from driver.cli import Command
+from driver.errors import ConfigError
 from driver.flags import add_flag
+from driver.kube import api_client
 from driver.trust import DEFAULT_LEVEL, Consumer, Resolution, TrustLevel, resolve_tenants
 
 log = logging.getLogger(__name__)
@@ -49,16 +51,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=tuple(TrustLevel),
     )
     add_flag(check, "--output", "report format", default="text", choices=("text", "json"))
-
-
-def _api(kubeconfig: str | None) -> client.ApiClient:
-    if kubeconfig:
-        return cast(client.ApiClient, config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return client.ApiClient()
-    except config.ConfigException:
-        return cast(client.ApiClient, config.new_client_from_config())  # type: ignore[no-untyped-call]
 
 
 def _read(api: client.ApiClient) -> tuple[list[Any], list[Any], list[Any]]:
@@ -151,9 +143,9 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"tranche trust check: invalid flags: {e}\n")
         return 2
     try:
-        with _api(settings.kubeconfig) as api:
+        with api_client(settings.kubeconfig) as api:
             return check(settings, api, sys.stdout)
-    except (client.ApiException, config.ConfigException, OSError) as e:
+    except (client.ApiException, ConfigError, OSError) as e:
         log.error("trust check failed: cannot read the cluster error=%s", e)
         sys.stderr.write(f"tranche trust check: cannot read the cluster: {e}\n")
         return 2

@@ -12,7 +12,6 @@ a claim the kubelet retries every few seconds shows one line, not hundreds.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import queue
 import secrets
@@ -24,6 +23,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from kubernetes import client
+
+from driver.kube import send
 
 log = logging.getLogger(__name__)
 
@@ -203,21 +204,18 @@ class EventRecorder:
 
     def _request(self, method: str, path: str, body: object, content_type: str) -> None:
         try:
-            method, url, headers, data, _ = self._api.param_serialize(
+            answer = send(
+                self._api,
                 method,
                 path,
-                header_params={"Accept": "application/json", "Content-Type": content_type},
                 body=body,
-                auth_settings=["BearerToken"],
+                content_type=content_type,
+                timeout_s=self._timeout_s,
             )
-            resp = self._api.call_api(
-                method, url, header_params=headers, body=data, _request_timeout=self._timeout_s
-            )
-            raw: bytes = resp.read()  # type: ignore[no-untyped-call]
         except Exception as e:  # urllib3 and client errors: the Event is retried, then dropped
             raise EventError(f"{method} {path}: {type(e).__name__}: {e}", 0) from e
-        if not 200 <= resp.status <= 299:
-            detail = raw.decode(errors="replace")[:300]
-            with contextlib.suppress(ValueError, AttributeError):
-                detail = str(json.loads(raw).get("message", detail))
-            raise EventError(f"{method} {path}: {resp.status} {resp.reason}: {detail}", resp.status)
+        if not answer.ok:
+            raise EventError(
+                f"{method} {path}: {answer.status} {answer.reason}: {answer.message()}",
+                answer.status,
+            )

@@ -124,7 +124,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "MPS daemon path (see docs/sharing.md; default: no share devices)",
         default="",
     )
-    add_flag(p, "--kubeconfig", "kubeconfig file (default: in-cluster service account)")
+    add_flag(
+        p,
+        "--kubeconfig",
+        "kubeconfig file (default: in-cluster service account, else KUBECONFIG or ~/.kube/config)",
+    )
     add_flag(
         p,
         "--metrics-address",

@@ -41,13 +41,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from hack.kubeletsim.simulator import KubeletSimulator  # noqa: PLC0415
 
-    api_client = None
+    api = None
     if options.kubeconfig:
-        from kubernetes import config  # noqa: PLC0415
+        from driver.kube import api_client  # noqa: PLC0415
 
-        api_client = config.new_client_from_config(config_file=options.kubeconfig)  # type: ignore[no-untyped-call]
+        api = api_client(options.kubeconfig)
     sim = KubeletSimulator(
-        options.node_name, options.kubelet_root, api_client, version_style=options.version_style
+        options.node_name, options.kubelet_root, api, version_style=options.version_style
     )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

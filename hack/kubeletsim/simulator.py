@@ -17,7 +17,6 @@ Every call and answer is appended to :attr:`KubeletSimulator.calls`.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -292,21 +291,16 @@ class KubeletSimulator:
         client models may not know yet). 404 → None; other failures raise ApiException."""
         from kubernetes import client  # noqa: PLC0415 (only with an API server)
 
-        method, url, headers, data, _ = self._api.param_serialize(
-            method,
-            path,
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-        )
-        resp = self._api.call_api(
-            method, url, header_params=headers, body=data, _request_timeout=30
-        )
-        raw = resp.read()
-        if resp.status == 404:
+        from driver.kube import send  # noqa: PLC0415
+
+        answer = send(self._api, method, path, body=body, content_type=content_type)
+        if answer.status == 404:
             return None
-        if not 200 <= resp.status <= 299:
-            raise client.ApiException(status=resp.status, reason=resp.reason, body=raw.decode())
-        return json.loads(raw) if raw else {}
+        if not answer.ok:
+            raise client.ApiException(
+                status=answer.status, reason=answer.reason, body=answer.body.decode()
+            )
+        return answer.json()
 
     def _delete_node_slices(self) -> None:
         selector = f"spec.nodeName={self.node_name}"

@@ -6,11 +6,12 @@ Python client does not know yet still show, and a dump never fails on them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
+
+from driver.kube import send
 
 _MAX_EVENTS = 60
 
@@ -19,18 +20,12 @@ Obj = dict[str, Any]
 
 def request_json(api: client.ApiClient, method: str, path: str, body: Obj | None = None) -> Obj:
     """Send ``body`` as JSON to ``path``; return the decoded answer, raise ApiException."""
-    method, url, headers, data, _ = api.param_serialize(
-        method,
-        path,
-        header_params={"Accept": "application/json", "Content-Type": "application/json"},
-        body=body,
-    )
-    resp = api.call_api(method, url, header_params=headers, body=data, _request_timeout=30)
-    raw: bytes = resp.read()  # type: ignore[no-untyped-call]
-    if not 200 <= resp.status <= 299:
-        raise client.ApiException(status=resp.status, reason=resp.reason, body=raw.decode())
-    answer: Obj = json.loads(raw)
-    return answer
+    answer = send(api, method, path, body=body)
+    if not answer.ok:
+        raise client.ApiException(
+            status=answer.status, reason=answer.reason, body=answer.body.decode()
+        )
+    return answer.json()
 
 
 def get_json(api: client.ApiClient, path: str) -> Obj:
