@@ -1,11 +1,9 @@
-"""The plugin's executor in-process, with the sharing handlers wired as the plugin would.
+"""The plugin's executor in-process, with the sharing handlers wired as the plugin wires them.
 
-``tranche kubelet-plugin`` does not wire :class:`driver.sharing.SharingNode` yet
-(``kubelet_plugin/node.py`` takes a ``handler_factory`` that ``main.py`` does not
-pass), so MIG creation and MPS cannot be prepared through the plugin process;
-the per-mode and attribution scenarios build the same :class:`DeviceState` with
-``SharingNode`` in this process, over a file-backed simulated node, and hand it
-claim JSON as the API server returns it.
+The per-mode and attribution scenarios build the :class:`DeviceState` of
+``kubelet_plugin/node.py`` (with :class:`driver.sharing.SharingNode`) in this
+process, over a file-backed simulated node, and hand it claim JSON as the API
+server returns it: the executor's cost per mode, without API reads or gRPC.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from driver.inventory import build_inventory
 from driver.nvml.sim import open_simulated
 from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP
 from hack.bench.claims import TIME_SLICING, Wanted, create_allocated
-from hack.bench.lab import Lab, plugin_pid
+from hack.bench.lab import RESOURCE_V1, Lab, plugin_pid, request_json
 from hack.bench.machine import rss_bytes
 from hack.bench.results import Row, ScenarioResult, ms, timing
 from hack.kubeletsim.client import ClaimRequest, PluginConnection
@@ -88,6 +88,7 @@ def run(lab: Lab | None) -> ScenarioResult:
         burst_s = time.perf_counter() - t0
     _check({c.uid: err for c, (_, err) in zip(claims, prepared, strict=True)}, "burst prepare")
     rss_burst = rss_bytes(pid)
+    checkpoint_kib = (bench.node.data_dir / "checkpoint.json").stat().st_size / 1024
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         t0 = time.perf_counter()
         unprepared = list(pool.map(lambda c: _unprepare(conn, c), claims))
@@ -106,6 +107,14 @@ def run(lab: Lab | None) -> ScenarioResult:
     )
     result.add(timing("Burst: latency of each prepare call", [p for p, _ in prepared]))
     result.add(Row(f"Burst: {BURST} claims unprepared (wall)", ms(unburst_s), BURST))
+    result.add(Row(f"Checkpoint file with {BURST} claims prepared", f"{checkpoint_kib:.0f} KiB"))
+    reads = []
+    for _ in range(SINGLE_RUNS // 4):
+        t0 = time.perf_counter()
+        request_json(lab.api, "GET", f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaims/single")
+        request_json(lab.api, "GET", f"/api/v1/namespaces/{namespace}")
+        reads.append(time.perf_counter() - t0)
+    result.add(timing("For comparison: GET claim + GET namespace, one after the other", reads))
     peak = max(rss_idle, rss_burst, rss_after)
     result.add(
         Row(
