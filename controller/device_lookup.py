@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from kubernetes import client
 
-from controller.kube_client import RESOURCE_V1, Json, request
+from controller.kube_client import Json, request
 from driver.errors import DeviceNotFound
+from driver.kube import RESOURCE_V1
 
 DEFAULT_DRIVER = "gpu.tranche.dev"
 

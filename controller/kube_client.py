@@ -45,9 +45,6 @@ def add_kubeconfig_flag(
     )
 
 
-RESOURCE_V1 = "/apis/resource.k8s.io/v1"
-
-
 def request(
     api: client.ApiClient,
     what: str,

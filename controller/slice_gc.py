@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from kubernetes import client
 
-from controller.kube_client import RESOURCE_V1, ApiCallError, Json, request
+from controller.kube_client import ApiCallError, Json, request
+from driver.kube import RESOURCE_V1
 
 log = logging.getLogger(__name__)
 

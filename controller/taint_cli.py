@@ -18,11 +18,11 @@ import sys
 from collections.abc import Mapping
 
 from controller.device_lookup import DEFAULT_DRIVER, ClusterDevice, find_device, read_view
-from controller.kube_client import RESOURCE_V1, Json, add_kubeconfig_flag, request
+from controller.kube_client import Json, add_kubeconfig_flag, request
 from driver.cli import Command
 from driver.errors import DeviceNotFound, TrancheError
 from driver.flags import add_flag
-from driver.kube import api_client
+from driver.kube import RESOURCE_V1, api_client
 
 log = logging.getLogger(__name__)
 

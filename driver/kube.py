@@ -15,6 +15,7 @@ from kubernetes import client, config
 from driver.errors import ConfigError
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
+RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 
 
 def api_client(

@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from driver.kube import RESOURCE_V1
 from hack.kubeletsim.client import (
     STYLES,
     ClaimRequest,
@@ -39,8 +40,6 @@ from hack.kubeletsim.client import (
 )
 
 log = logging.getLogger(__name__)
-
-RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 
 
 @dataclass(frozen=True)
