@@ -145,6 +145,13 @@ def _force_delete_pods(core: client.CoreV1Api, *, namespace: str = "", node: str
 
 
 @pytest.fixture
+def api(cluster: Cluster) -> Iterator[client.ApiClient]:
+    """An admin API client of the cluster, closed after the test."""
+    with cluster.api_client() as a:
+        yield a
+
+
+@pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     name = f"{_dns_label('t-' + request.node.name, 50)}-{secrets.token_hex(3)}"
     with cluster.api_client() as api:

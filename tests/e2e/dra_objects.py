@@ -20,6 +20,23 @@ DRIVER = DEFAULT_DRIVER_NAME
 NODE_LABEL = "tranche.dev/e2e-node"
 
 
+def slice_object(
+    name: str, node: str, driver: str = DRIVER, devices: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A one-slice pool of ``node`` as JSON (one plain device ``gpu-0`` by default)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices if devices is not None else [{"name": "gpu-0"}],
+        },
+    }
+
+
 def list_slices(api: client.ApiClient, node: str, driver: str = DRIVER) -> list[dict[str, Any]]:
     selector = f"spec.nodeName={node},spec.driver={driver}"
     got: Any = client.CustomObjectsApi(api).list_cluster_custom_object(

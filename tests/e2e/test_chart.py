@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from hack.devcluster.pki import Pki
 from tests.conftest import unavailable
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
+from tests.e2e.dra_objects import slice_object
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,12 +64,6 @@ def render(helm: str, release: str, namespace: str, *args: str) -> list[Obj]:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Iterator[client.ApiClient]:
-    with cluster.api_client() as a:
-        yield a
 
 
 @pytest.mark.parametrize("values", sorted(VALUE_SETS))
@@ -135,19 +130,10 @@ def _token_client(cluster: Cluster, token: str) -> client.ApiClient:
     return client.ApiClient(conf, header_name="Authorization", header_value=f"Bearer {token}")
 
 
-def _slice(name: str, node: str, driver: str = "gpu.tranche.dev") -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-        "spec": {"driver": driver, "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                 "devices": [{"name": "gpu-0"}]},
-    }  # fmt: skip
-
-
 def _try_foreign(plugin: client.ApiClient, *, admin: client.ApiClient, name: str, node: str) -> str:
     """The refusal message, or "" after removing the slice if the write still went through."""
     try:
-        request_json(plugin, "POST", SLICES, _slice(name, node))
+        request_json(plugin, "POST", SLICES, slice_object(name, node))
     except client.ApiException as e:
         assert e.status in (403, 422), e
         return str(e.body)
@@ -209,20 +195,23 @@ def test_plugin_token_writes_its_own_nodes_slices_and_nothing_else(
             assert f"on node {node_a} may not write ResourceSlices of node {node_b}" in msg
 
             own = f"{node_a}-gpu.tranche.dev-x"
-            request_json(plugin, "POST", SLICES, _slice(own, node_a))
+            request_json(plugin, "POST", SLICES, slice_object(own, node_a))
             updated = get_json(plugin, f"{SLICES}/{own}")
             updated["spec"]["devices"].append({"name": "gpu-1"})
             request_json(plugin, "PUT", f"{SLICES}/{own}", updated)
 
             msg = _refused(
                 lambda: request_json(
-                    plugin, "POST", SLICES, _slice(f"{node_a}-other", node_a, "other.example.com")
+                    plugin,
+                    "POST",
+                    SLICES,
+                    slice_object(f"{node_a}-other", node_a, "other.example.com"),
                 )
             )
             assert "driver other.example.com" in msg
 
             # Another node's slice, written by the admin, cannot be changed or deleted.
-            request_json(api, "POST", SLICES, _slice(f"{node_b}-admin", node_b))
+            request_json(api, "POST", SLICES, slice_object(f"{node_b}-admin", node_b))
             _refused(lambda: request_json(plugin, "DELETE", f"{SLICES}/{node_b}-admin"))
 
             _refused(lambda: get_json(plugin, f"/api/v1/namespaces/{namespace}/secrets"))

@@ -3,32 +3,16 @@ Lease, and clean-up of this driver's slices whose node is gone."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 from kubernetes import client
 
 from controller.leader import LeaderElector, LeaseConfig
 from controller.slice_gc import collect_orphaned_slices
 from tests.e2e.cluster_state import get_json, request_json
-from tests.e2e.conftest import Cluster
+from tests.e2e.dra_objects import slice_object
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Iterator[client.ApiClient]:
-    with cluster.api_client() as a:
-        yield a
-
-
-def _slice(name: str, node: str, driver: str = "gpu.tranche.dev") -> dict[str, object]:
-    return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-        "spec": {"driver": driver, "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                 "devices": [{"name": "gpu-0"}]},
-    }  # fmt: skip
 
 
 def test_slices_of_a_removed_node_are_deleted_and_others_kept(
@@ -36,9 +20,9 @@ def test_slices_of_a_removed_node_are_deleted_and_others_kept(
 ) -> None:
     live = make_node("gc-live")
     names = {"gone": "gc-gone-gpu", "live": "gc-live-gpu", "other": "gc-gone-other"}
-    request_json(api, "POST", SLICES, _slice(names["gone"], "gc-gone"))
-    request_json(api, "POST", SLICES, _slice(names["live"], live))
-    request_json(api, "POST", SLICES, _slice(names["other"], "gc-gone", "other.example.com"))
+    request_json(api, "POST", SLICES, slice_object(names["gone"], "gc-gone"))
+    request_json(api, "POST", SLICES, slice_object(names["live"], live))
+    request_json(api, "POST", SLICES, slice_object(names["other"], "gc-gone", "other.example.com"))
     try:
         result = collect_orphaned_slices(api, "gpu.tranche.dev")
         assert names["gone"] in result.deleted

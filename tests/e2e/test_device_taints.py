@@ -19,9 +19,10 @@ from kubernetes import client
 from controller import cluster_devices
 from controller.taint_cli import taint_command, untaint_command
 from driver.cli import build_parser
+from driver.kube import RESOURCE_V1
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.test_environment import RESOURCE_V1, wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 

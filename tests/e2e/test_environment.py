@@ -12,19 +12,18 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client
 
+from driver.kube import RESOURCE_V1
 from hack.devcluster.binaries import REPO
 from hack.devcluster.processes import alive
 from tests.e2e.cluster_state import get_json, request_json
-from tests.e2e.conftest import Cluster
+from tests.e2e.dra_objects import slice_object
 from tests.waiting import wait_for
 
 DEV_CLUSTER = str(REPO / "hack" / "dev-cluster")
-RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 
 
 def processes_of(state_dir: Path) -> list[int]:
@@ -41,12 +40,6 @@ def processes_of(state_dir: Path) -> list[int]:
         if marker in cmdline and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Iterator[client.ApiClient]:
-    with cluster.api_client() as a:
-        yield a
 
 
 @pytest.fixture
@@ -76,38 +69,24 @@ def test_discovery_serves_every_dra_kind_in_resource_v1(api: client.ApiClient) -
     } <= kinds
 
 
-def _slice(name: str, driver: str, node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
-
-
 def test_slice_with_invalid_attribute_name_is_rejected(
     api: client.ApiClient, cluster_objects: list[str]
 ) -> None:
     suffix = secrets.token_hex(4)
     driver = f"env-{suffix}.tranche.dev"
-    good = _slice(
+    good = slice_object(
         f"env-good-{suffix}",
-        driver,
         f"node-{suffix}",
+        driver,
         [{"name": "gpu-0", "attributes": {"productName": {"string": "H100"}}}],
     )
     request_json(api, "POST", f"{RESOURCE_V1}/resourceslices", good)
     cluster_objects.append(f"{RESOURCE_V1}/resourceslices/{good['metadata']['name']}")
 
-    bad = _slice(
+    bad = slice_object(
         f"env-bad-{suffix}",
-        driver,
         f"node-{suffix}",
+        driver,
         [{"name": "gpu-0", "attributes": {"product name!": {"string": "H100"}}}],
     )
     with pytest.raises(client.ApiException) as err:
@@ -140,7 +119,10 @@ def test_template_claim_is_generated_allocated_bound_and_released(
         {"name": f"gpu-{i}", "attributes": {"index": {"int": i}}, "capacity": {}} for i in (0, 1)
     ]
     request_json(
-        api, "POST", f"{RESOURCE_V1}/resourceslices", _slice(f"env-{suffix}", driver, node, devices)
+        api,
+        "POST",
+        f"{RESOURCE_V1}/resourceslices",
+        slice_object(f"env-{suffix}", node, driver, devices),
     )
     cluster_objects.append(f"{RESOURCE_V1}/resourceslices/env-{suffix}")
 

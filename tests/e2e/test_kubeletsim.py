@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from driver.kube import RESOURCE_V1
 from hack.kubeletsim import KubeletSimulator
 from kubelet_plugin.grpc_server import PluginServer
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.test_environment import RESOURCE_V1, wait_for
+from tests.e2e.dra_objects import slice_object
 from tests.unit.kubelet_doubles import RecordingDriver
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -29,20 +31,6 @@ def kubelet_root() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="kl", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _slice(name: str, driver: str, node: str) -> dict[str, object]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0"}],
-        },
-    }
 
 
 def _missing(api: client.ApiClient, path: str) -> bool:
@@ -69,7 +57,7 @@ def test_simulated_kubelet_prepares_runs_and_unprepares_a_pod(
             api,
             "POST",
             f"{RESOURCE_V1}/resourceslices",
-            _slice(f"stale-{suffix}", driver_name, node),
+            slice_object(f"stale-{suffix}", node, driver_name),
         )
         server = PluginServer(driver_name, kubelet_root, driver)
         sim = KubeletSimulator(node, kubelet_root, api, version_style="1.37")
@@ -97,7 +85,7 @@ def test_simulated_kubelet_prepares_runs_and_unprepares_a_pod(
                 api,
                 "POST",
                 f"{RESOURCE_V1}/resourceslices",
-                _slice(f"live-{suffix}", driver_name, node),
+                slice_object(f"live-{suffix}", node, driver_name),
             )
             claim = {
                 "apiVersion": "resource.k8s.io/v1",

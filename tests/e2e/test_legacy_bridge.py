@@ -26,22 +26,16 @@ from controller.webhook_pods import ANNOTATION_REWRITTEN
 from controller.webhook_server import MUTATE_PODS_PATH
 from driver.bridge import bridge_device_class
 from driver.inventory import Inventory, build_inventory
+from driver.kube import RESOURCE_V1
 from driver.nvml.sim import create_state, open_simulated
 from tests.e2e.cluster_state import get_json, request_json
-from tests.e2e.conftest import Cluster
-from tests.e2e.dra_objects import NODE_LABEL, publishing, wait_for
+from tests.e2e.dra_objects import NODE_LABEL, publishing
 from tests.e2e.test_trust_admission import ROOT, _docs
+from tests.waiting import wait_for
 
 RES = ("resource.k8s.io", "v1")
-RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 Obj = dict[str, Any]
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Iterator[client.ApiClient]:
-    with cluster.api_client() as a:
-        yield a
 
 
 def _inventory(profile: str) -> Inventory:

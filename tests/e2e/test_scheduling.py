@@ -4,7 +4,7 @@ on Tranche's attributes, NVLink peers, and MIG slots as partitionable devices.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -12,7 +12,6 @@ from kubernetes import client
 
 from driver.inventory import Inventory, MigDevice, build_inventory
 from driver.nvml.sim import create_state, open_simulated
-from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import (
     NODE_LABEL,
     allocated_devices,
@@ -27,12 +26,6 @@ from tests.waiting import wait_for
 
 A = 'device.attributes["gpu.tranche.dev"]'
 C = 'device.capacity["gpu.tranche.dev"]'
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Iterator[client.ApiClient]:
-    with cluster.api_client() as a:
-        yield a
 
 
 def _node(make_node: Callable[..., str], name: str) -> str:

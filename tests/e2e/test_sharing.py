@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,9 @@ from kubelet_plugin.claim_status import ClaimStatusWriter
 from kubelet_plugin.dra_driver import ApiClaimReader
 from kubelet_plugin.publisher import Backoff, Publisher
 from tests.e2e.conftest import Cluster
-from tests.e2e.dra_objects import DRIVER, GROUP, NODE_LABEL, VERSION, unschedulable, wait_for
+from tests.e2e.dra_objects import DRIVER, GROUP, NODE_LABEL, VERSION, unschedulable
+from tests.e2e.sim_nodes import kubectl
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -122,15 +123,7 @@ def _apply(cluster: Cluster, ns: str, example: str, node: str, pods: int = 1) ->
             body["spec"]["terminationGracePeriodSeconds"] = 0
             docs.append(body)
             names.append(body["metadata"]["name"])
-    subprocess.run(
-        [str(Path(cluster.bin_dir) / "kubectl"), "--kubeconfig", cluster.kubeconfig,
-         "create", "-f", "-"],
-        input=yaml.safe_dump_all(docs),
-        text=True,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )  # fmt: skip
+    kubectl(cluster, "create", "-f", "-", stdin=yaml.safe_dump_all(docs))
     return names
 
 

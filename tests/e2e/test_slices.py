@@ -20,9 +20,10 @@ from hack.devcluster.pki import Pki
 from kubelet_plugin.publisher import Backoff, Publisher
 from tests.e2e.cluster_state import request_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.dra_objects import DRIVER, GROUP, VERSION, list_slices, publishing, wait_for
+from tests.e2e.dra_objects import DRIVER, GROUP, VERSION, list_slices, publishing
 from tests.e2e.tcp_relay import TcpRelay
 from tests.unit.gpu_values import SYSTEM, h100, l4
+from tests.waiting import wait_for
 
 
 def _sim_inventory(profile: str) -> Any:
