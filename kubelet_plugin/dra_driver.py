@@ -14,27 +14,23 @@ NodeUnprepareResources needs no read: the checkpoint has everything.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-import urllib3
 from kubernetes.client import ApiClient, ResourceV1Api
-from kubernetes.client.exceptions import ApiException
 
 from driver.api import ClaimRef, PrepareResult, UnprepareResult
 from driver.errors import ApiUnavailable, ClaimError, TrancheError, TrustViolation
 from driver.metrics import Metrics
 from driver.state import DeviceState
 from driver.trust import DEFAULT_LEVEL, ColocationRefused, Tenancy, TrustLevel, resolve_tenants
+from kubelet_plugin.api_read import READ_TIMEOUT_S, read_raw
 from kubelet_plugin.event_recorder import EventRecorder, ObjectRef
 from kubelet_plugin.namespace_reader import NamespaceReader
 
 log = logging.getLogger(__name__)
-
-READ_TIMEOUT_S = 10.0
 
 
 class ClaimReader(Protocol):
@@ -51,32 +47,13 @@ class ApiClaimReader:
         self._timeout_s = timeout_s
 
     def read(self, ref: ClaimRef) -> Mapping[str, Any]:
-        key = f"{ref.namespace}/{ref.name}"
-        try:
-            response: Any = self._api.read_namespaced_resource_claim(
-                ref.name,
-                ref.namespace,
-                _preload_content=False,
-                _request_timeout=self._timeout_s,
-            )
-            body = json.loads(response.data)
-        except ApiException as e:
-            if e.status == 404:
-                raise ClaimError(
-                    f"claim {key}: not found on the API server (deleted before it was prepared)"
-                ) from e
-            raise ApiUnavailable(
-                f"claim {key}: reading it from the API server failed: HTTP {e.status} {e.reason}"
-            ) from e
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise ApiUnavailable(
-                f"claim {key}: the API server is unreachable ({type(e).__name__}: {e})"
-            ) from e
-        except ValueError as e:
-            raise ApiUnavailable(f"claim {key}: the API server sent invalid JSON: {e}") from e
-        if not isinstance(body, dict):
-            raise ApiUnavailable(f"claim {key}: the API server sent {type(body).__name__}")
-        return body
+        return read_raw(
+            f"claim {ref.namespace}/{ref.name}",
+            lambda: self._api.read_namespaced_resource_claim(
+                ref.name, ref.namespace, _preload_content=False, _request_timeout=self._timeout_s
+            ),
+            missing=" (deleted before it was prepared)",
+        )
 
 
 TRUST_EVENT_REASON = "TrustViolation"

@@ -9,18 +9,13 @@ the same label, so the tenant's strictest level applies
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import urllib3
 from kubernetes.client import ApiClient, CoreV1Api
-from kubernetes.client.exceptions import ApiException
 
-from driver.errors import ApiUnavailable, ClaimError
 from driver.trust import LABEL_TENANT
-
-READ_TIMEOUT_S = 10.0
+from kubelet_plugin.api_read import READ_TIMEOUT_S, read_raw
 
 Labels = Mapping[str, str]
 
@@ -74,25 +69,5 @@ class ApiNamespaceReader:
         return {"_preload_content": False, "_request_timeout": self._timeout_s}
 
     def _get(self, where: str, call: Callable[[], Any]) -> Mapping[str, Any]:
-        try:
-            response: Any = call()
-            body = json.loads(response.data)
-        except ApiException as e:
-            if e.status == 404:
-                raise ClaimError(
-                    f"{where}: not found on the API server; its trust level is unknown"
-                ) from e
-            raise ApiUnavailable(
-                f"{where}: reading it from the API server failed: HTTP {e.status} {e.reason}; "
-                "its trust level is unknown"
-            ) from e
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise ApiUnavailable(
-                f"{where}: the API server is unreachable ({type(e).__name__}: {e}); "
-                "its trust level is unknown"
-            ) from e
-        except ValueError as e:
-            raise ApiUnavailable(f"{where}: the API server sent invalid JSON: {e}") from e
-        if not isinstance(body, dict):
-            raise ApiUnavailable(f"{where}: the API server sent {type(body).__name__}")
-        return body
+        unknown = "; its trust level is unknown"
+        return read_raw(where, call, missing=unknown, unknown=unknown)
