@@ -27,6 +27,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from driver.nvml.decode import recovery_action as recovery_action_name
+
 
 class FaultClass(enum.StrEnum):
     APPLICATION = "application"
@@ -84,26 +86,13 @@ RECOVERY_ACTION_CLASS: dict[str, FaultClass] = {
     "SYSTEM_REBOOT": FaultClass.UNCONTAINED,
 }
 
-_RECOVERY_ACTION_VALUES = (
-    "NONE",
-    "GPU_RESET",
-    "NODE_REBOOT",
-    "DRAIN_P2P",
-    "DRAIN_AND_RESET",
-    "RECOVER_IMEX_DOMAIN",
-    "BUS_RESET",
-    "SYSTEM_REBOOT",
-)
-
 
 def normalise_recovery_action(action: str | int | None) -> str | None:
     """``"nvml_gpu_recovery_action_gpu_reset"``, ``"gpu-reset"`` or ``1`` → ``"GPU_RESET"``."""
     if action is None:
         return None
     if isinstance(action, int):
-        return (
-            _RECOVERY_ACTION_VALUES[action] if 0 <= action < len(_RECOVERY_ACTION_VALUES) else None
-        )
+        return recovery_action_name(action)
     name = action.strip().upper().replace("-", "_")
     name = name.removeprefix("NVML_GPU_RECOVERY_ACTION_").removeprefix("NVML_RECOVERY_ACTION_")
     if name.isdigit():
