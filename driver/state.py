@@ -111,6 +111,16 @@ class Reconciler(Protocol):
     def reconcile(self, plans: Sequence[Plan]) -> Sequence[str]: ...
 
 
+def check_gpu_usable(probe: Callable[[str], DeviceProbe], step: AttachGpu) -> None:
+    """NvmlError naming the device unless the step's GPU answers NVML healthy."""
+    found = probe(step.gpu_uuid)
+    if not found.healthy:
+        raise NvmlError(
+            f"device {step.device}: GPU {step.gpu_uuid} is not usable: {found.detail}",
+            found.code,
+        )
+
+
 class AttachGpuHandler:
     """Whole GPUs: check the GPU answers NVML; nothing to change, nothing to undo."""
 
@@ -119,12 +129,7 @@ class AttachGpuHandler:
 
     def apply(self, step: Step, plan: Plan) -> StepOutcome:
         assert isinstance(step, AttachGpu)
-        probe = self._nvml.probe(step.gpu_uuid)
-        if not probe.healthy:
-            raise NvmlError(
-                f"device {step.device}: GPU {step.gpu_uuid} is not usable: {probe.detail}",
-                probe.code,
-            )
+        check_gpu_usable(self._nvml.probe, step)
         return StepOutcome(uuids={step.device: step.gpu_uuid})
 
     def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:

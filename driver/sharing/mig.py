@@ -32,7 +32,7 @@ from driver.files import write_atomic
 from driver.inventory import Inventory, MigDevice
 from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
 from driver.plan import AttachGpu, AttachMigDevice, CreateMigDevice, Plan, Step
-from driver.state import StepOutcome
+from driver.state import StepOutcome, check_gpu_usable
 
 log = logging.getLogger(__name__)
 
@@ -321,12 +321,7 @@ class WholeGpuHandler:
 
     def apply(self, step: Step, plan: Plan) -> StepOutcome:
         assert isinstance(step, AttachGpu)
-        probe = self._nvml.probe(step.gpu_uuid)
-        if not probe.healthy:
-            raise NvmlError(
-                f"device {step.device}: GPU {step.gpu_uuid} is not usable: {probe.detail}",
-                probe.code,
-            )
+        check_gpu_usable(self._nvml.probe, step)
         gpu = self._nvml.gpu(step.gpu_uuid)
         if gpu.mig_enabled:
             if gpu.mig_instances or not gpu.mig_toggle_without_reset:
