@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import os
 import secrets
 import subprocess
 from collections.abc import Callable
@@ -24,6 +26,7 @@ from kubernetes import client
 
 from driver.bridge import bridge_device_class
 from hack.devcluster.pki import Pki
+from kubelet_plugin import settings as plugin_settings
 from tests.conftest import unavailable
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
@@ -98,6 +101,36 @@ def test_daemonset_rolls_with_surge_on_gpu_nodes_at_node_critical_priority(helm:
     paths = {v["hostPath"]["path"] for v in pod["volumes"]}
     assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi",
             "/dev", "/"} <= paths  # fmt: skip
+
+
+def test_plugin_values_reach_the_plugin_as_settings_it_accepts(
+    helm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objs = render(
+        helm, "tranche", "tranche",
+        "--set-json", 'kubeletPlugin.sharing={"groups": ["team-a"], "maxShares": 4}',
+        "--set", "kubeletPlugin.healthPolicy=quiet_seconds: 30",
+        "--set", "kubeletPlugin.devicePluginCheck=false",
+        "--set", "kubeletPlugin.defaultTrustLevel=shared",
+    )  # fmt: skip
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    env = {
+        e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    for name in [n for n in os.environ if n.startswith("TRANCHE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name.startswith("TRANCHE_") and value is not None:
+            monkeypatch.setenv(name, value)
+    parser = argparse.ArgumentParser()
+    plugin_settings.add_arguments(parser)
+    settings = plugin_settings.settings_from_args(parser.parse_args(["--node-name", "n1"]))
+    assert settings.sharing.groups == ("team-a",)
+    assert settings.sharing.max_shares == 4
+    assert settings.health_policy.quiet_seconds == 30
+    assert settings.device_plugin_check is False
+    assert settings.default_trust_level == "shared"
+    assert settings.nvml == "real"
 
 
 def test_chart_ships_the_repository_device_classes_policy_and_bridge_classes(helm: str) -> None:

@@ -24,3 +24,12 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- define "tranche.tlsSecret" -}}
 {{ .Release.Name }}-webhook-tls
 {{- end }}
+
+{{- /* A plugin setting that takes JSON/YAML text: a string as it is, a map or list as JSON. */ -}}
+{{- define "tranche.configValue" -}}
+{{- if kindIs "string" . -}}
+{{ . | quote }}
+{{- else -}}
+{{ toJson . | quote }}
+{{- end -}}
+{{- end }}
