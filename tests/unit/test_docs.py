@@ -1,0 +1,101 @@
+"""The user docs and the Helm chart stay true to the code: every plugin flag documented
+with its environment twin and default, every fault point listed, every doc linked from
+the README, and the chart setting only environment variables the processes read."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from controller import controller_settings
+from driver.faults import POINTS
+from driver.flags import env_name
+from kubelet_plugin import settings as plugin_settings
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+CHART = REPO / "deploy" / "helm" / "tranche" / "templates"
+BEGIN, END = "<!-- flags:begin -->", "<!-- flags:end -->"
+
+
+def parser_of(
+    add_arguments: Callable[[argparse.ArgumentParser], None], monkeypatch: pytest.MonkeyPatch
+) -> argparse.ArgumentParser:
+    """The command's parser with the built-in defaults (no TRANCHE_* variable set)."""
+    for name in [n for n in os.environ if n.startswith("TRANCHE_")]:
+        monkeypatch.delenv(name)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser
+
+
+def flag_table(parser: argparse.ArgumentParser) -> str:
+    """The Markdown table docs/kubelet-plugin.md carries between its flags markers."""
+    rows = ["| Flag | Environment | Default | Meaning |", "| --- | --- | --- | --- |"]
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        flag = action.option_strings[0]
+        meaning = re.sub(r" \[env [A-Z_]+\].*$", "", action.help or "")
+        if action.choices:
+            meaning += "; one of " + ", ".join(f"`{c}`" for c in action.choices)
+        if isinstance(action, argparse.BooleanOptionalAction):
+            name, default = f"`--[no-]{flag[2:]}`", "on" if action.default else "off"
+        else:
+            name = f"`{flag}`"
+            default = f"`{action.default}`" if action.default not in (None, "") else "—"
+        meaning = meaning.replace("|", "\\|").replace("<", "&lt;")
+        rows.append(f"| {name} | `{env_name(flag)}` | {default} | {meaning} |")
+    return "\n".join(rows)
+
+
+def env_twins(add_arguments: Callable[[argparse.ArgumentParser], None]) -> set[str]:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return {env_name(a.option_strings[0]) for a in parser._actions if a.dest != "help"}
+
+
+def test_every_plugin_flag_is_documented_with_its_twin_and_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text = (DOCS / "kubelet-plugin.md").read_text()
+    documented = text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip()
+    expected = flag_table(parser_of(plugin_settings.add_arguments, monkeypatch))
+    assert documented == expected, (
+        f"docs/kubelet-plugin.md is out of date; put this between {BEGIN} and {END}:\n\n"
+        f"{expected}\n"
+    )
+
+
+def test_every_fault_point_is_listed_in_the_checkpoint_doc() -> None:
+    text = (DOCS / "checkpoint.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z-]+:[a-z-]+)` \|", text, flags=re.MULTILINE))
+    assert listed == set(POINTS)
+
+
+def test_the_readme_links_every_doc() -> None:
+    readme = (REPO / "README.md").read_text()
+    missing = [p.name for p in sorted(DOCS.glob("*.md")) if f"(docs/{p.name})" not in readme]
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("template", "add_arguments", "other"),
+    [
+        ("kubelet-plugin-daemonset.yaml", plugin_settings.add_arguments, set()),
+        ("controller.yaml", controller_settings.add_arguments, {"POD_NAME"}),
+    ],
+)
+def test_the_chart_sets_only_variables_the_process_reads(
+    template: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    other: set[str],
+) -> None:
+    text = (CHART / template).read_text()
+    set_by_chart = set(re.findall(r"name: ([A-Z][A-Z0-9_]+)", text)) - {"LD_LIBRARY_PATH"}
+    assert set_by_chart - env_twins(add_arguments) == other
