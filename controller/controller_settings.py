@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import re
 import socket
 from pathlib import Path
 
@@ -22,19 +21,10 @@ from pydantic import (
 )
 
 from driver.errors import ConfigError
-from driver.flags import add_flag, add_switch
+from driver.flags import add_flag, add_switch, parse_address
 from driver.slices import DEFAULT_DRIVER_NAME
 
-_ADDRESS = re.compile(r"^(?P<host>[^:]*|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-def parse_address(value: str, field: str) -> tuple[str, int]:
-    """``"127.0.0.1:8443"`` / ``":8443"`` → (host, port); host defaults to all interfaces."""
-    m = _ADDRESS.match(value)
-    if not m or not 0 <= int(m["port"]) <= 65535:
-        raise ConfigError(f"{field}: {value!r} is not HOST:PORT")
-    return (m["host"].strip("[]") or "0.0.0.0", int(m["port"]))
 
 
 def _default_namespace() -> str:

@@ -27,7 +27,6 @@ from controller.controller_metrics import ControllerMetrics
 from controller.controller_settings import (
     ControllerSettings,
     add_arguments,
-    parse_address,
     settings_from_args,
 )
 from controller.leader import LeaderElector, LeaseConfig
@@ -36,6 +35,7 @@ from controller.webhook_server import WebhookServer
 from controller.webhook_tls import WebhookTls
 from driver.cli import Command
 from driver.errors import TrancheError
+from driver.flags import parse_address
 from driver.kube import api_client
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping
+from pathlib import Path
+
+from driver.errors import ConfigError
+
+_ADDRESS = re.compile(r"^(?P<host>[^:]*|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
 
 
 def env_name(flag: str) -> str:
@@ -51,3 +57,22 @@ def add_switch(
     parser.add_argument(
         flag, action=argparse.BooleanOptionalAction, default=default, help=f"{help} [env {name}]"
     )
+
+
+def parse_address(value: str, field: str) -> tuple[str, int]:
+    """``"127.0.0.1:9400"`` / ``":9400"`` → (host, port); host defaults to all interfaces."""
+    m = _ADDRESS.match(value)
+    if not m or not 0 <= int(m["port"]) <= 65535:
+        raise ConfigError(f"{field}: {value!r} is not HOST:PORT")
+    return (m["host"].strip("[]") or "0.0.0.0", int(m["port"]))
+
+
+def flag_text(value: str, source: str) -> tuple[str, str]:
+    """A flag that takes inline text or ``@FILE``: (the text, ``source`` naming the file)."""
+    if not value.startswith("@"):
+        return value, source
+    path = Path(value[1:])
+    try:
+        return path.read_text(encoding="utf-8"), f"{source} ({path})"
+    except OSError as e:
+        raise ConfigError(f"{source}: cannot read {path}: {e.strerror}") from e

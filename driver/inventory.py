@@ -29,6 +29,7 @@ import yaml
 from pydantic import Field, RootModel, ValidationError, field_validator
 
 from driver.errors import ConfigError, DeviceNotFound
+from driver.flags import flag_text
 from driver.nvml.types import GpuInfo, MigInstance, MigProfile, SystemInfo
 
 
@@ -404,15 +405,8 @@ def parse_advertise(value: str | None, env_source: str = "--advertise") -> Adver
     """``value`` is inline JSON/YAML or ``@path``; empty gives the default."""
     if not value:
         return AdvertiseConfig()
-    if value.startswith("@"):
-        path = value[1:]
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise ConfigError(f"{env_source}: cannot read {path}: {e.strerror}") from e
-        return AdvertiseConfig.parse(text, source=f"{env_source} ({path})")
-    return AdvertiseConfig.parse(value, source=env_source)
+    text, source = flag_text(value, env_source)
+    return AdvertiseConfig.parse(text, source=source)
 
 
 def summary(inventory: Inventory) -> Mapping[str, int]:

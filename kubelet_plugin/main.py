@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from driver.cli import Command
 from driver.errors import ConfigError, TrancheError
+from driver.flags import parse_address
 from driver.kube import api_client
 from driver.logs import configure
 from driver.metrics import Metrics
@@ -31,7 +32,6 @@ from kubelet_plugin.node import NodePlugin
 from kubelet_plugin.settings import (
     PluginSettings,
     add_arguments,
-    parse_address,
     settings_from_args,
 )
 

@@ -15,22 +15,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from driver.errors import ConfigError
-from driver.flags import add_flag, add_switch
+from driver.flags import add_flag, add_switch, flag_text, parse_address
 from driver.health_policy import HealthPolicy
 from driver.inventory import AdvertiseConfig, parse_advertise
 from driver.sharing import SharingConfig, parse_sharing
 from driver.slices import DEFAULT_DRIVER_NAME
 from driver.trust import TrustLevel
-
-_ADDRESS = re.compile(r"^(?P<host>[^:]*|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
-
-
-def parse_address(value: str, field: str) -> tuple[str, int]:
-    """``"127.0.0.1:9400"`` / ``":9400"`` → (host, port); host defaults to all interfaces."""
-    m = _ADDRESS.match(value)
-    if not m or not 0 <= int(m["port"]) <= 65535:
-        raise ConfigError(f"{field}: {value!r} is not HOST:PORT")
-    return (m["host"].strip("[]") or "0.0.0.0", int(m["port"]))
 
 
 class PluginSettings(BaseModel):
@@ -178,18 +168,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_health_policy(value: str) -> HealthPolicy:
     """``--health-policy``: inline JSON/YAML or ``@FILE``; empty means the defaults."""
-    text = value
-    if value.startswith("@"):
-        try:
-            text = Path(value[1:]).read_text()
-        except OSError as e:
-            raise ConfigError(f"--health-policy {value}: cannot read: {e.strerror}") from e
+    text, source = flag_text(value, "--health-policy")
     if not text.strip():
         return HealthPolicy()
     try:
         return HealthPolicy.model_validate(yaml.safe_load(text))
     except (ValidationError, yaml.YAMLError) as e:
-        raise ConfigError(f"--health-policy: {e}") from e
+        raise ConfigError(f"{source}: {e}") from e
 
 
 def settings_from_args(args: argparse.Namespace) -> PluginSettings:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from driver.config import Bytes
 from driver.errors import ConfigError
+from driver.flags import flag_text
 from driver.trust import MAX_SHARING_GROUP_LENGTH
 
 DEFAULT_MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -68,14 +69,7 @@ def parse_sharing(value: str | None, source: str = "--sharing") -> SharingConfig
     """``value`` is inline JSON/YAML or ``@path``; empty gives the defaults (no shares)."""
     if not value or not value.strip():
         return SharingConfig()
-    text = value
-    if value.startswith("@"):
-        path = Path(value[1:])
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"{source}: cannot read {path}: {e.strerror}") from e
-        source = f"{source} ({path})"
+    text, source = flag_text(value, source)
     try:
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as e:
