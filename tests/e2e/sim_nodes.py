@@ -23,6 +23,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from hack.devcluster.nodes import add_node
 from hack.kubeletsim import KubeletSimulator
 from hack.simnode import SimNode, SimNodeConfig
 from tests.e2e.cluster_state import get_json
@@ -84,27 +85,20 @@ class PluginNode:
         }
 
 
-@pytest.fixture
-def sim_node(
-    cluster: Cluster, make_node: Callable[..., str], device_classes: None
-) -> Iterator[Callable[..., PluginNode]]:
-    """A factory: ``sim_node(profile=, version_style=, extra_args=, env=, before_start=)``."""
-    started: list[PluginNode] = []
-    roots: list[Path] = []
+@contextlib.contextmanager
+def plugin_node(
+    cluster: Cluster,
+    name: str,
+    profile: str = "dgx-h100",
+    version_style: str = "1.37",
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> Iterator[PluginNode]:
+    """The real plugin for the existing Node ``name`` plus the kubelet simulator; both
+    stopped and the node's files removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="sn", dir="/tmp"))
     api = cluster.api_client()
-
-    def start(
-        profile: str = "dgx-h100",
-        version_style: str = "1.37",
-        extra_args: tuple[str, ...] = (),
-        env: dict[str, str] | None = None,
-        before_start: Callable[[str], None] | None = None,
-    ) -> PluginNode:
-        name = make_node(f"gpu-{secrets.token_hex(3)}")
-        if before_start is not None:
-            before_start(name)
-        root = Path(tempfile.mkdtemp(prefix="sn", dir="/tmp"))
-        roots.append(root)
+    try:
         node = SimNode(
             SimNodeConfig(
                 node_name=name,
@@ -116,21 +110,64 @@ def sim_node(
             )
         )
         kubelet = KubeletSimulator(name, node.kubelet_root, api, version_style=version_style)
-        pn = PluginNode(name, node, kubelet, api)
-        started.append(pn)
-        kubelet.start()
-        node.start()
-        return pn
-
-    try:
-        yield start
+        try:
+            kubelet.start()
+            node.start()
+            yield PluginNode(name, node, kubelet, api)
+        finally:
+            kubelet.stop()
+            node.stop()
     finally:
-        for pn in started:
-            pn.kubelet.stop()
-            pn.node.stop()
         api.close()  # type: ignore[no-untyped-call]
-        for root in roots:
-            shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def node_with_plugin(cluster: Cluster, prefix: str, **plugin: Any) -> Iterator[PluginNode]:
+    """A fresh Ready Node running the real plugin (``plugin_node`` arguments), for a whole
+    test module; the pods bound to it and the Node are deleted afterwards."""
+    kubectl(cluster, "apply", "--server-side", "-f", str(DEVICE_CLASSES))
+    name = f"{prefix}-{secrets.token_hex(3)}"
+    with cluster.api_client() as api:
+        add_node(api, name)
+        try:
+            with plugin_node(cluster, name, **plugin) as pn:
+                yield pn
+        finally:
+            core = client.CoreV1Api(api)
+            pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}")
+            for pod in pods.items:
+                meta = pod.metadata or client.V1ObjectMeta()
+                with contextlib.suppress(client.ApiException):
+                    core.delete_namespaced_pod(
+                        str(meta.name), str(meta.namespace), grace_period_seconds=0
+                    )
+            with contextlib.suppress(client.ApiException):
+                core.delete_node(name)
+
+
+@pytest.fixture
+def sim_node(
+    cluster: Cluster, make_node: Callable[..., str], device_classes: None
+) -> Iterator[Callable[..., PluginNode]]:
+    """A factory: ``sim_node(profile=, version_style=, extra_args=, env=, before_start=)``."""
+    with contextlib.ExitStack() as stack:
+
+        def start(
+            profile: str = "dgx-h100",
+            version_style: str = "1.37",
+            extra_args: tuple[str, ...] = (),
+            env: dict[str, str] | None = None,
+            before_start: Callable[[str], None] | None = None,
+        ) -> PluginNode:
+            name = make_node(f"gpu-{secrets.token_hex(3)}")
+            if before_start is not None:
+                before_start(name)
+            return stack.enter_context(
+                plugin_node(cluster, name, profile, version_style, extra_args, env)
+            )
+
+        yield start
 
 
 def apply_example(cluster: Cluster, file: str, namespace: str, node: str) -> list[dict[str, Any]]:
