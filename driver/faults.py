@@ -28,6 +28,8 @@ POINTS = (
     "unprepare:after-cdi-removed",
     "unprepare:after-removed",
     "checkpoint:before-replace",
+    "checkpoint:before-remove",
+    "checkpoint:after-convert",
     "cdi:before-replace",
     "mig:after-intent",
     "mig:after-create",

@@ -273,7 +273,7 @@ class DeviceState:
             self._thread_lock.release()
 
     def _load(self) -> CheckpointData:
-        state, status = self.checkpoint.load()
+        state, status = self.checkpoint.load(locked=True)
         if status.kind == "corrupt":
             log.error("checkpoint problem kind=%s message=%s", status.kind, status.message)
         return state
@@ -311,7 +311,7 @@ class DeviceState:
         try:
             with self._locked():
                 return self._prepare_locked(ref, planned, problem, tenancy, on_refused)
-        except TrancheError as e:
+        except (TrancheError, OSError) as e:
             return PrepareResult(error=f"claim {ref.namespace}/{ref.name}: {e}")
 
     def _prepare_locked(
@@ -361,8 +361,8 @@ class DeviceState:
             trust_level=tenancy.level.value if tenancy else None,
             sharing_group=tenancy.sharing_group if tenancy else None,
         )
+        self.checkpoint.put(record)
         state.claims[ref.uid] = record
-        self.checkpoint.save(state)
         self._faults.reached("prepare:after-started")
         try:
             devices, uuids = self._apply(ref, plan)
@@ -370,13 +370,18 @@ class DeviceState:
             log.warning("prepare failed claim_uid=%s error=%s; rolling back", ref.uid, e)
             self._roll_back(state, record)
             return PrepareResult(error=f"claim {allocation.key}: {e}")
-        record.state = "PrepareCompleted"
-        record.completed_at = self._clock()
-        record.devices = devices
-        record.device_uuids = uuids
-        record.allocation = _allocation_record(allocation, plan, uuids, record.completed_at)
-        record.allocation.tenant = record.tenant
-        self.checkpoint.save(state)
+        completed_at = self._clock()
+        allocated = _allocation_record(allocation, plan, uuids, completed_at)
+        record = record.model_copy(
+            update={
+                "state": "PrepareCompleted",
+                "completed_at": completed_at,
+                "devices": devices,
+                "device_uuids": uuids,
+                "allocation": allocated.model_copy(update={"tenant": record.tenant}),
+            }
+        )
+        self.checkpoint.put(record)
         self._faults.reached("prepare:after-completed")
         log.info("prepared claim_uid=%s claim=%s devices=%d", ref.uid, allocation.key, len(devices))
         return _answer(record)
@@ -410,8 +415,8 @@ class DeviceState:
         """Undo a claim's steps, remove its spec and record; keep it if an undo fails."""
         self._undo(state, record)
         self.cdi.remove(record.uid)
+        self.checkpoint.remove(record.uid)
         state.claims.pop(record.uid, None)
-        self.checkpoint.save(state)
         log.info("rolled back claim_uid=%s state=%s", record.uid, record.state)
 
     def _undo(self, state: CheckpointData, record: ClaimRecord) -> None:
@@ -440,11 +445,10 @@ class DeviceState:
                 self._undo(state, record)
                 self.cdi.remove(ref.uid)
                 self._faults.reached("unprepare:after-cdi-removed")
+                ended = None
                 if record.allocation is not None:
-                    record.allocation.unprepared_at = self._clock()
-                    state.history.append(record.allocation)
-                del state.claims[ref.uid]
-                self.checkpoint.save(state)
+                    ended = record.allocation.model_copy(update={"unprepared_at": self._clock()})
+                self.checkpoint.remove(ref.uid, ended)
                 self._faults.reached("unprepare:after-removed")
         except (TrancheError, OSError) as e:
             return UnprepareResult(error=f"claim {ref.namespace}/{ref.name}: {e}")
@@ -464,7 +468,7 @@ class DeviceState:
         """
         with self._locked():
             self.checkpoint.remove_temporaries()
-            state, status = self.checkpoint.load()
+            state, status = self.checkpoint.load(locked=True)
             rolled_back, revalidated, failed = [], [], {}
             for record in list(state.claims.values()):
                 if record.state == "PrepareStarted":
@@ -477,12 +481,13 @@ class DeviceState:
                     ref = ClaimRef(record.uid, record.namespace, record.name)
                     try:
                         _, uuids = self._apply(ref, record.plan)
-                        record.device_uuids = uuids
+                        state.claims[record.uid] = record.model_copy(update={"device_uuids": uuids})
                         revalidated.append(record.uid)
                     except (TrancheError, OSError) as e:
                         failed[record.uid] = str(e)
                         log.error("re-validation failed claim_uid=%s error=%s", record.uid, e)
-            self.checkpoint.save(state)
+            if status.kind == "other-boot":
+                self.checkpoint.save(state)  # every claim now carries this boot's id
             reconciled = self._reconcile(state)
             removed = self.cdi.sweep(
                 uid for uid, r in state.claims.items() if r.state == "PrepareCompleted"

@@ -330,6 +330,10 @@ class Nvml:
         )
         return bool(applied)
 
+    def mig_enabled(self, uuid: str) -> bool:
+        """Whether MIG mode is on now (False where the GPU has no MIG): one NVML call."""
+        return self._mig_mode(self.handle(uuid), uuid)[1]
+
     def mig_instances(self, parent_uuid: str) -> tuple[MigInstance, ...]:
         """The MIG devices (GI with a CI) that exist on a GPU; empty when MIG is off."""
         h = self.handle(parent_uuid)

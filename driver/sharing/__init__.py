@@ -47,7 +47,7 @@ SIM_MIG_MINORS = "mig-minors"
 class SharingNvml(Protocol):
     """The NVML facade surface (:class:`driver.nvml.facade.Nvml`) sharing needs."""
 
-    def gpu(self, uuid: str) -> GpuInfo: ...
+    def mig_enabled(self, uuid: str) -> bool: ...
 
     def list_gpus(self) -> list[GpuInfo]: ...
 
@@ -109,8 +109,8 @@ class SharingNode:
         self.supervisor = MpsSupervisor(self.daemons, config.mps_check_interval_s)
         self.mps_enforced = mps_memory_enforced(inventory.system, config.cgroup_root)
         self.handlers: dict[str, StepHandler] = {
-            "attach-gpu": WholeGpuHandler(nvml),
-            "attach-mig": AttachMigHandler(nvml, caps),
+            "attach-gpu": WholeGpuHandler(nvml, inventory),
+            "attach-mig": AttachMigHandler(nvml, inventory, caps),
             "create-mig": CreateMigHandler(
                 nvml, inventory, MigJournal(state_dir / MIG_JOURNAL, faults), caps, faults
             ),

@@ -29,7 +29,7 @@ from driver.cdi import ContainerEdits, mig_caps_minors
 from driver.errors import ClaimError, NvmlError
 from driver.faults import NO_FAULTS, FaultPoints
 from driver.files import write_atomic
-from driver.inventory import Inventory, MigDevice
+from driver.inventory import GpuDevice, Inventory, MigDevice
 from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
 from driver.plan import AttachGpu, AttachMigDevice, CreateMigDevice, Plan, Step
 from driver.state import StepOutcome, check_gpu_usable
@@ -42,7 +42,7 @@ CAPS_DIR = "/dev/nvidia-caps"
 class MigControl(Protocol):
     """The part of :class:`driver.nvml.facade.Nvml` these handlers use."""
 
-    def gpu(self, uuid: str) -> GpuInfo: ...
+    def mig_enabled(self, uuid: str) -> bool: ...
 
     def probe(self, uuid: str) -> DeviceProbe: ...
 
@@ -142,6 +142,16 @@ def _at(instances: Sequence[MigInstance], start: int, profile_id: int) -> MigIns
     )
 
 
+def gpu_facts(inventory: Inventory, uuid: str) -> GpuInfo:
+    """What does not change while the plugin runs (minor number, MIG toggle without reset),
+    from the inventory: a prepare must not rediscover the node. MIG mode and instances
+    change, so the handlers ask NVML for them."""
+    device = inventory.by_uuid(uuid)
+    if not isinstance(device, GpuDevice):
+        raise ClaimError(f"{uuid} is not a whole GPU of this node")
+    return device.info
+
+
 class CreateMigHandler:
     """``create-mig``: make the MIG device at its placement; destroy it on undo."""
 
@@ -168,7 +178,7 @@ class CreateMigHandler:
     def apply(self, step: Step, plan: Plan) -> StepOutcome:
         assert isinstance(step, CreateMigDevice)
         slot = self._slot(step)
-        gpu = self._nvml.gpu(step.gpu_uuid)
+        gpu = gpu_facts(self._inventory, step.gpu_uuid)
         key = MigJournal.key(step.gpu_uuid, step.start)
         mine = self._journal.load().get(key)
         existing = _at(self._nvml.mig_instances(step.gpu_uuid), step.start, slot.profile.id)
@@ -180,7 +190,7 @@ class CreateMigHandler:
                 )
             inst = existing  # created by an earlier attempt of this claim: adopt it
         else:
-            if not gpu.mig_enabled:
+            if not self._nvml.mig_enabled(step.gpu_uuid):
                 self._enable_mig(step, gpu)
             self._journal.put(
                 JournalEntry(
@@ -260,8 +270,9 @@ class CreateMigHandler:
             for s in other.steps
         ):
             return
-        gpu = self._nvml.gpu(gpu_uuid)
-        if gpu.mig_enabled and gpu.mig_toggle_without_reset and not gpu.mig_instances:
+        if not gpu_facts(self._inventory, gpu_uuid).mig_toggle_without_reset:
+            return
+        if self._nvml.mig_enabled(gpu_uuid) and not self._nvml.mig_instances(gpu_uuid):
             self._nvml.set_mig_mode(gpu_uuid, False)
             log.info("mig mode disabled gpu=%s: no MIG device left", gpu_uuid)
 
@@ -289,8 +300,9 @@ class CreateMigHandler:
 class AttachMigHandler:
     """``attach-mig``: a static MIG device an administrator made; nothing is created."""
 
-    def __init__(self, nvml: MigControl, caps: MigCaps) -> None:
+    def __init__(self, nvml: MigControl, inventory: Inventory, caps: MigCaps) -> None:
         self._nvml = nvml
+        self._inventory = inventory
         self._caps = caps
 
     def apply(self, step: Step, plan: Plan) -> StepOutcome:
@@ -303,7 +315,7 @@ class AttachMigHandler:
                 f"device {step.device}: MIG device {step.mig_uuid} no longer exists on GPU "
                 f"{step.gpu_uuid}"
             )
-        gpu = self._nvml.gpu(step.gpu_uuid)
+        gpu = gpu_facts(self._inventory, step.gpu_uuid)
         return StepOutcome(
             uuids={step.device: inst.uuid}, edits={step.device: self._caps.edits(gpu, inst)}
         )
@@ -316,18 +328,20 @@ class WholeGpuHandler:
     """``attach-gpu``: the GPU must answer NVML; MIG mode, where on with no MIG device left
     and switchable without a reset, is turned off so CUDA sees the whole GPU."""
 
-    def __init__(self, nvml: MigControl) -> None:
+    def __init__(self, nvml: MigControl, inventory: Inventory) -> None:
         self._nvml = nvml
+        self._inventory = inventory
 
     def apply(self, step: Step, plan: Plan) -> StepOutcome:
         assert isinstance(step, AttachGpu)
         check_gpu_usable(self._nvml.probe, step)
-        gpu = self._nvml.gpu(step.gpu_uuid)
-        if gpu.mig_enabled:
-            if gpu.mig_instances or not gpu.mig_toggle_without_reset:
+        if self._nvml.mig_enabled(step.gpu_uuid):
+            instances = self._nvml.mig_instances(step.gpu_uuid)
+            toggle = gpu_facts(self._inventory, step.gpu_uuid).mig_toggle_without_reset
+            if instances or not toggle:
                 raise ClaimError(
                     f"device {step.device}: GPU {step.gpu_uuid} is in MIG mode"
-                    + (f" with {len(gpu.mig_instances)} MIG device(s)" if gpu.mig_instances else "")
+                    + (f" with {len(instances)} MIG device(s)" if instances else "")
                     + "; it cannot be used whole"
                 )
             self._nvml.set_mig_mode(step.gpu_uuid, False)

@@ -1,4 +1,5 @@
-"""The checkpoint file: round trip, corruption, another boot, crash mid-write."""
+"""The checkpoint: one file per claim, history, corruption, another boot, crashes,
+conversion of the single-file checkpoint, and a second process's writes."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from driver.checkpoint import (
     AllocatedDeviceRecord,
@@ -15,123 +19,209 @@ from driver.checkpoint import (
     ClaimRecord,
     PodRecord,
     PreparedDeviceRecord,
-    _digest,
     read_allocations,
     read_boot_id,
 )
+from driver.checkpoint_files import digest
+from driver.errors import CheckpointError
 from driver.plan import AttachGpu, Plan, PlannedDevice
 
+REPO = Path(__file__).resolve().parents[2]
 
-def sample() -> CheckpointData:
+
+def record(uid: str = "u1", name: str = "train", prepared_at: float = 100.0) -> ClaimRecord:
     dev = PlannedDevice(
         request="gpu", pool="node-a", device="gpu-0000", type="gpu", gpu_uuid="GPU-0",
         uuid="GPU-0", minor=0,
     )  # fmt: skip
     held = AllocatedDeviceRecord(name="gpu-0000", uuid="GPU-0", gpu_uuid="GPU-0", mode="Exclusive")
     allocation = AllocationRecord(
-        claim_uid="u1",
+        claim_uid=uid,
         namespace="team-a",
-        claim="train",
+        claim=name,
         pods=(PodRecord(name="p0", uid="pod-0"),),
         devices=(held,),
-        prepared_at=100.0,
+        prepared_at=prepared_at,
     )
     answer = PreparedDeviceRecord(
         request_names=("gpu",),
         pool_name="node-a",
         device_name="gpu-0000",
-        cdi_device_ids=("gpu.tranche.dev/claim=u1-gpu-0000",),
+        cdi_device_ids=(f"gpu.tranche.dev/claim={uid}-gpu-0000",),
     )
     step = AttachGpu(device="gpu-0000", gpu_uuid="GPU-0")
-    record = ClaimRecord(
-        uid="u1",
+    return ClaimRecord(
+        uid=uid,
         namespace="team-a",
-        name="train",
+        name=name,
         state="PrepareCompleted",
-        plan=Plan(claim_uid="u1", devices=(dev,), steps=(step,)),
-        started_at=99.0,
-        completed_at=100.0,
+        plan=Plan(claim_uid=uid, devices=(dev,), steps=(step,)),
+        started_at=prepared_at - 1,
+        completed_at=prepared_at,
         devices=(answer,),
         device_uuids={"gpu-0000": "GPU-0"},
         allocation=allocation,
     )
-    return CheckpointData(claims={"u1": record})
 
 
-def test_round_trip(tmp_path: Path) -> None:
-    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="boot-1")
-    assert cp.load()[1].kind == "new"
-    cp.save(sample())
-    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="boot-1").load()
-    assert status.kind == "ok"
-    assert state == sample()
-    assert [a.claim for a in read_allocations(tmp_path / "checkpoint.json")] == ["train"]
+def sample() -> CheckpointData:
+    return CheckpointData(claims={"u1": record()})
 
 
-def test_history_is_bounded(tmp_path: Path) -> None:
-    cp = Checkpoint(tmp_path / "c.json", boot_id="b", history_limit=2)
-    state = sample()
-    alloc = state.claims["u1"].allocation
-    assert alloc is not None
-    state.history = [alloc.model_copy(update={"claim": f"c{i}"}) for i in range(5)]
-    cp.save(state)
-    loaded, _ = cp.load()
-    assert [a.claim for a in loaded.history] == ["c3", "c4"]
-    assert [a.claim for a in loaded.allocations()] == ["c3", "c4", "train"]
+def ended(uid: str, at: float) -> AllocationRecord:
+    allocation = record(uid, f"c-{uid}", prepared_at=at).allocation
+    assert allocation is not None
+    return allocation.model_copy(update={"unprepared_at": at + 1})
 
 
-def test_corrupt_file_is_moved_aside_and_reported(tmp_path: Path) -> None:
+def claim_file(tmp_path: Path, uid: str = "u1") -> Path:
+    return tmp_path / "checkpoint.d" / f"{uid}.json"
+
+
+def legacy_file(path: Path, data: CheckpointData, boot_id: str) -> None:
+    """A checkpoint as plugins before the per-claim layout wrote it (version 1)."""
+    body = data.model_dump(mode="json", by_alias=True)
+    doc: dict[str, Any] = {"version": 1, "bootId": boot_id, "data": body}
+    doc["checksum"] = digest(doc)
+    path.write_text(json.dumps(doc))
+
+
+def test_round_trip_one_file_per_claim(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
-    cp = Checkpoint(path, boot_id="boot-1", clock=lambda: 0.0)
-    cp.save(sample())
-    doc = json.loads(path.read_text())
-    doc["data"]["claims"]["u1"]["name"] = "tampered"
-    path.write_text(json.dumps(doc))
-    state, status = cp.load()
-    assert status.kind == "corrupt"
-    assert "checksum mismatch" in status.message
-    assert state.claims == {}
-    assert status.moved_to == tmp_path / "checkpoint.json.corrupt-19700101T000000"
-    assert status.moved_to.exists()
-    assert not path.exists()
+    cp = Checkpoint(path, boot_id="boot-1")
+    assert cp.load()[1].kind == "new"
+    cp.put(record("u1"))
+    cp.put(record("u2", "eval"))
+    assert sorted(p.name for p in (tmp_path / "checkpoint.d").glob("*.json")) == [
+        "u1.json",
+        "u2.json",
+    ]
+    state, status = Checkpoint(path, boot_id="boot-1").load()
+    assert status.kind == "ok"
+    assert state.claims == {"u1": record("u1"), "u2": record("u2", "eval")}
+    cp.remove("u2", ended("u2", 100.0))
+    assert not claim_file(tmp_path, "u2").exists()
+    state, _ = Checkpoint(path, boot_id="boot-1").load()
+    assert list(state.claims) == ["u1"]
+    assert [(a.claim, a.unprepared_at) for a in state.history] == [("c-u2", 101.0)]
+    assert [a.claim for a in read_allocations(path)] == ["c-u2", "train"]
+
+
+def test_save_replaces_everything_and_bounds_the_history(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b", history_limit=2)
+    cp.put(record("gone"))
+    state = sample()
+    state.history = [ended(f"h{i}", float(i)) for i in range(5)]
     cp.save(state)
-    assert cp.load()[1].kind == "ok"
+    assert not claim_file(tmp_path, "gone").exists()
+    loaded, _ = Checkpoint(tmp_path / "checkpoint.json", boot_id="b", history_limit=2).load()
+    assert [a.claim for a in loaded.history] == ["c-h3", "c-h4"]
+    assert [a.claim for a in loaded.allocations()] == ["c-h3", "c-h4", "train"]
 
 
-def test_garbage_and_unknown_version_are_corrupt(tmp_path: Path) -> None:
-    path = tmp_path / "c.json"
+def test_history_file_stays_bounded_and_a_retried_unprepare_counts_once(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b", history_limit=3)
+    for i in range(10):
+        cp.put(record(f"u{i}", prepared_at=float(i)))
+        cp.remove(f"u{i}", ended(f"u{i}", float(i)))
+    cp.remove("u9", ended("u9", 9.0))  # the kubelet retried after a crash
+    lines = (tmp_path / "checkpoint.d" / "history.jsonl").read_text().splitlines()
+    assert len(lines) <= 6
+    for fresh in (cp, Checkpoint(path, boot_id="b", history_limit=3)):
+        history = fresh.load()[0].history
+        assert [a.claim for a in history] == ["c-u7", "c-u8", "c-u9"]
+
+
+def test_a_history_line_cut_short_by_a_crash_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
     cp = Checkpoint(path, boot_id="b")
-    path.write_text("{not json")
-    assert cp.load()[1].kind == "corrupt"
-    cp.save(sample())
-    doc = json.loads(path.read_text())
-    doc["version"] = 99
-    path.write_text(json.dumps(doc))
-    _, status = cp.load()
-    assert (status.kind, "version 99" in status.message) == ("corrupt", True)
-    assert len(list(tmp_path.glob("c.json.corrupt-*"))) == 2
-    assert read_allocations(path) == []
+    cp.put(record("u1"))
+    cp.remove("u1", ended("u1", 1.0))
+    history = tmp_path / "checkpoint.d" / "history.jsonl"
+    whole = history.read_bytes()
+    history.write_bytes(whole + whole[: len(whole) // 2])  # died mid-append
+    cp.put(record("u2"))
+    cp.remove("u2", ended("u2", 2.0))
+    assert [a.claim for a in Checkpoint(path, boot_id="b").load()[0].history] == ["c-u1", "c-u2"]
+
+
+def test_a_corrupt_claim_file_is_moved_aside_and_reported(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="boot-1")
+    cp.put(record("u1"))
+    cp.put(record("u2", "eval"))
+    doc = json.loads(claim_file(tmp_path).read_text())
+    doc["claim"]["name"] = "tampered"
+    claim_file(tmp_path).write_text(json.dumps(doc))
+    other = Checkpoint(path, boot_id="boot-1", clock=lambda: 0.0)
+    state, status = other.load()  # without the lock: reported, left alone
+    assert (status.kind, status.moved_to, list(state.claims)) == ("corrupt", None, ["u2"])
+    assert claim_file(tmp_path).exists()
+    state, status = other.load(locked=True)
+    assert status.kind == "corrupt"
+    assert f"{claim_file(tmp_path)} (checksum mismatch" in status.message
+    assert list(state.claims) == ["u2"]
+    assert status.moved_to == claim_file(tmp_path).with_name("u1.json.corrupt-19700101T000000")
+    assert status.moved_to.exists() and not claim_file(tmp_path).exists()
+    assert other.load(locked=True)[1].kind == "ok"  # reported once
+    assert list(cp.load(locked=True)[0].claims) == ["u2"]  # the first process sees it too
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("{not json", "not JSON"),
+        ('{"version": 99}', "version 99 is not 2"),
+        ("[]", "not a JSON object"),
+    ],
+)
+def test_garbage_unknown_version_and_non_objects_are_corrupt(
+    tmp_path: Path, content: str, problem: str
+) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(record("u1"))
+    claim_file(tmp_path).write_text(content)
+    _, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert status.kind == "corrupt" and problem in status.message
+    assert read_allocations(tmp_path / "checkpoint.json") == []
+
+
+def test_a_claim_file_under_another_name_is_corrupt(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(record("u1"))
+    claim_file(tmp_path).rename(claim_file(tmp_path, "u2"))
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert "holds claim u1, not u2" in status.message
+    assert state.claims == {}
 
 
 def test_fields_from_a_newer_plugin_do_not_look_corrupt(tmp_path: Path) -> None:
-    path = tmp_path / "c.json"
-    cp = Checkpoint(path, boot_id="b")
-    cp.save(sample())
-    doc = json.loads(path.read_text())
-    doc["data"]["claims"]["u1"]["futureField"] = {"x": 1}
-    doc["checksum"] = _digest(doc["version"], doc["bootId"], doc["data"])
-    path.write_text(json.dumps(doc))
-    state, status = cp.load()
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(record("u1"))
+    doc = json.loads(claim_file(tmp_path).read_text())
+    doc["claim"]["futureField"] = {"x": 1}
+    del doc["checksum"]
+    doc["checksum"] = digest(doc)
+    claim_file(tmp_path).write_text(json.dumps(doc))
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
     assert status.kind == "ok"
     assert state.claims["u1"].name == "train"
 
 
 def test_checkpoint_from_another_boot_keeps_claims(tmp_path: Path) -> None:
-    Checkpoint(tmp_path / "c.json", boot_id="boot-1").save(sample())
-    state, status = Checkpoint(tmp_path / "c.json", boot_id="boot-2").load()
+    Checkpoint(tmp_path / "checkpoint.json", boot_id="boot-1").save(sample())
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="boot-2").load()
     assert status.kind == "other-boot"
     assert status.previous_boot_id == "boot-1"
     assert list(state.claims) == ["u1"]
+
+
+def test_a_uid_that_cannot_name_a_file_is_refused(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    with pytest.raises(CheckpointError, match=r"uid '\.\./x' cannot name a checkpoint file"):
+        cp.put(record("../x"))
+    assert cp.load()[0].claims == {}
 
 
 def test_boot_id_is_read_from_the_kernel_file(tmp_path: Path) -> None:
@@ -141,18 +231,117 @@ def test_boot_id_is_read_from_the_kernel_file(tmp_path: Path) -> None:
     assert read_boot_id(tmp_path / "missing") == ""
 
 
-def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
-    path = tmp_path / "c.json"
-    Checkpoint(path, boot_id="b").save(sample())
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=REPO, capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+
+
+def test_crash_mid_write_keeps_the_previous_record(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    Checkpoint(path, boot_id="b").put(record("u1"))
     script = (
         "import sys; from pathlib import Path\n"
-        "from driver.checkpoint import Checkpoint, CheckpointData\n"
+        "from driver.checkpoint import Checkpoint\n"
         "from driver.faults import FaultPoints\n"
+        "from tests.unit.test_checkpoint import record\n"
         "faults = FaultPoints('checkpoint:before-replace')\n"
-        "Checkpoint(Path(sys.argv[1]), boot_id='b', faults=faults).save(CheckpointData())\n"
+        "Checkpoint(Path(sys.argv[1]), boot_id='b', faults=faults).put(record('u1', 'changed'))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script, str(path)], check=False)
-    assert proc.returncode == 137
-    state, status = Checkpoint(path, boot_id="b").load()
+    assert run_script(script, str(path)).returncode == 137
+    cp = Checkpoint(path, boot_id="b")
+    cp.remove_temporaries()
+    state, status = cp.load(locked=True)
     assert status.kind == "ok"
-    assert list(state.claims) == ["u1"]
+    assert state.claims["u1"].name == "train"
+    assert not list((tmp_path / "checkpoint.d").glob(".*.tmp"))
+
+
+def test_a_second_process_writes_are_seen_by_the_first(tmp_path: Path) -> None:
+    """Two plugin pods of one node (rolling update) take turns under the node lock;
+    each must see the other's changes even though it keeps the claims in memory."""
+    path = tmp_path / "checkpoint.json"
+    first = Checkpoint(path, boot_id="b")
+    first.put(record("mine"))
+    assert list(first.load(locked=True)[0].claims) == ["mine"]
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from driver.checkpoint import Checkpoint\n"
+        "from tests.unit.test_checkpoint import ended, record\n"
+        "cp = Checkpoint(Path(sys.argv[1]), boot_id='b')\n"
+        "cp.load(locked=True)\n"
+        "cp.put(record('theirs', 'other-pod'))\n"
+        "cp.remove('mine', ended('mine', 100.0))\n"
+    )
+    done = run_script(script, str(path))
+    assert done.returncode == 0, done.stderr
+    state, _ = first.load(locked=True)
+    assert list(state.claims) == ["theirs"]
+    assert [a.claim_uid for a in state.history] == ["mine"]
+    first.put(record("third"))  # and its own write after theirs keeps both
+    assert sorted(Checkpoint(path, boot_id="b").load()[0].claims) == ["theirs", "third"]
+
+
+# the single-file checkpoint of earlier plugins ------------------------------------------
+
+
+def test_a_single_file_checkpoint_is_converted_under_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    old = sample()
+    old.history = [ended("h1", 50.0)]
+    legacy_file(path, old, "boot-1")
+    cp = Checkpoint(path, boot_id="boot-1")
+    state, status = cp.load()  # not under the lock: read, not converted
+    assert (status.kind, list(state.claims)) == ("ok", ["u1"])
+    assert path.is_file()
+    state, status = cp.load(locked=True)
+    assert status.kind == "ok"
+    assert state == old
+    assert path.is_dir() and list(path.iterdir()) == []  # fences off plugins of the old format
+    assert claim_file(tmp_path).exists()
+    assert [a.claim for a in read_allocations(path)] == ["c-h1", "train"]
+    assert Checkpoint(path, boot_id="boot-1").load(locked=True) == (state, status)
+
+
+def test_conversion_keeps_the_boot_id_of_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    legacy_file(path, sample(), "boot-1")
+    state, status = Checkpoint(path, boot_id="boot-2").load(locked=True)
+    assert (status.kind, status.previous_boot_id, list(state.claims)) == (
+        "other-boot",
+        "boot-1",
+        ["u1"],
+    )
+
+
+def test_a_corrupt_single_file_checkpoint_is_moved_aside(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text("garbage")
+    cp = Checkpoint(path, boot_id="b", clock=lambda: 0.0)
+    assert cp.load()[1].kind == "corrupt"
+    state, status = cp.load(locked=True)
+    assert status.kind == "corrupt" and "not JSON" in status.message
+    assert status.moved_to == tmp_path / "checkpoint.json.corrupt-19700101T000000"
+    assert status.moved_to.read_text() == "garbage"
+    assert state.claims == {}
+    assert cp.load(locked=True)[1].kind == "new"
+
+
+def test_a_conversion_killed_midway_is_finished_once(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    old = sample()
+    old.history = [ended("h1", 50.0)]
+    legacy_file(path, old, "b")
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from driver.checkpoint import Checkpoint\n"
+        "from driver.faults import FaultPoints\n"
+        "faults = FaultPoints('checkpoint:after-convert')\n"
+        "Checkpoint(Path(sys.argv[1]), boot_id='b', faults=faults).load(locked=True)\n"
+    )
+    assert run_script(script, str(path)).returncode == 137
+    assert path.is_file() and claim_file(tmp_path).exists()
+    state, status = Checkpoint(path, boot_id="b").load(locked=True)
+    assert status.kind == "ok" and path.is_dir()
+    assert state == old

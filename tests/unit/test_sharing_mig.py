@@ -114,6 +114,23 @@ def test_failed_create_leaves_no_instance_and_other_claims_work(node: Path) -> N
     assert state.prepare(ok, ref_of(ok)).error == ""
 
 
+def test_a_whole_gpu_in_mig_mode_is_switched_back_or_refused(node: Path) -> None:
+    state, _, nvml = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    nvml.set_mig_mode(gpu.uuid, True)  # by an administrator, after the plugin started
+    whole = claim("w1", [result(gpu.name)], name="c-w1")
+    assert state.prepare(whole, ref_of(whole)).error == ""
+    assert not nvml.gpu(gpu.uuid).mig_enabled, "MIG mode off again: CUDA sees the whole GPU"
+    assert state.unprepare(ref_of(whole)).error == ""
+    nvml.set_mig_mode(gpu.uuid, True)
+    profile = next(p for p in nvml.gpu(gpu.uuid).mig_profiles if p.name == "1g.10gb")
+    nvml.create_mig_instance(gpu.uuid, profile.id, 0)
+    other = claim("w2", [result(gpu.name)], name="c-w2")
+    error = state.prepare(other, ref_of(other)).error
+    assert f"GPU {gpu.uuid} is in MIG mode with 1 MIG device(s); it cannot be used whole" in error
+    assert nvml.gpu(gpu.uuid).mig_enabled
+
+
 def test_ampere_with_mig_off_advertises_no_dynamic_slots(tmp_path: Path) -> None:
     create_state("dgx-a100", tmp_path / "sim.json")
     nvml = open_simulated(tmp_path / "sim.json")

@@ -217,7 +217,7 @@ def test_recovery_stops_daemons_no_claim_uses(node: Path) -> None:
     gpu = state.inventory.gpus[0]
     obj = new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
     assert state.prepare(obj, ref_of(obj)).error == ""
-    (node / "checkpoint.json").unlink()  # the claim is gone from the node's records
+    (node / "checkpoint.d" / "p1.json").unlink()  # the claim is gone from the node's records
     fresh: SharingNode = sharing_state(node)[1]
     report = sharing_state(node)[0].recover()
     assert report.reconciled == (f"stopped MPS daemon {gpu.uuid}",)

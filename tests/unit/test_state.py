@@ -218,10 +218,11 @@ def test_prepare_survives_a_crash_at(node: Path, fault: str) -> None:
     assert recorded(node) == {}
     uuid = ds.inventory.gpu_of(gpu).uuid
     assert open_simulated(node / "sim.json").timeslice(uuid) == 0
-    assert not list(node.glob(".*.tmp")) and not list((node / "cdi").glob(".*.tmp"))
+    for d in (node, node / "cdi", node / "checkpoint.d"):
+        assert not list(d.glob(".*.tmp")), d
 
 
-UNPREPARE_POINTS = [p for p in POINTS if p.startswith("unprepare:")] + ["checkpoint:before-replace"]
+UNPREPARE_POINTS = [p for p in POINTS if p.startswith("unprepare:")] + ["checkpoint:before-remove"]
 
 
 @pytest.mark.parametrize("fault", UNPREPARE_POINTS)
@@ -246,11 +247,12 @@ def test_recover_sweeps_orphans_and_reports_corruption(node: Path) -> None:
     report = device_state(node, NO_FAULTS).recover()
     assert report.orphan_specs_removed == ("gone",)
     assert cdi_files(node) == ["gpu.tranche.dev-claim_u1.json"]
-    (node / "checkpoint.json").write_text("garbage")
+    (node / "checkpoint.d" / "u1.json").write_text("garbage")
     report = device_state(node, NO_FAULTS).recover()
     assert report.checkpoint.kind == "corrupt"
+    assert "u1.json (not JSON" in report.checkpoint.message
     assert report.orphan_specs_removed == ("u1",)
-    assert list(node.glob("checkpoint.json.corrupt-*"))
+    assert list((node / "checkpoint.d").glob("u1.json.corrupt-*"))
 
 
 def test_other_boot_keeps_claims_and_rewrites_specs(node: Path) -> None:
