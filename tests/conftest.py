@@ -14,8 +14,9 @@ from typing import NoReturn
 
 import pytest
 
-# Fixtures that run the real kubelet plugin on simulated nodes (need the cluster fixtures).
-pytest_plugins = ["tests.e2e.sim_nodes"]
+# Fixtures that run the real kubelet plugin on simulated nodes and install the trust
+# admission policy (they need the cluster fixtures).
+pytest_plugins = ["tests.e2e.sim_nodes", "tests.e2e.trust_policy"]
 
 CLUSTER_FIXTURES = frozenset({"cluster", "namespace", "make_node", "k8s_bin_dir"})
 

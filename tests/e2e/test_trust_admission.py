@@ -17,194 +17,44 @@ import io
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, cast
+from collections.abc import Callable
+from typing import cast
 
 import pytest
-import yaml
 from kubernetes import client
 
 from controller.trust_cli import TrustCheckSettings, check
 from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
 from tests.e2e.cluster_state import request_json
-from tests.e2e.conftest import Cluster
-
-ROOT = Path(__file__).resolve().parents[2]
-RESOURCE = ("resource.k8s.io", "v1")
-ADMISSION = ("admissionregistration.k8s.io", "v1")
-SCOPE_LABEL = "gpu.tranche.dev/e2e-trust"
-Obj = dict[str, Any]
-
-
-def _docs(path: Path) -> list[Obj]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def _plural(kind: str) -> str:
-    return {
-        "DeviceClass": "deviceclasses",
-        "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
-        "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
-    }[kind]
-
-
-@contextlib.contextmanager
-def _installed(custom: client.CustomObjectsApi, objs: list[Obj]) -> Iterator[None]:
-    """Create or replace cluster-scoped objects; restore what was there afterwards."""
-    before: list[tuple[Obj, Obj | None]] = []
-    for obj in objs:
-        group, version = obj["apiVersion"].split("/")
-        plural, name = _plural(obj["kind"]), obj["metadata"]["name"]
-        old: Obj | None
-        try:
-            old = cast(Obj, custom.get_cluster_custom_object(group, version, plural, name))
-        except client.ApiException as e:
-            if e.status != 404:
-                raise
-            old = None
-        if old is None:
-            custom.create_cluster_custom_object(group, version, plural, obj)
-        else:
-            body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": None}}
-            custom.patch_cluster_custom_object(group, version, plural, name, body)
-        before.append((obj, old))
-    try:
-        yield
-    finally:
-        for obj, old in reversed(before):
-            group, version = obj["apiVersion"].split("/")
-            plural, name = _plural(obj["kind"]), obj["metadata"]["name"]
-            with contextlib.suppress(client.ApiException):
-                if old is None:
-                    custom.delete_cluster_custom_object(group, version, plural, name)
-                else:
-                    custom.patch_cluster_custom_object(
-                        group, version, plural, name, {"spec": old["spec"]}
-                    )
-
-
-def _claim(ns: str, name: str, requests: list[Obj], template: bool = False) -> Obj:
-    spec = {"devices": {"requests": requests}}
-    if template:
-        return {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"spec": spec},
-        }
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": spec,
-    }
-
-
-def _exactly(cls: str, *selectors: str, name: str = "gpu") -> Obj:
-    exact: Obj = {"deviceClassName": cls}
-    if selectors:
-        exact["selectors"] = [{"cel": {"expression": s}} for s in selectors]
-    return {"name": name, "exactly": exact}
-
-
-def _group(group: str) -> str:
-    return f'device.attributes["gpu.tranche.dev"].sharingGroup == "{group}"'
-
-
-def _create(custom: client.CustomObjectsApi, obj: Obj) -> None:
-    plural = (
-        "resourceclaimtemplates" if obj["kind"] == "ResourceClaimTemplate" else "resourceclaims"
-    )
-    custom.create_namespaced_custom_object(*RESOURCE, obj["metadata"]["namespace"], plural, obj)
-
-
-@pytest.fixture(scope="module")
-def trust_policy(cluster: Cluster) -> Iterator[client.ApiClient]:
-    """The shipped policy and device classes, bound to the test's namespaces only."""
-    objs = [d for p in sorted((ROOT / "deploy/deviceclasses").glob("*.yaml")) for d in _docs(p)]
-    objs += _docs(ROOT / "deploy/policies/claim-trust.yaml")
-    for obj in objs:
-        if obj["kind"] == "ValidatingAdmissionPolicyBinding":
-            obj["spec"]["matchResources"] = {
-                "namespaceSelector": {"matchLabels": {SCOPE_LABEL: "true"}}
-            }
-    with cluster.api_client() as api:
-        custom = client.CustomObjectsApi(api)
-        with _installed(custom, objs):
-            _wait_until_enforced(api)
-            yield api
-
-
-def _wait_until_enforced(api: client.ApiClient) -> None:
-    """Policies load asynchronously: probe with a dry-run the policy must deny."""
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    ns = f"trust-probe-{secrets.token_hex(3)}"
-    core.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=ns, labels={SCOPE_LABEL: "true"}))
-    )
-    try:
-        probe = _claim(ns, "probe", [_exactly("mps.gpu.tranche.dev")])
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                custom.create_namespaced_custom_object(
-                    *RESOURCE, ns, "resourceclaims", probe, dry_run="All"
-                )
-            except client.ApiException as e:
-                if e.status == 403:
-                    return
-                raise
-            if time.monotonic() > deadline:
-                pytest.fail("the claim-trust admission policy did not take effect within 60 s")
-            time.sleep(0.5)
-    finally:
-        core.delete_namespace(ns)
-
-
-@pytest.fixture
-def tenant_namespace(trust_policy: client.ApiClient) -> Iterator[Callable[..., str]]:
-    """``tenant_namespace(prefix, labels)`` creates a namespace in the policy's scope."""
-    core = client.CoreV1Api(trust_policy)
-    created: list[str] = []
-
-    def make(prefix: str, labels: dict[str, str] | None = None) -> str:
-        name = f"{prefix}-{secrets.token_hex(3)}"
-        meta = client.V1ObjectMeta(name=name, labels={SCOPE_LABEL: "true", **(labels or {})})
-        core.create_namespace(client.V1Namespace(metadata=meta))
-        created.append(name)
-        return name
-
-    yield make
-    for name in created:
-        for pod in core.list_namespaced_pod(name).items:
-            assert pod.metadata is not None and pod.metadata.name is not None
-            with contextlib.suppress(client.ApiException):
-                core.delete_namespaced_pod(pod.metadata.name, name, grace_period_seconds=0)
-        with contextlib.suppress(client.ApiException):
-            core.delete_namespace(name)
-
+from tests.e2e.trust_policy import (
+    RESOURCE,
+    Obj,
+    claim_object,
+    create_claim,
+    exactly,
+    group_selector,
+)
 
 SHARED_BLUE = {LABEL_LEVEL: "shared", LABEL_SHARING_GROUP: "blue"}
 
 # (namespace labels, requests, as a template?, rejection text or None when accepted)
 ADMISSION_CASES: dict[str, tuple[dict[str, str], list[Obj], bool, str | None]] = {
-    "unlabelled namespace takes a whole GPU": ({}, [_exactly("gpu.tranche.dev")], False, None),
+    "unlabelled namespace takes a whole GPU": ({}, [exactly("gpu.tranche.dev")], False, None),
     "unlabelled namespace is isolated: no time-slice": (
         {},
-        [_exactly("timeslice.gpu.tranche.dev", _group("blue"))],
+        [exactly("timeslice.gpu.tranche.dev", group_selector("blue"))],
         False,
         "has trust level isolated, which does not allow mechanism timeslice",
     ),
     "unknown level label falls back to isolated: no MIG": (
         {LABEL_LEVEL: "trusted"},
-        [_exactly("mig.gpu.tranche.dev")],
+        [exactly("mig.gpu.tranche.dev")],
         False,
         "has trust level isolated, which does not allow mechanism mig",
     ),
     "partitioned template with MIG": (
         {LABEL_LEVEL: "partitioned"},
-        [_exactly("mig.gpu.tranche.dev")],
+        [exactly("mig.gpu.tranche.dev")],
         True,
         None,
     ),
@@ -224,33 +74,33 @@ ADMISSION_CASES: dict[str, tuple[dict[str, str], list[Obj], bool, str | None]] =
     ),
     "shared claim pinned to its sharing group": (
         SHARED_BLUE,
-        [_exactly("timeslice.gpu.tranche.dev", _group("blue"))],
+        [exactly("timeslice.gpu.tranche.dev", group_selector("blue"))],
         False,
         None,
     ),
     "shared template pinned to its sharing group": (
         SHARED_BLUE,
-        [_exactly("mps.gpu.tranche.dev", _group("blue"))],
+        [exactly("mps.gpu.tranche.dev", group_selector("blue"))],
         True,
         None,
     ),
     "shared claim must pin its sharing group": (
         SHARED_BLUE,
-        [_exactly("mps.gpu.tranche.dev")],
+        [exactly("mps.gpu.tranche.dev")],
         False,
         "has trust level shared and sharing group blue: every request for mechanism mps "
         "must select its sharing group",
     ),
     "shared claim may not pin another group": (
         SHARED_BLUE,
-        [_exactly("timeslice.gpu.tranche.dev", _group("red"))],
+        [exactly("timeslice.gpu.tranche.dev", group_selector("red"))],
         False,
         'sharingGroup == "blue"',
     ),
     "dedicated tenant uses its dedicated nodes": (
         {LABEL_LEVEL: "dedicated", LABEL_TENANT: "acme"},
         [
-            _exactly(
+            exactly(
                 "dedicated.gpu.tranche.dev",
                 'device.attributes["gpu.tranche.dev"].dedicatedTo == "acme"',
             )
@@ -260,20 +110,20 @@ ADMISSION_CASES: dict[str, tuple[dict[str, str], list[Obj], bool, str | None]] =
     ),
     "dedicated tenant may not use shared nodes": (
         {LABEL_LEVEL: "dedicated", LABEL_TENANT: "acme"},
-        [_exactly("gpu.tranche.dev")],
+        [exactly("gpu.tranche.dev")],
         False,
         "has trust level dedicated: every request for mechanism gpu must use device class "
         "dedicated.gpu.tranche.dev",
     ),
     "isolated tenant may not use dedicated nodes": (
         {LABEL_LEVEL: "isolated"},
-        [_exactly("dedicated.gpu.tranche.dev")],
+        [exactly("dedicated.gpu.tranche.dev")],
         False,
         "has trust level isolated, which does not allow device class dedicated.gpu.tranche.dev",
     ),
     "another driver's class is not judged": (
         {},
-        [_exactly("gpu.example.com")],
+        [exactly("gpu.example.com")],
         False,
         None,
     ),
@@ -287,13 +137,13 @@ def test_admission(
     labels, requests, template, rejection = ADMISSION_CASES[case]
     level = labels.get(LABEL_LEVEL, "none")
     ns = tenant_namespace(f"trust-{level}", labels)
-    obj = _claim(ns, "work", requests, template)
+    obj = claim_object(ns, "work", requests, template)
     custom = client.CustomObjectsApi(trust_policy)
     if rejection is None:
-        _create(custom, obj)
+        create_claim(custom, obj)
         return
     with pytest.raises(client.ApiException) as err:
-        _create(custom, obj)
+        create_claim(custom, obj)
     assert err.value.status == 403
     message = json.loads(err.value.body or "{}")["message"]
     assert f"namespace {ns} " in message
@@ -386,8 +236,8 @@ def _pod_with_claim(ns: str, node: str, claim: Obj) -> Obj:
 
 
 def _submit(api: client.ApiClient, ns: str, node: str, requests: list[Obj]) -> None:
-    claim = _claim(ns, "work", requests)
-    _create(client.CustomObjectsApi(api), claim)
+    claim = claim_object(ns, "work", requests)
+    create_claim(client.CustomObjectsApi(api), claim)
     pod = _pod_with_claim(ns, node, claim)
     request_json(api, "POST", f"/api/v1/namespaces/{ns}/pods", pod)
 
@@ -437,22 +287,22 @@ def test_scheduler_keeps_sharing_groups_apart(
         red = tenant_namespace("red", {LABEL_LEVEL: "shared", LABEL_SHARING_GROUP: "red"})
         isolated = tenant_namespace("isolated")
 
-        _submit(api, blue_1, node, [_exactly("timeslice.gpu.tranche.dev", _group("blue"))])
+        _submit(api, blue_1, node, [exactly("timeslice.gpu.tranche.dev", group_selector("blue"))])
         first = _allocated_device(api, blue_1)
         first_gpu = first.removesuffix("-ts-blue")
-        _submit(api, blue_2, node, [_exactly("timeslice.gpu.tranche.dev", _group("blue"))])
+        _submit(api, blue_2, node, [exactly("timeslice.gpu.tranche.dev", group_selector("blue"))])
         second = _allocated_device(api, blue_2)
         assert second.endswith("-ts-blue")
 
         # The red group cannot join a GPU the blue group holds: it gets the other GPU.
-        _submit(api, red, node, [_exactly("timeslice.gpu.tranche.dev", _group("red"))])
+        _submit(api, red, node, [exactly("timeslice.gpu.tranche.dev", group_selector("red"))])
         red_device = _allocated_device(api, red)
         assert red_device.endswith("-ts-red")
         assert not red_device.startswith(first_gpu)
         assert not second.startswith(red_device.removesuffix("-ts-red"))
 
         # Both GPUs are held by shares now: an isolated whole-GPU claim waits, with a reason.
-        _submit(api, isolated, node, [_exactly("gpu.tranche.dev")])
+        _submit(api, isolated, node, [exactly("gpu.tranche.dev")])
         assert "cannot allocate all claims" in _unschedulable_reason(api, isolated)
 
         # The audit sees only allowed co-locations among these tenants ...
