@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import InvalidOperation
 from typing import Annotated, Final, Literal
 
-from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from driver.errors import ConfigError
+from driver.quantity import parse_quantity
 
 API_VERSION: Final = "gpu.tranche.dev/v1alpha1"
 NVIDIA_API_VERSION: Final = "resource.nvidia.com/v1beta1"
@@ -40,7 +40,7 @@ def _to_bytes(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise ValueError("must be a quantity such as 10Gi or 512Mi")
     try:
-        amount = Decimal(parse_quantity(value))  # type: ignore[no-untyped-call]
+        amount = parse_quantity(value)
     except (ValueError, InvalidOperation) as e:
         raise ValueError(f"{value!r} is not a quantity such as 10Gi or 512Mi") from e
     if amount != amount.to_integral_value():

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Annotated, Literal
 
-from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field
 
 from driver.claims import ClaimAllocation
@@ -29,6 +27,7 @@ from driver.config import (
 )
 from driver.errors import ConfigError, DeviceNotFound
 from driver.inventory import Device, GpuDevice, Inventory, MigDevice
+from driver.quantity import parse_quantity
 
 PlannedType = Literal["gpu", "mig"]
 ShareStrategy = Literal["TimeSlicing", "MPS"]
@@ -180,7 +179,7 @@ def _share_sharing(key: str, share: ShareTarget, entry: ConfigEntry | None) -> S
 
 
 def _whole(value: str) -> int:
-    return int(Decimal(parse_quantity(value)))  # type: ignore[no-untyped-call]
+    return int(parse_quantity(value))
 
 
 def _capacity_mps(

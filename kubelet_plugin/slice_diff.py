@@ -12,15 +12,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
-from kubernetes.utils import parse_quantity
+from driver.quantity import parse_quantity
 
 Json = dict[str, Any]
-_parse_quantity: Callable[[Any], Decimal] = parse_quantity
 
 
 def _prune(value: Any) -> Any:
@@ -34,7 +32,7 @@ def _prune(value: Any) -> Any:
 
 def _quantity(value: Any) -> Any:
     try:
-        q = _parse_quantity(value)
+        q = parse_quantity(value)
     except (ValueError, TypeError):
         return value
     return format(q.normalize(), "f")
