@@ -111,6 +111,19 @@ class Reconciler(Protocol):
     def reconcile(self, plans: Sequence[Plan]) -> Sequence[str]: ...
 
 
+@runtime_checkable
+class SharedSetting(Protocol):
+    """A handler whose step sets something per GPU that several claims rely on.
+
+    Before applying a step the executor asks :meth:`in_effect` with the plans of the
+    other claims prepared in this boot: a setting one of them already put in effect
+    (and that stays until its last user leaves) is not set again. Setting a time
+    slice runs ``nvidia-smi``, so 30 claims time-sliced on one GPU run it once.
+    """
+
+    def in_effect(self, step: Step, others: Sequence[Plan]) -> bool: ...
+
+
 def check_gpu_usable(probe: Callable[[str], DeviceProbe], step: AttachGpu) -> None:
     """NvmlError naming the device unless the step's GPU answers NVML healthy."""
     found = probe(step.gpu_uuid)
@@ -149,6 +162,16 @@ class TimeSliceHandler:
         assert isinstance(step, SetTimeSlice)
         self._nvml.set_timeslice(step.gpu_uuid, TIMESLICE_LEVELS[step.interval])
         return StepOutcome()
+
+    def in_effect(self, step: Step, others: Sequence[Plan]) -> bool:
+        assert isinstance(step, SetTimeSlice)
+        return any(
+            isinstance(s, SetTimeSlice)
+            and s.gpu_uuid == step.gpu_uuid
+            and s.interval == step.interval
+            for other in others
+            for s in other.steps
+        )
 
     def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
         assert isinstance(step, SetTimeSlice)
@@ -365,7 +388,12 @@ class DeviceState:
         state.claims[ref.uid] = record
         self._faults.reached("prepare:after-started")
         try:
-            devices, uuids = self._apply(ref, plan)
+            done = [
+                c.plan
+                for c in state.claims.values()
+                if c.state == "PrepareCompleted" and c.uid != ref.uid
+            ]
+            devices, uuids = self._apply(ref, plan, done)
         except (TrancheError, OSError) as e:
             log.warning("prepare failed claim_uid=%s error=%s; rolling back", ref.uid, e)
             self._roll_back(state, record)
@@ -387,12 +415,18 @@ class DeviceState:
         return _answer(record)
 
     def _apply(
-        self, ref: ClaimRef, plan: Plan
+        self, ref: ClaimRef, plan: Plan, done: Sequence[Plan] = ()
     ) -> tuple[tuple[PreparedDeviceRecord, ...], dict[str, str]]:
+        """Apply the plan's steps and write its CDI spec; ``done``: the plans of the other
+        claims prepared in this boot, whose per-GPU settings are in effect."""
         uuids = {d.device: d.uuid for d in plan.devices if d.uuid}
         extra: dict[str, ContainerEdits] = {}
         for step in plan.steps:
-            outcome = self.handlers[step.kind].apply(step, plan)
+            handler = self.handlers[step.kind]
+            if isinstance(handler, SharedSetting) and handler.in_effect(step, done):
+                self._faults.reached("prepare:after-step")
+                continue
+            outcome = handler.apply(step, plan)
             uuids.update(outcome.uuids)
             for name, edits in outcome.edits.items():
                 extra[name] = extra.get(name, ContainerEdits()) + edits

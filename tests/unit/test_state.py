@@ -20,6 +20,8 @@ from driver.api import ClaimRef
 from driver.checkpoint import Checkpoint
 from driver.faults import NO_FAULTS, POINTS
 from driver.nvml.sim import SimControl, SimStore, create_state, open_simulated
+from driver.nvml.types import DeviceProbe
+from driver.state import DeviceState
 from tests.unit.claim_values import claim, config, ref_of, result
 from tests.unit.state_child import device_state
 
@@ -118,6 +120,40 @@ def test_time_sliced_gpu_is_shared_and_reset_by_its_last_user(node: Path) -> Non
     assert ds.prepare(excl, ref_of(excl)).error == ""
     d = new_claim(node, "ud", [gpu], [config(TS_LONG)])
     assert "already prepared" in ds.prepare(d, ref_of(d)).error
+
+
+class CountingGpu:
+    """The simulated NVML, counting time-slice changes (each is an ``nvidia-smi`` run)."""
+
+    def __init__(self, node: Path) -> None:
+        self.nvml = open_simulated(node / "sim.json")
+        self.sets: list[tuple[str, int]] = []
+
+    def probe(self, uuid: str) -> DeviceProbe:
+        return self.nvml.probe(uuid)
+
+    def set_timeslice(self, uuid: str, level: int) -> None:
+        self.sets.append((uuid, level))
+        self.nvml.set_timeslice(uuid, level)
+
+
+def test_a_time_slice_in_effect_is_set_once_for_all_its_claims(node: Path) -> None:
+    gpu = gpus(node)[0]
+    base = device_state(node, NO_FAULTS)
+    counting = CountingGpu(node)
+    ds = DeviceState(
+        counting, base.inventory, base.cdi, base.checkpoint, lock_path=base.lock_path,
+        driver_name=base.driver_name, node_name=base.node_name,
+    )  # fmt: skip
+    uuid = base.inventory.gpu_of(gpu).uuid
+    a, b = (new_claim(node, u, [gpu], [config(TS_LONG)]) for u in ("ua", "ub"))
+    assert ds.prepare(a, ref_of(a)).error == "" and ds.prepare(b, ref_of(b)).error == ""
+    assert counting.sets == [(uuid, 3)]
+    assert ds.unprepare(ref_of(a)).error == "" and ds.unprepare(ref_of(b)).error == ""
+    assert counting.sets == [(uuid, 3), (uuid, 0)]
+    assert ds.prepare(a, ref_of(a)).error == ""
+    assert counting.sets == [(uuid, 3), (uuid, 0), (uuid, 3)]
+    assert counting.nvml.timeslice(uuid) == 3
 
 
 def test_bad_claims_fail_alone(node: Path) -> None:
