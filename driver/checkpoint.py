@@ -166,11 +166,20 @@ class Checkpoint:
     def _read(self, generation: int | None, quarantine: bool) -> tuple[_View, LoadStatus | None]:
         view = _View(generation, found=self.directory.exists())
         problems: list[tuple[Path, str, Path | None]] = []
+        changed = False
         for uid, path in files.claim_files(self.directory):
             try:
                 raw = path.read_bytes()
             except FileNotFoundError:
                 continue  # removed meanwhile by an unlocked reader's writer
+            if not raw:
+                # Durable writes fsync their data before the rename: an empty file is a
+                # PrepareStarted record a machine crash cut off, not damage (see put).
+                log.warning("checkpoint claim file empty path=%s: a lost PrepareStarted", path)
+                if quarantine:
+                    path.unlink(missing_ok=True)
+                    changed = True
+                continue
             try:
                 body, boot_id = files.decode_claim(raw)
                 record = ClaimRecord.model_validate(body)
@@ -179,6 +188,7 @@ class Checkpoint:
             except (ValueError, ValidationError) as e:
                 reason = str(e).splitlines()[0]
                 moved = self._move_aside(path) if quarantine else None
+                changed = changed or quarantine
                 problems.append((path, reason, moved))
                 continue
             view.claims[uid] = record
@@ -194,7 +204,7 @@ class Checkpoint:
         current = {_key(c.allocation) for c in view.claims.values() if c.allocation is not None}
         for key in current & view.history.keys():
             del view.history[key]
-        if problems and quarantine:
+        if changed:
             _, view.generation = self._generation.bump()
         return view, self._corrupt(problems) if problems else None
 
@@ -222,7 +232,13 @@ class Checkpoint:
     # writing (under the node lock) --------------------------------------------
 
     def put(self, record: ClaimRecord) -> None:
-        """Record one claim (a new one, or a new state of it): one small atomic write."""
+        """Record one claim (a new one, or a new state of it): one small atomic write.
+
+        A ``PrepareStarted`` record is written without fsync: it must be seen by a
+        plugin that restarts after this one is killed (the page cache sees to that),
+        but a machine crash undoes whatever a half-done prepare changed, so losing
+        the record then loses nothing. Every other write is durable before it returns.
+        """
         if not files.safe_uid(record.uid):
             raise CheckpointError(
                 f"claim {record.namespace}/{record.name}: uid {record.uid!r} cannot name a "
@@ -237,6 +253,7 @@ class Checkpoint:
                     files.encode_claim(body, self.boot_id),
                     fault_point="checkpoint:before-replace",
                     faults=self._faults,
+                    durable=record.state != "PrepareStarted",
                 )
             except BaseException:
                 self._view = None

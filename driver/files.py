@@ -10,12 +10,19 @@ from driver.faults import NO_FAULTS, FaultPoints
 
 
 def write_atomic(
-    path: Path, data: bytes, *, fault_point: str = "", faults: FaultPoints = NO_FAULTS
+    path: Path,
+    data: bytes,
+    *,
+    fault_point: str = "",
+    faults: FaultPoints = NO_FAULTS,
+    durable: bool = True,
 ) -> None:
     """Write ``data`` to ``path`` so readers see the old or the new file, never a mix.
 
     A temporary file in the same directory is written and fsynced, then renamed
     over ``path``, and the directory is fsynced so the rename survives a crash.
+    ``durable=False`` leaves out both fsyncs: the file is whole for every process
+    (a killed one included) but may be lost, or left empty, if the machine crashes.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -23,13 +30,16 @@ def write_atomic(
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         if fault_point:
             faults.reached(fault_point)
         Path(tmp).replace(path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -187,6 +187,18 @@ def test_garbage_unknown_version_and_non_objects_are_corrupt(
     assert read_allocations(tmp_path / "checkpoint.json") == []
 
 
+def test_an_empty_claim_file_is_a_lost_prepare_started_not_corruption(tmp_path: Path) -> None:
+    """PrepareStarted is written without fsync; after a machine crash its file may be empty."""
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(record("u1").model_copy(update={"state": "PrepareStarted"}))
+    cp.put(record("u2"))
+    claim_file(tmp_path).write_bytes(b"")
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert (status.kind, list(state.claims)) == ("ok", ["u2"])
+    assert not claim_file(tmp_path).exists()
+    assert list(cp.load(locked=True)[0].claims) == ["u2"]
+
+
 def test_a_claim_file_under_another_name_is_corrupt(tmp_path: Path) -> None:
     cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
     cp.put(record("u1"))
