@@ -1,21 +1,23 @@
-"""Kubernetes API access shared by every command: building a client, raw JSON requests."""
+"""Kubernetes API access through the generated ``kubernetes`` client, for the controller,
+the CLI and developer tooling: building a client, raw JSON requests.
+
+The kubelet plugin uses :mod:`driver.kube_http` instead (no ``kubernetes`` import); both
+pick the kubeconfig by the same rule (:func:`driver.kubeconfig.choose`).
+"""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from kubernetes import client, config
 
 from driver.errors import ConfigError
+from driver.kube_http import RESOURCE_V1, RawAnswer
+from driver.kubeconfig import choose
 
-DEFAULT_KUBECONFIG = "~/.kube/config"
-RESOURCE_V1 = "/apis/resource.k8s.io/v1"
+__all__ = ["RESOURCE_V1", "RawAnswer", "api_client", "send"]
 
 
 def api_client(
@@ -29,23 +31,15 @@ def api_client(
 
     A missing or unusable file is a :class:`ConfigError` naming ``flag`` and the file.
     """
-    env = os.environ if environ is None else environ
-    if kubeconfig:
-        path = str(kubeconfig)
-        if not Path(path).exists():
-            raise ConfigError(f"{flag}: file {path!r} does not exist")
-        return _from_file(path, f"{flag} {path}")
-    if env.get("KUBERNETES_SERVICE_HOST"):
+    choice = choose(kubeconfig, flag=flag, environ=environ)
+    if choice.path is None:
         cfg = client.Configuration()
         try:
             config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         except (config.ConfigException, OSError) as e:
-            raise ConfigError(
-                f"in-cluster configuration: cannot build a Kubernetes client: {e}"
-            ) from e
+            raise ConfigError(f"{choice.where}: cannot build a Kubernetes client: {e}") from e
         return client.ApiClient(cfg)
-    default = env.get("KUBECONFIG") or DEFAULT_KUBECONFIG
-    return _from_file(default, f"no {flag}, not in a cluster, and the default kubeconfig {default}")
+    return _from_file(choice.path, choice.where)
 
 
 def _from_file(path: str, where: str) -> client.ApiClient:
@@ -56,32 +50,6 @@ def _from_file(path: str, where: str) -> client.ApiClient:
         )
     except (config.ConfigException, OSError) as e:
         raise ConfigError(f"{where}: cannot build a Kubernetes client: {e}") from e
-
-
-@dataclass(frozen=True)
-class RawAnswer:
-    """The API server's answer to one request, undecoded."""
-
-    status: int
-    reason: str
-    body: bytes
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status <= 299
-
-    def json(self) -> dict[str, Any]:
-        """The body as a JSON object (``{}`` when empty); ValueError when it is not one."""
-        doc = json.loads(self.body) if self.body else {}
-        if not isinstance(doc, dict):
-            raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
-        return doc
-
-    def message(self) -> str:
-        """The ``message`` of a ``Status`` answer, else the start of the body."""
-        with contextlib.suppress(ValueError, LookupError, TypeError):
-            return str(json.loads(self.body)["message"])
-        return self.body.decode(errors="replace")[:300]
 
 
 def send(

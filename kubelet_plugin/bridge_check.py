@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from typing import Any
-
-import urllib3
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from driver.bridge import check_no_device_plugin
 from driver.errors import ApiUnavailable, ConfigError, PermanentError
+from driver.kube_http import ApiError, ApiUnreachable, KubeClient
 
 
-def check_node(
-    api: client.ApiClient, node_name: str, resources: Iterable[str] | None = None
-) -> None:
+def check_node(kube: KubeClient, node_name: str, resources: Iterable[str] | None = None) -> None:
     """Read Node ``node_name`` and refuse (``DevicePluginConflict``) if a device plugin
     advertises a legacy resource there. ``ConfigError`` if the node does not exist,
     ``ApiUnavailable`` if the API server cannot be reached."""
     try:
-        resp: Any = client.CoreV1Api(api).read_node(node_name, _preload_content=False)
-    except ApiException as e:
+        node = kube.request("GET", f"/api/v1/nodes/{node_name}", timeout_s=30.0)
+    except ApiError as e:
         if e.status == 404:
             raise ConfigError(f"--node-name: node {node_name!r} does not exist") from e
         if e.status in (401, 403):
@@ -31,7 +24,10 @@ def check_node(
                 "needs get on nodes for the bridge check"
             ) from e
         raise ApiUnavailable(f"read node {node_name}: {e.status} {e.reason}") from e
-    except (urllib3.exceptions.HTTPError, OSError) as e:
-        raise ApiUnavailable(f"read node {node_name}: the API server cannot be reached: {e}") from e
-    node: dict[str, Any] = json.loads(resp.data)
+    except ApiUnreachable as e:
+        raise ApiUnavailable(
+            f"read node {node_name}: the API server cannot be reached: {e.detail}"
+        ) from e
+    except ValueError as e:
+        raise ApiUnavailable(f"read node {node_name}: the API server sent invalid JSON: {e}") from e
     check_no_device_plugin(node, resources)

@@ -19,7 +19,6 @@ prepare: the claim is prepared, only its status is late.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -27,13 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-import urllib3
-from kubernetes.client import ApiClient, ResourceV1Api
-from kubernetes.client.exceptions import ApiException
-
 from driver.api import ClaimRef, DraDriver, PrepareResult, UnprepareResult
 from driver.checkpoint import Checkpoint, CheckpointData, ClaimRecord
 from driver.config import MpsConfig
+from driver.errors import ApiUnavailable
+from driver.kube_http import RESOURCE_V1, ApiError, ApiUnreachable, KubeClient
 from driver.plan import CreateMigDevice, PlannedDevice, SetTimeSlice, StartMps
 
 log = logging.getLogger(__name__)
@@ -121,13 +118,13 @@ class ClaimStatusWriter:
 
     def __init__(
         self,
-        api_client: ApiClient,
+        kube: KubeClient,
         driver_name: str,
         *,
         on_error: Callable[[str], None] | None = None,
         timeout_s: float = WRITE_TIMEOUT_S,
     ) -> None:
-        self._api = ResourceV1Api(api_client)
+        self._kube = kube
         self._driver_name = driver_name
         self._on_error = on_error or (lambda _reason: None)
         self._timeout_s = timeout_s
@@ -155,24 +152,26 @@ class ClaimStatusWriter:
                     },
                 ]
                 try:
-                    self._api.patch_namespaced_resource_claim_status(
-                        ref.name,
-                        ref.namespace,
-                        patch,
-                        _content_type="application/json-patch+json",
-                        _preload_content=False,
-                        _request_timeout=self._timeout_s,
+                    self._kube.request(
+                        "PATCH",
+                        f"{_path(ref)}/status",
+                        body=patch,
+                        content_type="application/json-patch+json",
+                        timeout_s=self._timeout_s,
                     )
                     break
-                except ApiException as e:
+                except ApiError as e:
                     # a failed "test" (the claim changed since the read) is 422 or 409
                     if e.status not in (409, 422) or attempt == CONFLICT_RETRIES - 1:
                         raise
-        except ApiException as e:
+        except ApiError as e:
             reason = "conflict" if e.status == 409 else f"http-{e.status}"
-            self._failed(ref, reason, f"HTTP {e.status} {e.reason}: {_message(e)}")
+            self._failed(ref, reason, f"HTTP {e.status} {e.reason}: {e.message[:300]}")
             return False
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+        except ApiUnreachable as e:
+            self._failed(ref, "unreachable", e.detail)
+            return False
+        except (ApiUnavailable, ValueError) as e:
             self._failed(ref, "unreachable", f"{type(e).__name__}: {e}")
             return False
         log.info(
@@ -186,13 +185,7 @@ class ClaimStatusWriter:
         return True
 
     def _read(self, ref: ClaimRef) -> dict[str, Any]:
-        response: Any = self._api.read_namespaced_resource_claim(
-            ref.name, ref.namespace, _preload_content=False, _request_timeout=self._timeout_s
-        )
-        body = json.loads(response.data)
-        if not isinstance(body, dict):
-            raise ValueError(f"the API server sent {type(body).__name__}")
-        return body
+        return self._kube.request("GET", _path(ref), timeout_s=self._timeout_s)
 
     def write_prepared(self, ref: ClaimRef, checkpoint: Checkpoint) -> bool:
         """Look the claim up in the checkpoint and write its status (after a prepare)."""
@@ -215,11 +208,8 @@ class ClaimStatusWriter:
         self._on_error(reason)
 
 
-def _message(e: ApiException) -> str:
-    try:
-        return str(json.loads(e.body or "{}").get("message", ""))[:300]
-    except ValueError:
-        return str(e.body or "")[:300]
+def _path(ref: ClaimRef) -> str:
+    return f"{RESOURCE_V1}/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
 
 
 class StatusWritingDriver:

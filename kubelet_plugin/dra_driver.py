@@ -19,10 +19,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from kubernetes.client import ApiClient, ResourceV1Api
-
 from driver.api import ClaimRef, PrepareResult, UnprepareResult
 from driver.errors import ApiUnavailable, ClaimError, TrancheError, TrustViolation
+from driver.kube_http import RESOURCE_V1, KubeClient
 from driver.metrics import Metrics
 from driver.state import DeviceState
 from driver.trust import DEFAULT_LEVEL, ColocationRefused, Tenancy, TrustLevel, resolve_tenants
@@ -42,17 +41,17 @@ class ClaimReader(Protocol):
 class ApiClaimReader:
     """Reads ResourceClaims (``resource.k8s.io/v1``) as raw JSON from the API server."""
 
-    def __init__(self, api_client: ApiClient, timeout_s: float = READ_TIMEOUT_S) -> None:
-        self._api = ResourceV1Api(api_client)
+    def __init__(self, kube: KubeClient, timeout_s: float = READ_TIMEOUT_S) -> None:
+        self._kube = kube
         self._timeout_s = timeout_s
 
     def read(self, ref: ClaimRef) -> Mapping[str, Any]:
         return read_raw(
+            self._kube,
+            f"{RESOURCE_V1}/namespaces/{ref.namespace}/resourceclaims/{ref.name}",
             f"claim {ref.namespace}/{ref.name}",
-            lambda: self._api.read_namespaced_resource_claim(
-                ref.name, ref.namespace, _preload_content=False, _request_timeout=self._timeout_s
-            ),
             missing=" (deleted before it was prepared)",
+            timeout_s=self._timeout_s,
         )
 
 

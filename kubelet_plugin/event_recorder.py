@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from kubernetes import client
-
-from driver.kube import send
+from driver.kube_http import KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +82,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        kube: KubeClient,
         host: str,
         *,
         component: str = COMPONENT,
@@ -92,7 +90,7 @@ class EventRecorder:
         timeout_s: float = 10.0,
         on_error: Callable[[], None] | None = None,
     ) -> None:
-        self._api = api
+        self._kube = kube
         self._host = host
         self._component = component
         self._retries = retries
@@ -204,15 +202,14 @@ class EventRecorder:
 
     def _request(self, method: str, path: str, body: object, content_type: str) -> None:
         try:
-            answer = send(
-                self._api,
+            answer = self._kube.send(
                 method,
                 path,
                 body=body,
                 content_type=content_type,
                 timeout_s=self._timeout_s,
             )
-        except Exception as e:  # urllib3 and client errors: the Event is retried, then dropped
+        except Exception as e:  # transport errors: the Event is retried, then dropped
             raise EventError(f"{method} {path}: {type(e).__name__}: {e}", 0) from e
         if not answer.ok:
             raise EventError(

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from driver.cli import Command
 from driver.errors import ConfigError, TrancheError
 from driver.flags import parse_address
-from driver.kube import api_client
+from driver.kube_http import KubeClient
 from driver.logs import configure
 from driver.metrics import Metrics
 from driver.nvml.facade import Nvml
@@ -56,7 +56,8 @@ def serve(settings: PluginSettings, stop: threading.Event) -> int:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     nvml = open_nvml(settings, metrics.nvml_call)
-    plugin = NodePlugin(settings, api_client(settings.kubeconfig), nvml, registry, metrics)
+    kube = KubeClient.connect(settings.kubeconfig)
+    plugin = NodePlugin(settings, kube, nvml, registry, metrics)
     stoppers: list[Callable[[], None]] = []
     try:
         if settings.metrics_address:
@@ -82,6 +83,7 @@ def serve(settings: PluginSettings, stop: threading.Event) -> int:
         for fn in reversed(stoppers):
             fn()
         nvml.shutdown()
+        kube.close()
     return 0
 
 

@@ -9,11 +9,10 @@ the same label, so the tenant's strictest level applies
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
-from kubernetes.client import ApiClient, CoreV1Api
-
+from driver.kube_http import KubeClient
 from driver.trust import LABEL_TENANT
 from kubelet_plugin.api_read import READ_TIMEOUT_S, read_raw
 
@@ -40,22 +39,19 @@ def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
 class ApiNamespaceReader:
     """Reads Namespaces (``core/v1``) as raw JSON from the API server."""
 
-    def __init__(self, api_client: ApiClient, timeout_s: float = READ_TIMEOUT_S) -> None:
-        self._api = CoreV1Api(api_client)
+    def __init__(self, kube: KubeClient, timeout_s: float = READ_TIMEOUT_S) -> None:
+        self._kube = kube
         self._timeout_s = timeout_s
 
     def tenant_labels(self, namespace: str) -> dict[str, Labels]:
         where = f"namespace {namespace}"
-        own = self._get(where, lambda: self._api.read_namespace(namespace, **self._raw()))
+        own = self._get(where, f"/api/v1/namespaces/{namespace}")
         labels = _labels(own)
         found: dict[str, Labels] = {namespace: labels}
         tenant = labels.get(LABEL_TENANT)
         if tenant:
             listed = self._get(
-                where,
-                lambda: self._api.list_namespace(
-                    label_selector=f"{LABEL_TENANT}={tenant}", **self._raw()
-                ),
+                where, "/api/v1/namespaces", {"labelSelector": f"{LABEL_TENANT}={tenant}"}
             )
             items = listed.get("items")
             for item in items if isinstance(items, list) else []:
@@ -65,9 +61,16 @@ class ApiNamespaceReader:
                     found[name] = _labels(item)
         return found
 
-    def _raw(self) -> dict[str, Any]:
-        return {"_preload_content": False, "_request_timeout": self._timeout_s}
-
-    def _get(self, where: str, call: Callable[[], Any]) -> Mapping[str, Any]:
+    def _get(
+        self, where: str, path: str, query: Mapping[str, str] | None = None
+    ) -> Mapping[str, Any]:
         unknown = "; its trust level is unknown"
-        return read_raw(where, call, missing=unknown, unknown=unknown)
+        return read_raw(
+            self._kube,
+            path,
+            where,
+            missing=unknown,
+            unknown=unknown,
+            query=query,
+            timeout_s=self._timeout_s,
+        )

@@ -15,7 +15,6 @@ import os
 import threading
 from typing import Any
 
-from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry
 
 from driver.cdi import CdiSpecs
@@ -26,6 +25,7 @@ from driver.health_metrics import HealthMetrics
 from driver.health_store import HealthStateFile
 from driver.health_watch import HealthWatcher
 from driver.inventory import build_inventory
+from driver.kube_http import KubeClient
 from driver.metrics import Metrics
 from driver.nvml.facade import Nvml
 from driver.plan import CreateMigDevice
@@ -68,7 +68,7 @@ class NodePlugin:
     def __init__(
         self,
         settings: PluginSettings,
-        api_client: ApiClient,
+        kube: KubeClient,
         nvml: Nvml,
         registry: CollectorRegistry,
         metrics: Metrics,
@@ -130,17 +130,17 @@ class NodePlugin:
             register_events=nvml.register_events,
         )
         self.publisher = Publisher(
-            api_client, settings.driver_name, settings.node_name, on_count=self._on_publish
+            kube, settings.driver_name, settings.node_name, on_count=self._on_publish
         )
-        self._api = api_client
+        self._kube = kube
         self.events = EventRecorder(
-            api_client, settings.node_name, on_error=lambda: metrics.count_error("event")
+            kube, settings.node_name, on_error=lambda: metrics.count_error("event")
         )
         self._health_events = HealthEvents(self.events)
         self.plugin_driver = PluginDriver(
             self.state,
-            ApiClaimReader(api_client),
-            ApiNamespaceReader(api_client),
+            ApiClaimReader(kube),
+            ApiNamespaceReader(kube),
             default_level=settings.default_trust_level,
             events=self.events,
             metrics=metrics,
@@ -148,7 +148,7 @@ class NodePlugin:
         self.driver = StatusWritingDriver(
             self.plugin_driver,
             ClaimStatusWriter(
-                api_client,
+                kube,
                 settings.driver_name,
                 on_error=lambda _reason: metrics.count_error("claim-status"),
             ),
@@ -208,7 +208,7 @@ class NodePlugin:
 
     def start(self) -> None:
         if self.settings.device_plugin_check:
-            check_node(self._api, self.settings.node_name)
+            check_node(self._kube, self.settings.node_name)
         self.recovery = self.state.recover()
         status = self.recovery.checkpoint
         if status.kind == "corrupt":

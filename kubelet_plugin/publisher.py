@@ -21,20 +21,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
-
 from driver.errors import ApiUnavailable, ConfigError, PermanentError
+from driver.kube_http import RESOURCE_V1, ApiError, KubeClient, Watch
 from kubelet_plugin import slice_diff
 
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceslices"
+SLICES = f"{RESOURCE_V1}/resourceslices"
 
 Json = dict[str, Any]
 CountHook = Callable[[str], None]
-_iter_lines: Callable[[Any], Any] = iter_resp_lines
 
 
 class FieldDroppedError(PermanentError):
@@ -69,7 +65,7 @@ class Publisher:
 
     def __init__(
         self,
-        api_client: client.ApiClient,
+        kube: KubeClient,
         driver_name: str,
         node_name: str,
         *,
@@ -82,8 +78,7 @@ class Publisher:
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
-        self._objects = client.CustomObjectsApi(api_client)
-        self._core = client.CoreV1Api(api_client)
+        self._kube = kube
         self._count = on_count or (lambda _name: None)
         self._resync = resync_seconds
         self._permanent_retry = permanent_retry_seconds
@@ -100,7 +95,7 @@ class Publisher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._watch_response: Any = None
+        self._watch: Watch | None = None
 
         self.generation = 0
         self._published_digest: str | None = None
@@ -245,16 +240,12 @@ class Publisher:
     def _apply(self, p: slice_diff.Plan) -> None:
         try:
             for body in p.create:
-                got = self._call(
-                    self._objects.create_cluster_custom_object, GROUP, VERSION, PLURAL, body
-                )
+                got = self._call("POST", SLICES, body)
                 self._count("slice_created")
                 self._check_kept(body, got)
             for body in p.replace:
                 name = body["metadata"]["name"]
-                got = self._call(
-                    self._objects.replace_cluster_custom_object, GROUP, VERSION, PLURAL, name, body
-                )
+                got = self._call("PUT", f"{SLICES}/{name}", body)
                 self._count("slice_updated")
                 self._check_kept(body, got)
         except FieldDroppedError:
@@ -284,38 +275,38 @@ class Publisher:
 
     def _delete(self, name: str) -> None:
         try:
-            self._call(self._objects.delete_cluster_custom_object, GROUP, VERSION, PLURAL, name)
+            self._call("DELETE", f"{SLICES}/{name}")
             self._count("slice_deleted")
-        except ApiException as e:
+        except ApiError as e:
             if e.status != 404:
                 raise
 
     def _node_uid(self) -> str:
         try:
-            node = self._call(self._core.read_node, self.node_name)
-        except ApiException as e:
+            node = self._call("GET", f"/api/v1/nodes/{self.node_name}")
+        except ApiError as e:
             if e.status == 404:
                 raise ApiUnavailable(
                     f"Node {self.node_name!r} does not exist; its ResourceSlices need it as owner"
                 ) from e
             raise
-        return str(node.metadata.uid)
+        return str(node["metadata"]["uid"])
 
     def _list(self) -> list[Json]:
-        result = self._call(
-            self._objects.list_cluster_custom_object,
-            GROUP,
-            VERSION,
-            PLURAL,
-            field_selector=self._selector,
-        )
-        items: list[Json] = result.get("items", [])
+        result = self._call("GET", SLICES, query={"fieldSelector": self._selector})
+        items: list[Json] = result.get("items") or []
         return items
 
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Json | None = None,
+        query: Mapping[str, str] | None = None,
+    ) -> Json:
         try:
-            return fn(*args, _request_timeout=self._timeout, **kwargs)
-        except ApiException as e:
+            return self._kube.request(method, path, body=body, query=query, timeout_s=self._timeout)
+        except ApiError as e:
             if e.status == 422:
                 raise ConfigError(f"API server rejected ResourceSlice: {_reason(e)}") from e
             raise
@@ -325,22 +316,20 @@ class Publisher:
     def _watch_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                resp = self._objects.list_cluster_custom_object(
-                    GROUP,
-                    VERSION,
-                    PLURAL,
-                    field_selector=self._selector,
-                    watch=True,
-                    timeout_seconds=self._watch_seconds,
-                    _preload_content=False,
-                    _request_timeout=(self._timeout, self._watch_seconds + self._timeout),
+                watch = self._kube.watch(
+                    SLICES,
+                    {"fieldSelector": self._selector},
+                    timeout_s=self._watch_seconds,
+                    connect_timeout_s=self._timeout,
                 )
-                self._watch_response = resp
+                self._watch = watch
+                if self._stop.is_set():
+                    return
                 self._wake.set()  # slices may have gone while no watch was open
-                for line in _iter_lines(resp):
+                for event in watch:
                     if self._stop.is_set():
                         break
-                    self._on_watch_line(line)
+                    self._on_watch_event(event)
                 self._watch_backoff.reset()
             except Exception as e:
                 if self._stop.is_set():
@@ -350,27 +339,17 @@ class Publisher:
             finally:
                 self._close_watch()
 
-    def _on_watch_line(self, line: str) -> None:
-        if not line:
-            return
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return
+    def _on_watch_event(self, event: Json) -> None:
         if event.get("type") in {"ADDED", "MODIFIED", "DELETED"}:
             self._wake.set()
 
     def _close_watch(self) -> None:
-        resp, self._watch_response = self._watch_response, None
-        if resp is not None:
-            try:
-                resp.shutdown()
-                resp.release_conn()
-            except Exception as e:
-                log.debug("closing slice watch failed error=%s", _describe(e))
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
 
 
-def _reason(e: ApiException) -> str:
+def _reason(e: ApiError) -> str:
     try:
         body = json.loads(e.body or "{}")
     except ValueError:
@@ -379,6 +358,6 @@ def _reason(e: ApiException) -> str:
 
 
 def _describe(e: BaseException) -> str:
-    if isinstance(e, ApiException):
+    if isinstance(e, ApiError):
         return f"HTTP {e.status}: {_reason(e)}"
     return f"{type(e).__name__}: {e}"

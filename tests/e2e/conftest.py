@@ -4,7 +4,9 @@ launcher as ``hack/dev-cluster`` in a state directory under pytest's tmp dir.
 
 * ``cluster`` (session): ``.kubeconfig``, ``.bin_dir``, ``.server``,
   ``.state_dir``, ``.api_client()`` (a new ``kubernetes.client.ApiClient``;
-  close it, e.g. ``with cluster.api_client() as api:``).
+  close it, e.g. ``with cluster.api_client() as api:``), ``.kube(server=None)`` (a new
+  :class:`driver.kube_http.KubeClient`, the plugin's thin client, from the admin
+  kubeconfig; ``server`` points it elsewhere, e.g. at a relay).
 * ``namespace`` (function): a fresh namespace name; its pods are force-deleted
   and the namespace deleted after the test.
 * ``make_node`` (function): ``make_node(name, labels=None) -> name`` creates a
@@ -25,13 +27,15 @@ import re
 import secrets
 import signal
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
 import pytest
 from kubernetes import client
 
+from driver.kube_http import KubeClient
+from driver.kubeconfig import from_file
 from hack.devcluster.binaries import build_or_find
 from hack.devcluster.config import BINARIES, ClusterConfig
 from hack.devcluster.errors import ClusterError
@@ -54,6 +58,10 @@ class Cluster:
 
     def api_client(self) -> client.ApiClient:
         return api_client(self.server, Pki(Path(self.state_dir) / "pki"))
+
+    def kube(self, server: str | None = None) -> KubeClient:
+        creds = from_file(Path(self.kubeconfig))
+        return KubeClient(replace(creds, server=server) if server else creds)
 
     def log_file(self, component: str) -> Path:
         return Path(self.state_dir) / "logs" / f"{component}.log"

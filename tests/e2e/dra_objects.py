@@ -11,6 +11,8 @@ import pytest
 from kubernetes import client
 
 from driver.inventory import Inventory
+from driver.kube_http import KubeClient
+from driver.kubeconfig import Credentials
 from driver.slices import DEFAULT_DRIVER_NAME, build_slices
 from kubelet_plugin.publisher import Backoff, Publisher
 from tests.waiting import wait_for
@@ -37,6 +39,20 @@ def slice_object(
     }
 
 
+def kube_of(api: client.ApiClient) -> KubeClient:
+    """The plugin's thin client with the server and credentials of ``api``; close it."""
+    c = api.configuration
+    return KubeClient(
+        Credentials(
+            server=c.host,
+            ca_file=c.ssl_ca_cert,
+            cert_file=c.cert_file,
+            key_file=c.key_file,
+            insecure=not c.verify_ssl,
+        )
+    )
+
+
 def list_slices(api: client.ApiClient, node: str, driver: str = DRIVER) -> list[dict[str, Any]]:
     selector = f"spec.nodeName={node},spec.driver={driver}"
     got: Any = client.CustomObjectsApi(api).list_cluster_custom_object(
@@ -54,15 +70,16 @@ def publishing(
     **kwargs: Any,
 ) -> Iterator[Publisher]:
     """A started publisher for ``node`` that has published ``inventory``; stopped afterwards."""
-    pub = Publisher(api, DRIVER, node, backoff=Backoff(0.2, 2.0), **kwargs)
-    pub.update(build_slices(inventory, node))
-    pub.start()
-    try:
-        if not pub.wait_published(60):
-            pytest.fail(f"slices of {node} not published within 60s: {pub.error}")
-        yield pub
-    finally:
-        pub.stop()
+    with kube_of(api) as kube:
+        pub = Publisher(kube, DRIVER, node, backoff=Backoff(0.2, 2.0), **kwargs)
+        pub.update(build_slices(inventory, node))
+        pub.start()
+        try:
+            if not pub.wait_published(60):
+                pytest.fail(f"slices of {node} not published within 60s: {pub.error}")
+            yield pub
+        finally:
+            pub.stop()
 
 
 @contextlib.contextmanager

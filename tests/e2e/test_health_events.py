@@ -39,8 +39,8 @@ def test_taint_and_heal_are_recorded_as_node_events(
     gpu = "GPU-5e5e5e5e-0000-0000-0000-000000000000"
     monitor = HealthMonitor(HealthPolicy(quiet_seconds=0), node, clock=SteppingClock())
     monitor.set_devices({"gpu-5e5e5e5e": gpu, "gpu-5e5e5e5e-mig-1g10gb-0": gpu})
-    with cluster.api_client() as api:
-        recorder = EventRecorder(api, node)
+    with cluster.api_client() as api, cluster.kube() as kube:
+        recorder = EventRecorder(kube, node)
         monitor.add_listener(HealthEvents(recorder))
         try:
             monitor.observe_event(XidEvent(gpu, "xid", 79, 0.0))

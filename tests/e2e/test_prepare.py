@@ -63,6 +63,7 @@ def test_allocated_claim_is_prepared_and_bad_refs_fail_alone(
     state = _device_state(tmp_path, node)
     with (
         cluster.api_client() as api,
+        cluster.kube() as kube,
         publishing(api, node, state.inventory),
         device_class(api) as cls,
     ):
@@ -73,7 +74,7 @@ def test_allocated_claim_is_prepared_and_bad_refs_fail_alone(
         ref = _ref(api, namespace, name)
         gone = ClaimRef("0000-gone", namespace, "no-such-claim")
         stale = ClaimRef("0000-stale", namespace, name)
-        driver = PluginDriver(state, ApiClaimReader(api), ApiNamespaceReader(api))
+        driver = PluginDriver(state, ApiClaimReader(kube), ApiNamespaceReader(kube))
         try:
             results = driver.prepare([ref, gone, stale])
         finally:
@@ -88,7 +89,7 @@ def test_allocated_claim_is_prepared_and_bad_refs_fail_alone(
         assert "metadata.uid" in results[stale.uid].error
 
         # The API server is unreachable: prepare fails with the reason, unprepare needs no read.
-        down = client.ApiClient(client.Configuration(host="https://127.0.0.1:9"))
+        down = cluster.kube("https://127.0.0.1:9")
         offline = PluginDriver(
             state, ApiClaimReader(down, timeout_s=2), ApiNamespaceReader(down, timeout_s=2)
         )
@@ -98,4 +99,5 @@ def test_allocated_claim_is_prepared_and_bad_refs_fail_alone(
             assert offline.unprepare([ref])[ref.uid].error == ""
         finally:
             offline.close()
+            down.close()
         assert not CdiSpecs(tmp_path / "cdi").path(ref.uid).exists()

@@ -28,7 +28,7 @@ from kubelet_plugin.claim_status import ClaimStatusWriter
 from kubelet_plugin.dra_driver import ApiClaimReader
 from kubelet_plugin.publisher import Backoff, Publisher
 from tests.e2e.conftest import Cluster
-from tests.e2e.dra_objects import DRIVER, GROUP, NODE_LABEL, VERSION, unschedulable
+from tests.e2e.dra_objects import DRIVER, GROUP, NODE_LABEL, VERSION, kube_of, unschedulable
 from tests.e2e.sim_nodes import kubectl
 from tests.waiting import wait_for
 
@@ -95,17 +95,18 @@ class SimNode:
 
     @contextlib.contextmanager
     def published(self, api: client.ApiClient) -> Iterator[None]:
-        pub = Publisher(api, DRIVER, self.node, backoff=Backoff(0.2, 2.0))
-        extra = self.sharing.extra_devices(self.inventory)
-        pub.update(build_slices(self.inventory, self.node, DRIVER, extra_devices=extra))
-        pub.start()
-        try:
-            if not pub.wait_published(60):
-                pytest.fail(f"slices of {self.node} not published within 60s: {pub.error}")
-            yield
-        finally:
-            pub.stop()
-            self.sharing.daemons.sweep(set())
+        with kube_of(api) as kube:
+            pub = Publisher(kube, DRIVER, self.node, backoff=Backoff(0.2, 2.0))
+            extra = self.sharing.extra_devices(self.inventory)
+            pub.update(build_slices(self.inventory, self.node, DRIVER, extra_devices=extra))
+            pub.start()
+            try:
+                if not pub.wait_published(60):
+                    pytest.fail(f"slices of {self.node} not published within 60s: {pub.error}")
+                yield
+            finally:
+                pub.stop()
+                self.sharing.daemons.sweep(set())
 
 
 def _apply(cluster: Cluster, ns: str, example: str, node: str, pods: int = 1) -> list[str]:
@@ -155,9 +156,10 @@ def _ref(obj: Obj) -> ClaimRef:
 
 
 def _prepare(api: client.ApiClient, sim: SimNode, ref: ClaimRef) -> None:
-    result = sim.state.prepare(ApiClaimReader(api).read(ref), ref)
-    assert result.error == ""
-    assert ClaimStatusWriter(api, DRIVER).write_prepared(ref, sim.checkpoint)
+    with kube_of(api) as kube:
+        result = sim.state.prepare(ApiClaimReader(kube).read(ref), ref)
+        assert result.error == ""
+        assert ClaimStatusWriter(kube, DRIVER).write_prepared(ref, sim.checkpoint)
 
 
 def _env(sim: SimNode, uid: str) -> list[str]:

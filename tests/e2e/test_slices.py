@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +14,6 @@ from kubernetes import client
 from driver.inventory import AdvertiseConfig, build_inventory
 from driver.nvml.sim import create_state, open_simulated, shipped_profiles
 from driver.slices import build_slices
-from hack.devcluster.kubeconfig import api_client
-from hack.devcluster.pki import Pki
 from kubelet_plugin.publisher import Backoff, Publisher
 from tests.e2e.cluster_state import request_json
 from tests.e2e.conftest import Cluster
@@ -164,7 +161,7 @@ def test_publishing_recovers_after_an_api_outage(
     events: list[str] = []
     with (
         cluster.api_client() as api,
-        api_client(relay.url, Pki(Path(cluster.state_dir) / "pki")) as via_relay,
+        cluster.kube(relay.url) as via_relay,
     ):
         pub = Publisher(via_relay, DRIVER, node, backoff=Backoff(0.2, 1.0), on_count=events.append)
         pub.update(build_slices(build_inventory([h100(0)], SYSTEM), node))
@@ -196,8 +193,8 @@ def test_dropped_field_is_a_clear_error(cluster: Cluster, make_node: Callable[..
         "nodeAllocatableResources": {"memory": {"overhead": {"perPod": "1Gi"}}},
     }
     events: list[str] = []
-    with cluster.api_client() as api:
-        pub = Publisher(api, DRIVER, node, on_count=events.append)
+    with cluster.api_client() as api, cluster.kube() as kube:
+        pub = Publisher(kube, DRIVER, node, on_count=events.append)
         pub.update(build_slices(inventory, node, extra_devices={"gpu-00000000": [gated]}))
         pub.start()
         try:

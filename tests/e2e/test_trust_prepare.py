@@ -133,6 +133,7 @@ def test_prepare_refuses_a_time_slice_share_beside_an_isolated_tenant(
     registry = CollectorRegistry()
     with (
         cluster.api_client() as api,
+        cluster.kube() as kube,
         publishing(api, node, state.inventory),
         device_class(api) as cls,
         _namespace(api, {LABEL_LEVEL: "shared", LABEL_SHARING_GROUP: "blue"}) as shared_ns,
@@ -147,11 +148,11 @@ def test_prepare_refuses_a_time_slice_share_beside_an_isolated_tenant(
         _allocate_by_hand(api, shared_ns, "work", node, gpu)
         first, second = _ref(api, namespace, isolated_claim), _ref(api, shared_ns, "work")
 
-        events = EventRecorder(api, node)
+        events = EventRecorder(kube, node)
         driver = PluginDriver(
             state,
-            ApiClaimReader(api),
-            ApiNamespaceReader(api),
+            ApiClaimReader(kube),
+            ApiNamespaceReader(kube),
             events=events,
             metrics=Metrics(registry),
         )

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from driver.api import ClaimRef
 from driver.checkpoint import Checkpoint
 from driver.faults import NO_FAULTS
+from driver.kube_http import KubeClient
+from driver.kubeconfig import Credentials
 from driver.metrics import Metrics
 from driver.nvml.sim import create_state
 from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
@@ -66,13 +67,13 @@ def node(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def nowhere() -> Iterator[client.ApiClient]:
-    with client.ApiClient(client.Configuration(host=NOWHERE)) as api:
-        yield api
+def nowhere() -> Iterator[KubeClient]:
+    with KubeClient(Credentials(NOWHERE)) as kube:
+        yield kube
 
 
 def test_unreadable_namespace_fails_the_claim_closed_and_retryable(
-    node: Path, nowhere: client.ApiClient
+    node: Path, nowhere: KubeClient
 ) -> None:
     ds = device_state(node, NO_FAULTS)
     obj = claim("u1", [result(ds.inventory.gpus[0].name)], name="c-u1")
@@ -89,7 +90,7 @@ def test_unreadable_namespace_fails_the_claim_closed_and_retryable(
 
 
 def test_refusal_is_counted_and_a_failing_event_never_fails_prepare(
-    node: Path, nowhere: client.ApiClient, caplog: pytest.LogCaptureFixture
+    node: Path, nowhere: KubeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     ds = device_state(node, NO_FAULTS)
     gpu = ds.inventory.gpus[0].name
