@@ -32,6 +32,7 @@ from driver.plan import Plan, PlannedDevice
 from driver.trust import ColocationRefused, Consumer, Mechanism, Tenancy, TrustLevel, check_prepare
 
 UNRECORDED_PREFIX = "unrecorded:"
+_LEVELS = frozenset(level.value for level in TrustLevel)
 
 
 def mechanism_of(device: PlannedDevice) -> Mechanism:
@@ -62,6 +63,15 @@ def consumers(claim: str, tenancy: Tenancy, plan: Plan, node: str) -> Iterator[C
         yield Consumer(claim, tenancy, mechanism_of(d), node, d.gpu_uuid, d.device)
 
 
+def _same_tenant(record: ClaimRecord, tenancy: Tenancy) -> bool:
+    """Whether ``record`` is held by the new claim's tenant, whom no pair rule refuses
+    (:func:`driver.trust.judge_pair`): skipping such records keeps a prepare on a node
+    full of one tenant's claims from judging every one of them. A record whose tenancy
+    fails closed (no tenant, or a level this version does not know: see
+    :func:`recorded_tenancy`) is never the same tenant."""
+    return record.tenant == tenancy.tenant and record.trust_level in _LEVELS
+
+
 def check_claim(
     allocation: ClaimAllocation, plan: Plan, state: CheckpointData, tenancy: Tenancy, node: str
 ) -> None:
@@ -73,7 +83,7 @@ def check_claim(
     others = [
         c
         for record in state.claims.values()
-        if record.uid != plan.claim_uid
+        if record.uid != plan.claim_uid and not _same_tenant(record, tenancy)
         for c in consumers(record.uid, recorded_tenancy(record), record.plan, node)
     ]
     for new in consumers(plan.claim_uid, tenancy, plan, node):

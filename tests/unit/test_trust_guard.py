@@ -171,6 +171,18 @@ def test_records_without_tenancy_fail_closed(fields: dict[str, Any]) -> None:
         assert err.value.other_tenant == "unrecorded:ns-old"
 
 
+def test_a_record_of_the_same_tenant_with_an_unknown_level_still_fails_closed() -> None:
+    """Records of the new claim's own tenant are skipped, but only when their tenancy is known."""
+    old = record("old", None, device("ts", GPU2), tenant="b", trust_level="trusted")
+    with pytest.raises(ColocationRefused) as err:
+        judge(Tenancy("ns-b", "b", TrustLevel.SHARED, "g"), device("gpu", GPU1), old)
+    assert err.value.other_tenant == "unrecorded:ns-old"
+    held = record("same", tenancy("b:isolated"), device("gpu", GPU1))
+    judge(Tenancy("ns-b", "b", TrustLevel.ISOLATED, None), device("gpu", GPU1), held)
+    with pytest.raises(ColocationRefused):
+        judge(Tenancy("ns-c", "c", TrustLevel.ISOLATED, None), device("gpu", GPU1), held)
+
+
 def test_a_claims_own_record_is_not_its_neighbour() -> None:
     """A half-prepared attempt of the same claim (rolled back later) never refuses it."""
     me = tenancy("a:isolated")
