@@ -19,9 +19,11 @@ prepare: the claim is prepared, only its status is late.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +38,7 @@ from driver.plan import CreateMigDevice, PlannedDevice, SetTimeSlice, StartMps
 log = logging.getLogger(__name__)
 
 WRITE_TIMEOUT_S = 10.0
+YIELD_S = 5.0
 CONFLICT_RETRIES = 3
 KEY = ("driver", "device", "pool", "shareID")
 
@@ -217,27 +220,54 @@ class StatusWritingDriver:
 
     The writes go to a small background pool: the kubelet's answer never waits
     for them, and a failed write is logged and counted, never a failed prepare.
+    They also give way to the kubelet's calls: a write waits while calls are in
+    flight, at most ``yield_s``, so a burst of pods starting is not slowed by two
+    API requests per claim competing for the interpreter; their statuses follow.
     """
 
     def __init__(
-        self, inner: DraDriver, writer: ClaimStatusWriter, records: Callable[[], CheckpointData]
+        self,
+        inner: DraDriver,
+        writer: ClaimStatusWriter,
+        records: Callable[[], CheckpointData],
+        *,
+        yield_s: float = YIELD_S,
     ) -> None:
         self._inner = inner
         self._writer = writer
         self._records = records
+        self._yield_s = yield_s
+        self._in_flight = 0
+        self._idle = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="claim-status")
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        results = self._inner.prepare(claims)
+        with self._call():
+            results = self._inner.prepare(claims)
         done = [c for c in claims if c.uid in results and not results[c.uid].error]
         if done:
             self._pool.submit(self._write, done)
         return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
-        return self._inner.unprepare(claims)
+        with self._call():
+            return self._inner.unprepare(claims)
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        with self._idle:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._idle.notify_all()
 
     def _write(self, claims: Sequence[ClaimRef]) -> None:
+        with self._idle:
+            self._idle.wait_for(lambda: not self._in_flight, timeout=self._yield_s)
         state = self._records()
         for ref in claims:
             record = state.claims.get(ref.uid)

@@ -1,14 +1,28 @@
-"""status.devices entries of a prepared claim: contents and merging with other drivers'."""
+"""status.devices entries of a prepared claim: contents, merging with other drivers',
+and writes that give way to the kubelet's calls."""
 
 from __future__ import annotations
 
 import json
+import queue
+import threading
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, cast
 
-from driver.checkpoint import Checkpoint
+import pytest
+
+from driver.api import ClaimRef, PrepareResult, UnprepareResult
+from driver.checkpoint import Checkpoint, CheckpointData, ClaimRecord
 from driver.nvml.sim import create_state
-from kubelet_plugin.claim_status import device_statuses, merge_devices
+from driver.plan import Plan
+from kubelet_plugin.claim_status import (
+    ClaimStatusWriter,
+    StatusWritingDriver,
+    device_statuses,
+    merge_devices,
+)
 from tests.unit.claim_values import DRIVER, claim, ref_of, result
 from tests.unit.sharing_node import sharing_state
 
@@ -59,3 +73,73 @@ def test_entries_name_the_device_mode_and_limits_and_keep_other_drivers(tmp_path
         assert merge_devices(live, [mps, mig_entry], DRIVER) == [other, mps, mig_entry]
     finally:
         state.unprepare(ref_of(obj))
+
+
+class BlockingDriver:
+    """A DraDriver whose prepare of claim ``slow`` waits until released."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        if claims[0].uid == "slow":
+            self.entered.set()
+            self.release.wait(30)
+        return {c.uid: PrepareResult() for c in claims}
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
+        return {c.uid: UnprepareResult() for c in claims}
+
+
+class RecordingWriter:
+    def __init__(self) -> None:
+        self.written: queue.Queue[str] = queue.Queue()
+
+    def write(self, ref: ClaimRef, record: ClaimRecord) -> bool:
+        self.written.put(ref.uid)
+        return True
+
+
+def status_driver(inner: BlockingDriver, writer: RecordingWriter, yield_s: float) -> Any:
+    record = ClaimRecord(
+        uid="fast", namespace="ns", name="f", state="PrepareCompleted",
+        plan=Plan(claim_uid="fast", devices=(), steps=()), started_at=0.0,
+    )  # fmt: skip
+    state = CheckpointData(claims={"fast": record})
+    return StatusWritingDriver(
+        inner, cast(ClaimStatusWriter, writer), lambda: state, yield_s=yield_s
+    )
+
+
+def test_status_writes_give_way_to_the_kubelets_calls_in_flight() -> None:
+    inner, writer = BlockingDriver(), RecordingWriter()
+    driver = status_driver(inner, writer, yield_s=60.0)
+    slow = threading.Thread(target=driver.prepare, args=([ClaimRef("slow", "ns", "s")],))
+    slow.start()
+    try:
+        assert inner.entered.wait(30)
+        driver.prepare([ClaimRef("fast", "ns", "f")])
+        with pytest.raises(queue.Empty):
+            writer.written.get(timeout=0.5)  # a call is still in flight
+    finally:
+        inner.release.set()
+        slow.join()
+    assert writer.written.get(timeout=30) == "fast"
+    driver.close()
+
+
+def test_a_status_write_waits_no_longer_than_its_limit() -> None:
+    inner, writer = BlockingDriver(), RecordingWriter()
+    driver = status_driver(inner, writer, yield_s=0.1)
+    slow = threading.Thread(target=driver.prepare, args=([ClaimRef("slow", "ns", "s")],))
+    slow.start()
+    try:
+        assert inner.entered.wait(30)
+        driver.prepare([ClaimRef("fast", "ns", "f")])
+        assert writer.written.get(timeout=30) == "fast"  # written while "slow" still runs
+        assert slow.is_alive()
+    finally:
+        inner.release.set()
+        slow.join()
+    driver.close()
