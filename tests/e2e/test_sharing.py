@@ -190,7 +190,15 @@ def test_timeslice_shares_fill_a_gpu_then_wait(
     with cluster.api_client() as api, sim.published(api):
         # the L4 has 22Gi in steps of 1Gi: two 8Gi shares fit, the third waits
         pods = _apply(cluster, namespace, "timeslice-shares.yaml", node, pods=3)
-        claims = [_allocated(api, namespace, p) for p in pods[:2]]
+
+        def two_allocated() -> dict[str, Obj] | None:
+            # the scheduler picks which two pods get the shares, in any order
+            got = {p: c for p in pods if (c := _claim_of(api, namespace, p)) is not None}
+            return got if len(got) == 2 else None
+
+        allocated: dict[str, Obj] = wait_for("two of the three shares allocated", two_allocated)
+        claims = list(allocated.values())
+        (waiting,) = (p for p in pods if p not in allocated)
         for c in claims:
             (res,) = c["status"]["allocation"]["devices"]["results"]
             assert res["device"] == share
@@ -198,9 +206,9 @@ def test_timeslice_shares_fill_a_gpu_then_wait(
             assert res["shareID"]
         wait_for(
             "the third share to be unschedulable",
-            lambda: unschedulable(api, namespace, pods[2]),
+            lambda: unschedulable(api, namespace, waiting),
         )
-        assert _claim_of(api, namespace, pods[2]) is None
+        assert _claim_of(api, namespace, waiting) is None
 
         refs = [_ref(c) for c in claims]
         for ref in refs:
