@@ -30,7 +30,7 @@ from driver.kube import RESOURCE_V1
 from driver.nvml.sim import create_state, open_simulated
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.dra_objects import NODE_LABEL, publishing
-from tests.e2e.test_trust_admission import ROOT, _docs
+from tests.e2e.trust_policy import ROOT, docs
 from tests.waiting import wait_for
 
 RES = ("resource.k8s.io", "v1")
@@ -207,7 +207,7 @@ def test_fallback_webhook_rewrites_a_gpu_pod_into_a_claim_the_scheduler_allocate
     assert set(secret["data"]) >= {"ca.crt", "tls.crt", "tls.key"}
 
     node = make_node("legacy-h100", {NODE_LABEL: "legacy-h100"})
-    whole_gpu = _docs(ROOT / "deploy/deviceclasses/whole-gpu.yaml")  # no extendedResourceName
+    whole_gpu = docs(ROOT / "deploy/deviceclasses/whole-gpu.yaml")  # no extendedResourceName
     with _classes(api, whole_gpu), publishing(api, node, _inventory("dgx-h100")):
         body = _pod("legacy", node, {"trainer": {"nvidia.com/gpu": "2", "cpu": "1"}})
         _create_pod(api, namespace, body)
