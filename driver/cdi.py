@@ -170,7 +170,12 @@ class CdiSpecs:
     def write(self, claim_uid: str, devices: Sequence[CdiDevice], common: ContainerEdits) -> Path:
         path = self.path(claim_uid)
         data = json.dumps(build_spec(devices, common), indent=2).encode() + b"\n"
-        write_atomic(path, data, fault_point="cdi:before-replace", faults=self._faults)
+        # Not fsynced: the spec is whole for the runtime at once (page cache), and after a
+        # machine crash start-up recovery rewrites the spec of every prepared claim (its
+        # directory is a tmpfs on most nodes anyway).
+        write_atomic(
+            path, data, fault_point="cdi:before-replace", faults=self._faults, durable=False
+        )
         return path
 
     def remove(self, claim_uid: str) -> bool:

@@ -411,7 +411,9 @@ class DeviceState:
         )
         self.checkpoint.put(record)
         self._faults.reached("prepare:after-completed")
-        log.info("prepared claim_uid=%s claim=%s devices=%d", ref.uid, allocation.key, len(devices))
+        log.debug(
+            "prepared claim_uid=%s claim=%s devices=%d", ref.uid, allocation.key, len(devices)
+        )
         return _answer(record)
 
     def _apply(
@@ -486,7 +488,7 @@ class DeviceState:
                 self._faults.reached("unprepare:after-removed")
         except (TrancheError, OSError) as e:
             return UnprepareResult(error=f"claim {ref.namespace}/{ref.name}: {e}")
-        log.info("unprepared claim_uid=%s claim=%s/%s", ref.uid, ref.namespace, ref.name)
+        log.debug("unprepared claim_uid=%s claim=%s/%s", ref.uid, ref.namespace, ref.name)
         return UnprepareResult()
 
     # start-up --------------------------------------------------------------
