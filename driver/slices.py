@@ -323,14 +323,18 @@ def build_slices(
     inventory: Inventory,
     node_name: str,
     driver_name: str = DEFAULT_DRIVER_NAME,
+    *,
     taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     extra_devices: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    common_attributes: Mapping[str, Json] | None = None,
 ) -> list[Json]:
     """The ResourceSlices of ``inventory`` for ``node_name``.
 
     ``taints`` maps device names to ``DeviceTaint`` dicts (``key``, ``value``,
     ``effect``, ``timeAdded``); a GPU's taints are not copied to its MIG slots
     here, the caller decides (see :meth:`Inventory.devices_on`).
+    ``common_attributes`` are added to every device (e.g. ``dedicatedTo`` on a node
+    dedicated to one tenant).
     ``extra_devices`` maps GPU names to further device dicts placed in that
     GPU's slice (e.g. shared time-slicing or MPS devices); the GPU then gets
     a counter set, and such a device can take the whole GPU with
@@ -371,6 +375,8 @@ def build_slices(
         devices.extend(mig_device(m, inventory, counters or {}) for m in migs)
         devices.extend(extras)
         for d in devices:
+            if common_attributes:
+                d["attributes"] = {**d.get("attributes", {}), **common_attributes}
             if taints.get(d["name"]):
                 d["taints"] = [dict(t) for t in taints[d["name"]]]
             _check_device(d)

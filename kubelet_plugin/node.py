@@ -185,6 +185,11 @@ class NodePlugin:
             self.settings.driver_name,
             taints=taints,
             extra_devices=extra,
+            common_attributes=(
+                {"dedicatedTo": {"string": self.settings.dedicated_to}}
+                if self.settings.dedicated_to
+                else None
+            ),
         )
         self._published_devices = sum(len(s["spec"].get("devices", [])) for s in slices)
         return slices

@@ -38,6 +38,7 @@ class PluginSettings(BaseModel):
     sim_state: Path | None = None
     advertise: AdvertiseConfig = AdvertiseConfig()
     sharing: SharingConfig = SharingConfig()
+    dedicated_to: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     kubeconfig: Path | None = None
     metrics_address: str = ":9400"
     health_address: str = ":9401"
@@ -106,6 +107,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "device types per GPU, JSON/YAML such as "
         '\'{"*": ["gpu", "mig"]}\' or @FILE (default: every type)',
         default="",
+    )
+    add_flag(
+        p,
+        "--dedicated-to",
+        "dedicate this node to one tenant (trust level dedicated): every device carries "
+        "dedicatedTo=<tenant> and only the dedicated device class selects it (docs/trust.md)",
     )
     add_flag(
         p,
@@ -193,6 +200,7 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             sim_state=Path(args.sim_state) if args.sim_state else None,
             advertise=parse_advertise(args.advertise),
             sharing=parse_sharing(args.sharing),
+            dedicated_to=args.dedicated_to or None,
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
             metrics_address=args.metrics_address,
             health_address=args.health_address,

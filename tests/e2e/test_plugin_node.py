@@ -12,6 +12,7 @@ from kubernetes import client
 
 from driver.checkpoint import Checkpoint
 from driver.cli import main as cli_main
+from driver.trust import LABEL_LEVEL
 from hack.kubeletsim.client import ClaimRequest
 from hack.simnode import SimNodeError
 from tests.e2e.cluster_state import get_json, request_json
@@ -197,3 +198,69 @@ def test_legacy_nvidia_gpu_pod_is_prepared_with_cdi_ids_per_container(
         assert set(ids) <= defined
     every = [i for ids in ids_by_request.values() for i in ids]
     assert len(set(every)) == 3, "three distinct GPUs across the two containers"
+
+
+DEDICATED_CLAIM = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: dedicated}}
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpu
+          exactly:
+            deviceClassName: {cls}
+            selectors:
+              - cel:
+                  expression: >-
+                    !("dedicatedTo" in device.attributes["gpu.tranche.dev"]) ||
+                    device.attributes["gpu.tranche.dev"].dedicatedTo == "{tenant}"
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {pod}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  containers:
+    - name: c
+      image: registry.k8s.io/pause:3.10
+      resources: {{claims: [{{name: gpu}}]}}
+  resourceClaims:
+    - {{name: gpu, resourceClaimTemplateName: dedicated}}
+"""
+
+
+def test_a_dedicated_node_serves_its_tenant_through_the_dedicated_class_only(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
+) -> None:
+    kubectl(cluster, "label", "namespace", namespace, f"{LABEL_LEVEL}=dedicated")
+    pn = sim_node(extra_args=("--dedicated-to", namespace))
+    manifest = DEDICATED_CLAIM.format(
+        cls="dedicated.gpu.tranche.dev", tenant=namespace, pod="mine", node=pn.name
+    )
+    kubectl(cluster, "apply", "-n", namespace, "-f", "-", stdin=manifest)
+    _, answer = _prepared(pn, namespace, "mine", "gpu")
+    assert pn.device_attribute(answer.devices[0].device_name, "dedicatedTo") == namespace
+
+    other = DEDICATED_CLAIM.replace("name: dedicated}", "name: ordinary}").replace(
+        "resourceClaimTemplateName: dedicated}", "resourceClaimTemplateName: ordinary}"
+    )
+    kubectl(
+        cluster, "apply", "-n", namespace, "-f", "-",
+        stdin=other.format(cls="gpu.tranche.dev", tenant=namespace, pod="ordinary", node=pn.name),
+    )  # fmt: skip
+    reason = wait_for(
+        "the ordinary-class pod to be unschedulable",
+        lambda: next(
+            (
+                c.get("message", "")
+                for c in get_json(pn.api, f"/api/v1/namespaces/{namespace}/pods/ordinary")[
+                    "status"
+                ].get("conditions", [])
+                if c["type"] == "PodScheduled" and c["status"] == "False"
+            ),
+            None,
+        ),
+    )
+    assert "cannot allocate all claims" in reason
