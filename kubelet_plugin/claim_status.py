@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 WRITE_TIMEOUT_S = 10.0
 YIELD_S = 5.0
+QUIET_S = 0.05
 CONFLICT_RETRIES = 3
 KEY = ("driver", "device", "pool", "shareID")
 
@@ -220,9 +221,10 @@ class StatusWritingDriver:
 
     The writes go to a small background pool: the kubelet's answer never waits
     for them, and a failed write is logged and counted, never a failed prepare.
-    They also give way to the kubelet's calls: a write waits while calls are in
-    flight, at most ``yield_s``, so a burst of pods starting is not slowed by two
-    API requests per claim competing for the interpreter; their statuses follow.
+    They also give way to the kubelet's calls: a write waits until no call has
+    been in flight for ``quiet_s``, at most ``yield_s``, so pods starting one after
+    another are not slowed by two API requests per claim competing for the
+    interpreter (and the API server); their statuses follow.
     """
 
     def __init__(
@@ -232,12 +234,15 @@ class StatusWritingDriver:
         records: Callable[[], CheckpointData],
         *,
         yield_s: float = YIELD_S,
+        quiet_s: float = QUIET_S,
     ) -> None:
         self._inner = inner
         self._writer = writer
         self._records = records
         self._yield_s = yield_s
+        self._quiet_s = quiet_s
         self._in_flight = 0
+        self._last_call = 0.0
         self._idle = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="claim-status")
 
@@ -262,12 +267,20 @@ class StatusWritingDriver:
         finally:
             with self._idle:
                 self._in_flight -= 1
+                self._last_call = time.monotonic()
                 if not self._in_flight:
                     self._idle.notify_all()
 
     def _write(self, claims: Sequence[ClaimRef]) -> None:
+        deadline = time.monotonic() + self._yield_s
         with self._idle:
-            self._idle.wait_for(lambda: not self._in_flight, timeout=self._yield_s)
+            while (now := time.monotonic()) < deadline:
+                if self._in_flight:
+                    self._idle.wait(deadline - now)
+                elif (quiet := now - self._last_call) < self._quiet_s:
+                    self._idle.wait(min(deadline - now, self._quiet_s - quiet))
+                else:
+                    break
         state = self._records()
         for ref in claims:
             record = state.claims.get(ref.uid)

@@ -101,14 +101,16 @@ class RecordingWriter:
         return True
 
 
-def status_driver(inner: BlockingDriver, writer: RecordingWriter, yield_s: float) -> Any:
+def status_driver(
+    inner: BlockingDriver, writer: RecordingWriter, yield_s: float, quiet_s: float = 0.0
+) -> Any:
     record = ClaimRecord(
         uid="fast", namespace="ns", name="f", state="PrepareCompleted",
         plan=Plan(claim_uid="fast", devices=(), steps=()), started_at=0.0,
     )  # fmt: skip
     state = CheckpointData(claims={"fast": record})
     return StatusWritingDriver(
-        inner, cast(ClaimStatusWriter, writer), lambda: state, yield_s=yield_s
+        inner, cast(ClaimStatusWriter, writer), lambda: state, yield_s=yield_s, quiet_s=quiet_s
     )
 
 
@@ -142,4 +144,15 @@ def test_a_status_write_waits_no_longer_than_its_limit() -> None:
     finally:
         inner.release.set()
         slow.join()
+    driver.close()
+
+
+def test_a_status_write_waits_for_a_quiet_moment_after_the_last_call() -> None:
+    inner, writer = BlockingDriver(), RecordingWriter()
+    driver = status_driver(inner, writer, yield_s=60.0, quiet_s=1.0)
+    driver.prepare([ClaimRef("fast", "ns", "f")])
+    driver.unprepare([ClaimRef("other", "ns", "o")])  # the kubelet is still busy
+    with pytest.raises(queue.Empty):
+        writer.written.get(timeout=0.3)
+    assert writer.written.get(timeout=30) == "fast"
     driver.close()
