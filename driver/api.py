@@ -36,11 +36,15 @@ class PreparedDevice:
 class PrepareResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""  # non-empty: this claim failed; the message names the claim and the field
+    reason: str = ""  # with an error: its bounded metric label (driver.errors.ERROR_REASONS)
+    mode: str = ""  # on success: gpu, mig, timeslice, mps, or mixed (metrics label)
 
 
 @dataclass(frozen=True)
 class UnprepareResult:
     error: str = ""
+    reason: str = ""
+    mode: str = ""
 
 
 @dataclass(frozen=True)

@@ -66,3 +66,37 @@ class NvmlError(TrancheError):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+
+# Bounded label values for metrics: every error maps to one of these.
+ERROR_REASONS = (
+    "config",
+    "claim",
+    "trust",
+    "device-not-found",
+    "api-unavailable",
+    "checkpoint",
+    "nvml",
+    "publish",
+    "claim-status",
+    "event",
+    "internal",
+)
+
+_ERROR_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
+    (ConfigError, "config"),
+    (TrustViolation, "trust"),
+    (DeviceNotFound, "device-not-found"),
+    (ClaimError, "claim"),
+    (ApiUnavailable, "api-unavailable"),
+    (CheckpointError, "checkpoint"),
+    (NvmlError, "nvml"),
+)
+
+
+def error_reason(err: BaseException) -> str:
+    """The bounded ``reason`` label for an error."""
+    for cls, reason in _ERROR_CLASSES:
+        if isinstance(err, cls):
+            return reason
+    return "internal"

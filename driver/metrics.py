@@ -28,49 +28,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from driver.errors import (
-    ApiUnavailable,
-    CheckpointError,
-    ClaimError,
-    ConfigError,
-    DeviceNotFound,
-    NvmlError,
-    TrustViolation,
+    ERROR_REASONS,
+    error_reason,
 )
 from driver.usage import IntervalUsage
 
 DEFAULT_CLAIM_RETENTION_S = 3600.0
 
-ERROR_REASONS = (
-    "config",
-    "claim",
-    "trust",
-    "device-not-found",
-    "api-unavailable",
-    "checkpoint",
-    "nvml",
-    "publish",
-    "claim-status",
-    "event",
-    "internal",
-)
-
-_ERROR_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
-    (ConfigError, "config"),
-    (TrustViolation, "trust"),
-    (DeviceNotFound, "device-not-found"),
-    (ClaimError, "claim"),
-    (ApiUnavailable, "api-unavailable"),
-    (CheckpointError, "checkpoint"),
-    (NvmlError, "nvml"),
-)
-
-
-def error_reason(err: BaseException) -> str:
-    """The bounded ``reason`` label for an error."""
-    for cls, reason in _ERROR_CLASSES:
-        if isinstance(err, cls):
-            return reason
-    return "internal"
 
 
 @dataclass

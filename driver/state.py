@@ -50,6 +50,7 @@ from driver.errors import (
     RetryableError,
     TrancheError,
     TrustViolation,
+    error_reason,
 )
 from driver.faults import NO_FAULTS, FaultPoints
 from driver.inventory import Inventory
@@ -64,7 +65,7 @@ from driver.plan import (
     build_plan,
 )
 from driver.trust import Tenancy
-from driver.trust_guard import check_claim
+from driver.trust_guard import check_claim, mechanism_of
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +320,7 @@ class DeviceState:
         already prepared keeps its answer whatever its namespace's level is now.
         """
         planned: tuple[ClaimAllocation, Plan] | None = None
-        problem = ""
+        problem: TrancheError | None = None
         try:
             allocation = parse_claim(
                 claim,
@@ -330,18 +331,20 @@ class DeviceState:
             )
             planned = (allocation, build_plan(allocation, self.inventory, self.shares))
         except TrancheError as e:
-            problem = str(e)
+            problem = e
         try:
             with self._locked():
                 return self._prepare_locked(ref, planned, problem, tenancy, on_refused)
         except (TrancheError, OSError) as e:
-            return PrepareResult(error=f"claim {ref.namespace}/{ref.name}: {e}")
+            return PrepareResult(
+                error=f"claim {ref.namespace}/{ref.name}: {e}", reason=error_reason(e)
+            )
 
     def _prepare_locked(
         self,
         ref: ClaimRef,
         planned: tuple[ClaimAllocation, Plan] | None,
-        problem: str,
+        problem: TrancheError | None,
         tenancy: Tenancy | None = None,
         on_refused: Callable[[TrustViolation], None] | None = None,
     ) -> PrepareResult:
@@ -354,7 +357,8 @@ class DeviceState:
             self._roll_back(state, record)
             self._faults.reached("prepare:after-rollback")
         if planned is None:
-            return PrepareResult(error=problem)
+            assert problem is not None
+            return PrepareResult(error=str(problem), reason=error_reason(problem))
         allocation, plan = planned
         try:
             if tenancy is not None:
@@ -370,7 +374,7 @@ class DeviceState:
         except TrancheError as e:
             if isinstance(e, TrustViolation) and on_refused is not None:
                 on_refused(e)
-            return PrepareResult(error=str(e))
+            return PrepareResult(error=str(e), reason=error_reason(e))
 
         now = self._clock()
         record = ClaimRecord(
@@ -397,7 +401,7 @@ class DeviceState:
         except (TrancheError, OSError) as e:
             log.warning("prepare failed claim_uid=%s error=%s; rolling back", ref.uid, e)
             self._roll_back(state, record)
-            return PrepareResult(error=f"claim {allocation.key}: {e}")
+            return PrepareResult(error=f"claim {allocation.key}: {e}", reason=error_reason(e))
         completed_at = self._clock()
         allocated = _allocation_record(allocation, plan, uuids, completed_at)
         record = record.model_copy(
@@ -478,6 +482,7 @@ class DeviceState:
                 record = state.claims.get(ref.uid)
                 if record is None:
                     return UnprepareResult()
+                mode = plan_mode(record.plan)
                 self._undo(state, record)
                 self.cdi.remove(ref.uid)
                 self._faults.reached("unprepare:after-cdi-removed")
@@ -487,9 +492,11 @@ class DeviceState:
                 self.checkpoint.remove(ref.uid, ended)
                 self._faults.reached("unprepare:after-removed")
         except (TrancheError, OSError) as e:
-            return UnprepareResult(error=f"claim {ref.namespace}/{ref.name}: {e}")
+            return UnprepareResult(
+                error=f"claim {ref.namespace}/{ref.name}: {e}", reason=error_reason(e)
+            )
         log.debug("unprepared claim_uid=%s claim=%s/%s", ref.uid, ref.namespace, ref.name)
-        return UnprepareResult()
+        return UnprepareResult(mode=mode)
 
     # start-up --------------------------------------------------------------
 
@@ -567,8 +574,15 @@ class _Names:
         return True
 
 
+def plan_mode(plan: Plan) -> str:
+    """The metrics label of a plan: its devices' mechanism, or ``mixed``."""
+    modes = {mechanism_of(d).value for d in plan.devices}
+    return modes.pop() if len(modes) == 1 else ("mixed" if modes else "none")
+
+
 def _answer(record: ClaimRecord) -> PrepareResult:
     return PrepareResult(
+        mode=plan_mode(record.plan),
         devices=tuple(
             PreparedDevice(
                 request_names=d.request_names,
@@ -578,7 +592,7 @@ def _answer(record: ClaimRecord) -> PrepareResult:
                 share_id=d.share_id,
             )
             for d in record.devices
-        )
+        ),
     )
 
 

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from driver.api import ClaimRef, PrepareResult, UnprepareResult
-from driver.errors import ApiUnavailable, ClaimError, TrancheError, TrustViolation
+from driver.errors import ApiUnavailable, ClaimError, TrancheError, TrustViolation, error_reason
 from driver.kube_http import RESOURCE_V1, KubeClient
 from driver.metrics import Metrics
 from driver.state import DeviceState
@@ -104,7 +104,7 @@ class PluginDriver:
                     ref.name,
                     e,
                 )
-                results[ref.uid] = PrepareResult(error=str(e))
+                results[ref.uid] = PrepareResult(error=str(e), reason=error_reason(e))
                 continue
             refusals: list[TrustViolation] = []
             results[ref.uid] = self._state.prepare(claim, ref, tenancy, refusals.append)

@@ -41,6 +41,7 @@ from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.health_events import HealthEvents
+from kubelet_plugin.measured_driver import MeasuredDriver
 from kubelet_plugin.namespace_reader import ApiNamespaceReader
 from kubelet_plugin.publisher import Publisher
 from kubelet_plugin.settings import PluginSettings
@@ -146,7 +147,7 @@ class NodePlugin:
             metrics=metrics,
         )
         self.driver = StatusWritingDriver(
-            self.plugin_driver,
+            MeasuredDriver(self.plugin_driver, metrics, self.prepared_count),
             ClaimStatusWriter(
                 kube,
                 settings.driver_name,
@@ -202,6 +203,10 @@ class NodePlugin:
         if name in ("sync_error", "field_dropped"):
             self.metrics.count_error("publish")
 
+    def prepared_count(self) -> int:
+        state, _ = self.checkpoint.load()
+        return sum(1 for r in state.claims.values() if r.state == "PrepareCompleted")
+
     def _node_event(self, type: EventType, reason: str, message: str) -> None:
         self.events.record(ObjectRef.node(self.settings.node_name), type, reason, message)
 
@@ -221,10 +226,7 @@ class NodePlugin:
             self._node_event("Warning", "CheckpointCorrupt", status.message)
         for uid, problem in self.recovery.failed.items():
             self._node_event("Warning", "ClaimRecoveryFailed", f"claim {uid}: {problem}")
-        state, _ = self.checkpoint.load()
-        self.metrics.set_prepared_claims(
-            sum(1 for r in state.claims.values() if r.state == "PrepareCompleted")
-        )
+        self.metrics.set_prepared_claims(self.prepared_count())
         self.sharing.start()
         self.publisher.start()
         self.republish()

@@ -4,6 +4,8 @@ drives the real plugin process over its Unix sockets, CDI specs appear and go.
 
 from __future__ import annotations
 
+import socket
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -264,3 +266,38 @@ def test_a_dedicated_node_serves_its_tenant_through_the_dedicated_class_only(
         ),
     )
     assert "cannot allocate all claims" in reason
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        name: float(value)
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+        for name, value in [line.rsplit(" ", 1)]
+    }
+
+
+def test_metrics_count_prepares_by_mode_and_refusals_by_reason(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
+) -> None:
+    port = _free_port()
+    pn = sim_node(extra_args=("--metrics-address", f"127.0.0.1:{port}"))
+    apply_example(cluster, "one-gpu.yaml", namespace, pn.name)
+    _prepared(pn, namespace, "one-gpu", "gpu")
+    apply_example(cluster, "mig-slice.yaml", namespace, pn.name)  # isolated: MIG is refused
+    wait_for(
+        "the MIG claim's refusal counted",
+        lambda: _scrape(port).get('tranche_errors_total{reason="trust"}', 0) >= 1,
+    )
+    metrics = _scrape(port)
+    assert metrics['tranche_prepare_seconds_count{mode="gpu"}'] >= 1
+    assert metrics["tranche_prepared_claims"] == 1
+    assert 'tranche_prepare_seconds_count{mode="mig"}' not in metrics
