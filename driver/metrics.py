@@ -36,7 +36,6 @@ from driver.usage import IntervalUsage
 DEFAULT_CLAIM_RETENTION_S = 3600.0
 
 
-
 @dataclass
 class _Totals:
     allocated_s: float = 0.0
