@@ -6,8 +6,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from driver.errors import ApiUnavailable, ConfigError, DeviceNotFound, NvmlError, TrustViolation
-from driver.metrics import Metrics, error_reason
+from driver.errors import (
+    ApiUnavailable,
+    ConfigError,
+    DeviceNotFound,
+    NvmlError,
+    TrustViolation,
+    error_reason,
+)
+from driver.metrics import Metrics
 from driver.usage import ClaimIncrement, DeviceIncrement, IntervalUsage
 
 GPU = "GPU-11111111-2222-3333-4444-555555555555"
