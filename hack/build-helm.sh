@@ -19,27 +19,9 @@ stamp="$bin/.stamp"
 
 complete() { [ -f "$stamp" ] && [ -x "$bin/helm" ]; }
 
-if complete; then
-  echo "helm: cached in $bin" >&2
-  echo "$bin"
-  exit 0
-fi
-
-mkdir -p "$cache_root"
-lock="$cache_root/.build.lock"
-exec 9>"$lock"
-if ! flock -n 9; then
-  echo "build-helm: another build holds $lock; waiting for it to finish" >&2
-  flock 9
-fi
-if complete; then
-  echo "helm: built by a concurrent caller, cached in $bin" >&2
-  echo "$bin"
-  exit 0
-fi
-
-command -v go >/dev/null || { echo "build-helm: step 'find go': 'go' is not on PATH; install Go >= 1.26" >&2; exit 1; }
-mkdir -p "$bin"
+# shellcheck source=hack/cache-lib.sh
+. "$here/cache-lib.sh"
+use_cache_or_lock "helm" "$cache_root" "$bin"
 log="$bin/../build.log"
 : >"$log"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local

@@ -31,27 +31,9 @@ complete() {
   for b in "${want[@]}"; do [ -x "$bin/$b" ] || return 1; done
 }
 
-if complete; then
-  echo "control plane binaries: cached in $bin" >&2
-  echo "$bin"
-  exit 0
-fi
-
-mkdir -p "$cache_root"
-lock="$cache_root/.build.lock"
-exec 9>"$lock"
-if ! flock -n 9; then
-  echo "build-k8s: another build holds $lock; waiting for it to finish" >&2
-  flock 9
-fi
-if complete; then
-  echo "control plane binaries: built by a concurrent caller, cached in $bin" >&2
-  echo "$bin"
-  exit 0
-fi
-
-command -v go >/dev/null || { echo "build-k8s: step 'find go': 'go' is not on PATH; install Go >= 1.26" >&2; exit 1; }
-mkdir -p "$bin"
+# shellcheck source=hack/cache-lib.sh
+. "$here/cache-lib.sh"
+use_cache_or_lock "control plane binaries" "$cache_root" "$bin"
 log="$bin/../build.log"
 : >"$log"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
