@@ -52,6 +52,12 @@ ADMISSION_CASES: dict[str, tuple[dict[str, str], list[Obj], bool, str | None]] =
         False,
         "has trust level isolated, which does not allow mechanism mig",
     ),
+    "isolated namespace may not take MIG through a legacy bridge class": (
+        {},
+        [exactly("mig-1g.10gb.gpu.tranche.dev")],
+        False,
+        "has trust level isolated, which does not allow mechanism mig",
+    ),
     "partitioned template with MIG": (
         {LABEL_LEVEL: "partitioned"},
         [exactly("mig.gpu.tranche.dev")],
