@@ -88,9 +88,12 @@ class PluginDriver:
         reads: dict[str, Future[Mapping[str, Any]]] = {
             ref.uid: self._pool.submit(self._reader.read, ref) for ref in claims
         }
+        namespaces = list(dict.fromkeys(ref.namespace for ref in claims))
         tenancies: dict[str, Future[Tenancy]] = {
-            ns: self._pool.submit(self._tenancy, ns) for ns in {ref.namespace for ref in claims}
+            ns: self._pool.submit(self._tenancy, ns) for ns in namespaces[1:]
         }
+        if namespaces:  # the first in this thread, while the pool reads the claims
+            tenancies[namespaces[0]] = self._tenancy_now(namespaces[0])
         results: dict[str, PrepareResult] = {}
         for ref in claims:
             try:
@@ -122,6 +125,14 @@ class PluginDriver:
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
         return {ref.uid: self._state.unprepare(ref) for ref in claims}
+
+    def _tenancy_now(self, namespace: str) -> Future[Tenancy]:
+        done: Future[Tenancy] = Future()
+        try:
+            done.set_result(self._tenancy(namespace))
+        except TrancheError as e:
+            done.set_exception(e)
+        return done
 
     def _tenancy(self, namespace: str) -> Tenancy:
         """The namespace's tenancy now; label problems are logged, never fail open."""

@@ -1,10 +1,11 @@
 """A claim's namespace, and the other namespaces of its tenant, read for trust levels.
 
-The plugin resolves a claim's :class:`driver.trust.Tenancy` at every prepare from
-the API server, never from a cache, so a changed label applies to the next claim.
-A namespace labelled ``gpu.tranche.dev/tenant`` brings the other namespaces with
-the same label, so the tenant's strictest level applies
-(:func:`driver.trust.resolve_tenants`). Needs ``get`` and ``list`` on namespaces.
+:class:`ApiNamespaceReader` reads them from the API server at every call; the plugin
+asks it through :class:`kubelet_plugin.namespace_cache.WatchedNamespaces`, which answers
+from a watch-fed cache and falls back to this direct read. A namespace labelled
+``gpu.tranche.dev/tenant`` brings the other namespaces with the same label, so the
+tenant's strictest level applies (:func:`driver.trust.resolve_tenants`). Needs ``get``
+and ``list`` on namespaces.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class NamespaceReader(Protocol):
         ...
 
 
-def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
+def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
     meta = obj.get("metadata")
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
     if not isinstance(labels, Mapping):
@@ -46,7 +47,7 @@ class ApiNamespaceReader:
     def tenant_labels(self, namespace: str) -> dict[str, Labels]:
         where = f"namespace {namespace}"
         own = self._get(where, f"/api/v1/namespaces/{namespace}")
-        labels = _labels(own)
+        labels = labels_of(own)
         found: dict[str, Labels] = {namespace: labels}
         tenant = labels.get(LABEL_TENANT)
         if tenant:
@@ -58,7 +59,7 @@ class ApiNamespaceReader:
                 meta = item.get("metadata") if isinstance(item, Mapping) else None
                 name = meta.get("name") if isinstance(meta, Mapping) else None
                 if isinstance(name, str) and name != namespace:
-                    found[name] = _labels(item)
+                    found[name] = labels_of(item)
         return found
 
     def _get(

@@ -2,9 +2,9 @@
 
 :class:`NodePlugin` owns the NVML session, the inventory, the executor
 (:class:`~driver.state.DeviceState`), the ResourceSlice publisher, the health
-monitor and its watcher, the usage sampler and the gRPC servers. ``start()``
-recovers the checkpoint, publishes the slices, then opens the DRA socket and
-only after it the registration socket (the kubelet connects as soon as the
+monitor and its watcher, the namespace label cache, the usage sampler and the gRPC
+servers. ``start()`` recovers the checkpoint, publishes the slices, then opens the DRA
+socket and only after it the registration socket (the kubelet connects as soon as the
 latter appears). ``stop()`` undoes it in reverse order.
 """
 
@@ -42,7 +42,7 @@ from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.health_events import HealthEvents
 from kubelet_plugin.measured_driver import MeasuredDriver
-from kubelet_plugin.namespace_reader import ApiNamespaceReader
+from kubelet_plugin.namespace_cache import WatchedNamespaces
 from kubelet_plugin.publisher import Publisher
 from kubelet_plugin.settings import PluginSettings
 
@@ -138,10 +138,11 @@ class NodePlugin:
             kube, settings.node_name, on_error=lambda: metrics.count_error("event")
         )
         self._health_events = HealthEvents(self.events)
+        self.namespaces = WatchedNamespaces(kube)
         self.plugin_driver = PluginDriver(
             self.state,
             ApiClaimReader(kube),
-            ApiNamespaceReader(kube),
+            self.namespaces,
             default_level=settings.default_trust_level,
             events=self.events,
             metrics=metrics,
@@ -229,6 +230,7 @@ class NodePlugin:
         self.metrics.set_prepared_claims(self.prepared_count())
         self.sharing.start()
         self.publisher.start()
+        self.namespaces.start()
         self.republish()
         self.watcher.start()
         self.server.start()
@@ -247,6 +249,7 @@ class NodePlugin:
         self.watcher.stop()
         self.sharing.stop()
         self.publisher.stop()
+        self.namespaces.stop()
         self.driver.close()
         self.plugin_driver.close()
         self.events.close()

@@ -1,0 +1,116 @@
+"""The plugin's namespace label cache (list and watch) on the real API server.
+
+Answers come from memory once synced; a label change reaches the cache through the
+watch; a namespace the cache does not hold, and any answer while the watch is broken,
+goes to the direct read (fail closed and fresh); a broken watch relists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from driver.errors import ApiUnavailable, ClaimError
+from driver.kube_http import KubeClient
+from driver.trust import LABEL_LEVEL, LABEL_TENANT
+from kubelet_plugin.namespace_cache import WatchedNamespaces
+from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels
+from kubelet_plugin.publisher import Backoff
+from tests.e2e.conftest import Cluster
+from tests.e2e.tcp_relay import TcpRelay
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+class CountingReader:
+    """The direct read, counting the namespaces it was asked for."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self._direct = ApiNamespaceReader(kube, timeout_s=3)
+        self.asked: list[str] = []
+
+    def tenant_labels(self, namespace: str) -> dict[str, Labels]:
+        self.asked.append(namespace)
+        return self._direct.tenant_labels(namespace)
+
+
+def _label(kube: KubeClient, namespace: str, labels: dict[str, str | None]) -> None:
+    kube.request(
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}",
+        body={"metadata": {"labels": labels}},
+        content_type="application/merge-patch+json",
+    )
+
+
+@pytest.fixture
+def kube(cluster: Cluster) -> Iterator[KubeClient]:
+    with cluster.kube() as kube:
+        yield kube
+
+
+def test_labels_come_from_the_watch_and_unknown_namespaces_from_the_api(
+    kube: KubeClient, namespace: str
+) -> None:
+    direct = CountingReader(kube)
+    cache = WatchedNamespaces(kube, fallback=direct)
+    cache.start()
+    try:
+        wait_for("the namespace cache to sync", lambda: cache.synced, timeout_s=30)
+        _label(kube, namespace, {LABEL_LEVEL: "shared", LABEL_TENANT: f"t-{namespace}"})
+        wait_for(
+            "the label change to reach the cache",
+            lambda: cache.tenant_labels(namespace)[namespace].get(LABEL_LEVEL) == "shared",
+            timeout_s=30,
+            interval_s=0.05,
+        )
+        _label(kube, namespace, {LABEL_LEVEL: "isolated"})
+        wait_for(
+            "the second label change to reach the cache",
+            lambda: cache.tenant_labels(namespace)[namespace].get(LABEL_LEVEL) == "isolated",
+            timeout_s=30,
+            interval_s=0.05,
+        )
+        assert namespace not in direct.asked  # every answer above came from memory
+
+        ghost = f"{namespace}-ghost"
+        with pytest.raises(ClaimError, match=f"namespace {ghost}: not found"):
+            cache.tenant_labels(ghost)
+        assert direct.asked == [ghost]  # unknown to the cache: read directly, fails closed
+    finally:
+        cache.stop()
+        _label(kube, namespace, {LABEL_LEVEL: None, LABEL_TENANT: None})
+
+
+def test_a_broken_watch_falls_back_to_direct_reads_and_relists(
+    cluster: Cluster, kube: KubeClient, namespace: str
+) -> None:
+    relay = TcpRelay(cluster.server)
+    relay.up()
+    with cluster.kube(relay.url) as via_relay:
+        direct = CountingReader(via_relay)
+        cache = WatchedNamespaces(via_relay, fallback=direct, backoff=Backoff(0.2, 1.0))
+        cache.start()
+        try:
+            wait_for("the namespace cache to sync", lambda: cache.synced, timeout_s=30)
+            assert cache.lists == 1
+            assert cache.tenant_labels(namespace)[namespace].get(LABEL_LEVEL) is None
+            assert direct.asked == []
+
+            relay.down()  # the watch breaks: the cache is dropped, answers go to the API
+            wait_for("the cache to notice the broken watch", lambda: not cache.synced)
+            _label(kube, namespace, {LABEL_LEVEL: "dedicated"})
+            with pytest.raises(ApiUnavailable, match="its trust level is unknown"):
+                cache.tenant_labels(namespace)
+            assert direct.asked == [namespace]
+
+            relay.up()
+            wait_for("the cache to relist", lambda: cache.synced and cache.lists >= 2)
+            labels = cache.tenant_labels(namespace)[namespace]
+            assert labels.get(LABEL_LEVEL) == "dedicated"  # the change made while cut off
+            assert direct.asked == [namespace]
+        finally:
+            cache.stop()
+            relay.down()
