@@ -29,6 +29,7 @@ from proto.gen.dra.v1beta1 import api_pb2 as dra_v1beta1
 from proto.gen.drahealth.v1 import api_pb2 as health_v1
 from proto.gen.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from proto.gen.pluginregistration import api_pb2 as registration
+from tests.conftest import unavailable
 
 KUBELET_MODULE = "k8s.io/kubelet@v0.37.2"
 PAIRS: list[tuple[str, ModuleType]] = [
@@ -44,9 +45,8 @@ GOGO_FIELD_OPTIONS = re.compile(r"\s*\[\s*\(gogoproto\.[^\]]*\]")
 
 
 def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"upstream {KUBELET_MODULE} protos unavailable: {reason}")
-    pytest.skip(f"upstream {KUBELET_MODULE} protos unavailable: {reason}")
+    """Fails under CI=true (tests.conftest.unavailable), skips elsewhere."""
+    unavailable(f"upstream {KUBELET_MODULE} protos unavailable: {reason}")
 
 
 @pytest.fixture(scope="module")
