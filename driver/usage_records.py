@@ -20,7 +20,12 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from driver.checkpoint import AllocatedDeviceRecord, AllocationRecord, read_allocations
+from driver.checkpoint import (
+    AllocatedDeviceRecord,
+    AllocationRecord,
+    Checkpoint,
+    read_allocations,
+)
 from driver.usage import ClaimAllocation, HeldDevice, RecordsProvider
 
 _MIG_SLICES = re.compile(r"-mig-(\d+)g")
@@ -50,19 +55,30 @@ def allocation_from_record(record: AllocationRecord, tenant: str) -> ClaimAlloca
 
 
 def checkpoint_records(
-    path: Path, tenant_of: Callable[[str], str] = lambda namespace: namespace
+    source: Checkpoint | Path, tenant_of: Callable[[str], str] = lambda namespace: namespace
 ) -> RecordsProvider:
-    """A records provider reading the checkpoint file at every call.
+    """A records provider reading the checkpoint at every call.
 
-    Each record's tenant is the one recorded when the claim was prepared;
-    ``tenant_of`` maps a namespace to its tenant for records without one
-    (written by an older plugin).
+    ``source`` is the plugin's own :class:`Checkpoint`, whose in-memory view is
+    used while no other process changed the files (one small counter file read
+    per call), or the path of a checkpoint whose files are parsed at every call
+    (tools and tests outside the plugin). Each record's tenant is the one
+    recorded when the claim was prepared; ``tenant_of`` maps a namespace to its
+    tenant for records without one (written by an older plugin).
     """
+
+    def allocations() -> list[AllocationRecord]:
+        if isinstance(source, Path):
+            return read_allocations(source)
+        try:
+            data, _ = source.load()
+        except OSError:
+            return []
+        return data.allocations()
 
     def provide() -> list[ClaimAllocation]:
         return [
-            allocation_from_record(r, r.tenant or tenant_of(r.namespace))
-            for r in read_allocations(path)
+            allocation_from_record(r, r.tenant or tenant_of(r.namespace)) for r in allocations()
         ]
 
     return provide

@@ -163,7 +163,7 @@ class NodePlugin:
             health=self.health,
             rolling_update_uid=settings.rolling_update_uid,
         )
-        self.sampler = UsageSampler(nvml, checkpoint_records(self.checkpoint.path), self.metrics)
+        self.sampler = UsageSampler(nvml, checkpoint_records(self.checkpoint), self.metrics)
         self._stop = threading.Event()
         self._sampler_thread = threading.Thread(
             target=self._sample_loop, name="usage-sampler", daemon=True

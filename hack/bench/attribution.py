@@ -71,7 +71,7 @@ def run(lab: object) -> ScenarioResult:
         nvml = open_simulated(work / "sim.json", on_call=on_call)
         registry = CollectorRegistry()
         metrics = Metrics(registry)
-        sampler = UsageSampler(nvml, checkpoint_records(ex.state.checkpoint.path), metrics)
+        sampler = UsageSampler(nvml, checkpoint_records(ex.state.checkpoint), metrics)
         sampler.sample_once()
         cpu, wall, in_nvml = [], [], []
         for _ in range(SAMPLES):

@@ -113,3 +113,43 @@ def test_restarted_plugin_keeps_attributing_from_the_checkpoint(tmp_path: Path) 
     assert got["a"].measured_s == pytest.approx(60.0 * 0.4)
     assert got["a"].tenant == "blue"
     assert got["b"].allocated_s == pytest.approx(30.0)  # up to its unprepare at 130
+
+
+def test_the_plugin_s_checkpoint_is_sampled_from_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sampler of the plugin reads its own checkpoint's view: at each sample the
+    claim files are not parsed again while no other process changed them, and a claim
+    prepared or unprepared through that checkpoint shows at the next sample."""
+    checkpoint = Checkpoint(tmp_path / "checkpoint.json", boot_id="boot-1")
+    provider = checkpoint_records(checkpoint)
+    active = record("a", "GPU-1", prepared_at=0.0)
+    checkpoint.put(
+        ClaimRecord(
+            uid="a",
+            namespace="ml",
+            name="claim-a",
+            state="PrepareCompleted",
+            plan=Plan(claim_uid="a", devices=(), steps=()),
+            started_at=0.0,
+            completed_at=0.0,
+            allocation=active,
+        )
+    )
+    checkpoint.load(locked=True)  # the executor's next lock: the view is current
+    reads: list[Path] = []
+    real_read = Path.read_bytes
+
+    def counting_read(path: Path) -> bytes:
+        if path.parent == checkpoint.directory and path.name.startswith("a"):
+            reads.append(path)
+        return real_read(path)
+
+    monkeypatch.setattr(Path, "read_bytes", counting_read)
+    assert [r.claim_uid for r in provider()] == ["a"]
+    assert [r.claim_uid for r in provider()] == ["a"]
+    assert reads == []
+
+    checkpoint.remove("a", active.model_copy(update={"unprepared_at": 30.0}))
+    ended = list(provider())
+    assert [(r.claim_uid, r.unprepared_at) for r in ended] == [("a", 30.0)]
