@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -51,16 +52,33 @@ class TlsBundle:
 
     @classmethod
     def from_secret_data(cls, data: dict[str, str]) -> TlsBundle | None:
-        """The bundle in a Secret's ``data``; None if a key is missing or not PEM."""
+        """The bundle in a Secret's ``data``; None if an entry is missing, not PEM, or a
+        private key does not belong to its certificate."""
         try:
             raw = {k: base64.b64decode(data[k]) for k in ("ca.crt", "ca.key", "tls.crt", "tls.key")}
             bundle = cls(raw["ca.crt"], raw["ca.key"], raw["tls.crt"], raw["tls.key"])
-            bundle.ca_cert()
-            bundle.serving_cert()
-        except (KeyError, ValueError) as e:
+            _check_key("ca.key", bundle.ca_key, bundle.ca_cert())
+            _check_key("tls.key", bundle.key, bundle.serving_cert())
+        except (KeyError, ValueError, TypeError, UnsupportedAlgorithm) as e:
             log.warning("webhook TLS secret unusable error=%s", e)
             return None
         return bundle
+
+
+def _public(key: object) -> bytes:
+    if not isinstance(key, ec.EllipticCurvePublicKey | ec.EllipticCurvePrivateKey):
+        raise ValueError(f"not an elliptic-curve key: {type(key).__name__}")
+    public = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey) else key
+    return public.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def _check_key(name: str, key_pem: bytes, cert: x509.Certificate) -> None:
+    """ValueError unless ``key_pem`` is the private key of ``cert``."""
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    if _public(key) != _public(cert.public_key()):
+        raise ValueError(f"{name} does not belong to its certificate")
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,21 @@ def test_a_corrupt_secret_is_treated_as_missing() -> None:
     assert TlsBundle.from_secret_data({}) is None
 
 
+def test_a_secret_whose_keys_do_not_load_or_match_is_treated_as_missing() -> None:
+    """A key that is not PEM, or that belongs to another certificate, would stop the
+    webhook's TLS set-up (or the next renewal): the leader replaces such a Secret."""
+    b = rotate(None, POLICY, NOW)
+    other = rotate(None, POLICY, NOW)
+    not_pem = "bm90IGEga2V5"
+    assert TlsBundle.from_secret_data(b.secret_data() | {"tls.key": not_pem}) is None
+    assert TlsBundle.from_secret_data(b.secret_data() | {"ca.key": not_pem}) is None
+    mismatched = b.secret_data() | {"tls.key": other.secret_data()["tls.key"]}
+    assert TlsBundle.from_secret_data(mismatched) is None
+    foreign_ca_key = b.secret_data() | {"ca.key": other.secret_data()["ca.key"]}
+    assert TlsBundle.from_secret_data(foreign_ca_key) is None
+    assert rotation_reason(TlsBundle.from_secret_data(mismatched), POLICY, NOW) == "missing"
+
+
 def test_a_client_trusting_the_bundle_completes_a_handshake_with_the_cert() -> None:
     b = rotate(None, POLICY, dt.datetime.now(dt.UTC))
     with tempfile.TemporaryDirectory() as tmp:
