@@ -3,7 +3,8 @@
 Requests and answers are plain JSON, so fields the generated client models
 lag behind on are never lost. Errors become the
 project's error tree: an unreachable API server is :class:`ApiUnavailable`, a
-refusal is :class:`ApiCallError` naming the object.
+refusal, or an answer that is not a JSON object (a proxy's page), is
+:class:`ApiCallError` naming the object.
 """
 
 from __future__ import annotations
@@ -65,4 +66,7 @@ def request(
         raise ApiCallError(
             f"{what}: {answer.status} {answer.reason}: {answer.message()}", answer.status
         )
-    return answer.json()
+    try:
+        return answer.json()
+    except ValueError as e:
+        raise ApiCallError(f"{what}: the answer is not JSON ({e})", answer.status) from e

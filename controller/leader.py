@@ -142,14 +142,21 @@ class LeaderElector:
         while not self._stop.is_set():
             try:
                 held = self.try_acquire_or_renew()
-            except TrancheError as e:
-                log.warning("lease round failed lease=%s error=%s", self._cfg.name, e)
+            except Exception as e:
+                if isinstance(e, TrancheError):
+                    log.warning("lease round failed lease=%s error=%s", self._cfg.name, e)
+                else:
+                    log.exception("lease round failed unexpectedly lease=%s", self._cfg.name)
                 held = False
                 # A leader that cannot renew within the deadline must stop acting as one.
                 if self._leader and self._clock() - self._last_renew < self._cfg.renew_deadline_s:
                     held = True
             self._set(held)
             self._stop.wait(self._cfg.retry_period_s)
+
+    def running(self) -> bool:
+        """The election thread is started and alive."""
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="leader-election", daemon=True)

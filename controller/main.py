@@ -97,6 +97,9 @@ class Controller:
             except TrancheError as e:
                 self.metrics.loop_errors.labels(loop="certificates").inc()
                 log.warning("certificate sync failed error=%s", e)
+            except Exception:
+                self.metrics.loop_errors.labels(loop="certificates").inc()
+                log.exception("certificate sync failed unexpectedly")
         interval = self.settings.slice_gc_interval_s
         now = time.monotonic()
         if is_leader and interval > 0 and now - self._last_gc >= interval:
@@ -107,6 +110,9 @@ class Controller:
             except TrancheError as e:
                 self.metrics.loop_errors.labels(loop="slice-gc").inc()
                 log.warning("slice clean-up failed error=%s", e)
+            except Exception:
+                self.metrics.loop_errors.labels(loop="slice-gc").inc()
+                log.exception("slice clean-up failed unexpectedly")
         self.last_pass = time.monotonic()
 
     def _loop(self) -> None:

@@ -194,6 +194,8 @@ class WebhookServer:
         log.info("webhook server listening port=%d path=%s", self.port, MUTATE_PODS_PATH)
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving and close the socket; also after a start that never happened."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout=10)
         self._server.server_close()
-        self._thread.join(timeout=10)
