@@ -14,16 +14,17 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
 from kubernetes import client
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from controller.kube_client import request
 from controller.trust_audit import Colocation, colocations, consumers
 from driver.cli import Command
-from driver.errors import ConfigError
+from driver.errors import TrancheError
 from driver.flags import add_flag
-from driver.kube import api_client
+from driver.kube import RESOURCE_V1, api_client
 from driver.trust import DEFAULT_LEVEL, Consumer, Resolution, TrustLevel, resolve_tenants
 
 log = logging.getLogger(__name__)
@@ -53,17 +54,24 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(check, "--output", "report format", default="text", choices=("text", "json"))
 
 
+def _list(api: client.ApiClient, what: str, path: str) -> list[Any]:
+    items: list[Any] = []
+    token = ""
+    while True:
+        query = {"limit": "500", **({"continue": token} if token else {})}
+        page = request(api, f"list {what}", "GET", path, query=query) or {}
+        items.extend(page.get("items") or [])
+        token = (page.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return items
+
+
 def _read(api: client.ApiClient) -> tuple[list[Any], list[Any], list[Any]]:
-    custom = client.CustomObjectsApi(api)
-    claims = cast(
-        dict[str, Any], custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceclaims")
-    )
-    slices = cast(
-        dict[str, Any], custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
-    )
-    raw = client.CoreV1Api(api).list_namespace()
-    namespaces = cast(dict[str, Any], api.sanitize_for_serialization(raw))  # type: ignore[no-untyped-call]
-    return namespaces["items"], claims["items"], slices["items"]
+    """Namespaces, claims and slices; ApiUnavailable or ApiCallError naming the list."""
+    claims = _list(api, "resourceclaims", f"{RESOURCE_V1}/resourceclaims")
+    slices = _list(api, "resourceslices", f"{RESOURCE_V1}/resourceslices")
+    namespaces = _list(api, "namespaces", "/api/v1/namespaces")
+    return namespaces, claims, slices
 
 
 def _who(c: Consumer) -> str:
@@ -145,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         with api_client(settings.kubeconfig) as api:
             return check(settings, api, sys.stdout)
-    except (client.ApiException, ConfigError, OSError) as e:
+    except TrancheError as e:
         log.error("trust check failed: cannot read the cluster error=%s", e)
         sys.stderr.write(f"tranche trust check: cannot read the cluster: {e}\n")
         return 2

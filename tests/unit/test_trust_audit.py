@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
+
 from controller.trust_audit import colocations, consumers
+from controller.trust_cli import command as trust_command
 from controller.trust_cli import render_json, render_text
 from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP, Mechanism, Reason, resolve_tenants
 
@@ -122,3 +128,28 @@ def test_dedicated_node_shared_with_another_tenant_is_reported() -> None:
     found = colocations(consumers(claims, SLICES, res, res["b"].tenancy.level))
     assert len(found) == 1 and found[0].gpu is None and not found[0].allowed
     assert {v.reason for _, _, v in found[0].verdicts} == {Reason.DEDICATED_NODE}
+
+
+def test_trust_check_with_the_api_server_down_names_the_request_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    parser = argparse.ArgumentParser()
+    trust_command.add_arguments(parser)
+    args = parser.parse_args(["check", "--kubeconfig", str(kubeconfig)])
+    assert trust_command.run(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tranche trust check: cannot read the cluster: list resourceclaims: ")
+    assert "cannot be reached" in err
