@@ -1,8 +1,9 @@
 """``tranche devices``: the node's devices as the scheduler will see them.
 
 Reads the GPUs from NVML (real or simulated), builds the inventory and the
-ResourceSlices exactly as the kubelet plugin does, and prints them; it never
-talks to the cluster.
+ResourceSlices exactly as the kubelet plugin does, and prints them; it does not
+talk to the cluster. ``--cluster`` instead lists every device of the cluster
+through the controller's ``cluster-devices`` command.
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
 
 devices_command = Command(
     help="Print this node's GPUs and MIG slots as the scheduler will see them "
-    "(or the ResourceSlices, with --output yaml); does not contact the cluster.",
+    "(or the ResourceSlices, with --output yaml) without contacting the cluster; with "
+    "--cluster, every device of the cluster with its taints, health and claims.",
     add_arguments=_add_arguments,
     run=run,
 )

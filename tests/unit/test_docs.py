@@ -1,6 +1,7 @@
-"""The user docs and the Helm chart stay true to the code: every plugin flag documented
-with its environment twin and default, every fault point listed, every doc linked from
-the README, and the chart setting only environment variables the processes read."""
+"""The user docs and the Helm chart stay true to the code: every plugin and controller flag
+documented with its environment twin and default, every command with an example, every
+fault point listed, every doc linked from the README, and the chart setting only
+environment variables the processes read."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from controller import controller_settings
+from driver.cli import load_commands
 from driver.faults import POINTS
 from driver.flags import env_name
 from kubelet_plugin import settings as plugin_settings
@@ -35,7 +37,8 @@ def parser_of(
 
 
 def flag_table(parser: argparse.ArgumentParser) -> str:
-    """The Markdown table docs/kubelet-plugin.md carries between its flags markers."""
+    """The Markdown table docs/kubelet-plugin.md and docs/controller.md carry between their
+    flags markers."""
     rows = ["| Flag | Environment | Default | Meaning |", "| --- | --- | --- | --- |"]
     for action in parser._actions:
         if not action.option_strings or action.dest == "help":
@@ -60,16 +63,32 @@ def env_twins(add_arguments: Callable[[argparse.ArgumentParser], None]) -> set[s
     return {env_name(a.option_strings[0]) for a in parser._actions if a.dest != "help"}
 
 
-def test_every_plugin_flag_is_documented_with_its_twin_and_default(
+@pytest.mark.parametrize(
+    ("doc", "add_arguments"),
+    [
+        ("kubelet-plugin.md", plugin_settings.add_arguments),
+        ("controller.md", controller_settings.add_arguments),
+    ],
+)
+def test_every_flag_is_documented_with_its_twin_and_default(
+    doc: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    text = (DOCS / "kubelet-plugin.md").read_text()
+    text = (DOCS / doc).read_text()
     documented = text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip()
-    expected = flag_table(parser_of(plugin_settings.add_arguments, monkeypatch))
+    expected = flag_table(parser_of(add_arguments, monkeypatch))
     assert documented == expected, (
-        f"docs/kubelet-plugin.md is out of date; put this between {BEGIN} and {END}:\n\n"
-        f"{expected}\n"
+        f"docs/{doc} is out of date; put this between {BEGIN} and {END}:\n\n{expected}\n"
     )
+
+
+def test_every_command_is_documented_with_an_example() -> None:
+    """docs/controller.md shows every command but the two processes with one example."""
+    text = (DOCS / "controller.md").read_text()
+    commands = set(load_commands()) - {"kubelet-plugin", "controller"}
+    missing = [c for c in sorted(commands) if f"`tranche {c} " not in text]
+    assert missing == []
 
 
 def test_every_fault_point_is_listed_in_the_checkpoint_doc() -> None:
