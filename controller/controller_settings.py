@@ -10,6 +10,7 @@ import ipaddress
 import os
 import socket
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import (
     BaseModel,
@@ -111,8 +112,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
              choices=("DEBUG", "INFO", "WARNING", "ERROR"))  # fmt: skip
 
 
+N = TypeVar("N", int, float)
+
+
+def _number(args: argparse.Namespace, dest: str, kind: type[N]) -> N:
+    value = getattr(args, dest)
+    try:
+        return kind(value)
+    except ValueError:
+        flag = "--" + dest.replace("_", "-")
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"{flag}: {value!r} is not {what}") from None
+
+
 def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
-    """Validate once; a bad value raises :class:`ConfigError` naming the flag."""
+    """Validate once; a bad value raises :class:`ConfigError` naming the setting."""
     try:
         return ControllerSettings(
             kubeconfig=args.kubeconfig or None,
@@ -126,13 +140,13 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             webhook_service=args.webhook_service,
             webhook_ip_sans=tuple(s.strip() for s in args.webhook_ip_sans.split(",") if s.strip()),
             tls_secret=args.tls_secret,
-            cert_validity_days=int(args.cert_validity_days),
-            ca_validity_days=int(args.ca_validity_days),
-            slice_gc_interval_s=float(args.slice_gc_interval),
-            sync_interval_s=float(args.sync_interval),
+            cert_validity_days=_number(args, "cert_validity_days", int),
+            ca_validity_days=_number(args, "ca_validity_days", int),
+            slice_gc_interval_s=_number(args, "slice_gc_interval", float),
+            sync_interval_s=_number(args, "sync_interval", float),
             health_address=args.health_address,
             metrics_address=args.metrics_address,
             log_level=args.log_level,
         )
     except (ValidationError, ValueError) as e:
-        raise ConfigError(f"tranche controller: invalid setting: {e}") from e
+        raise ConfigError(f"invalid setting: {e}") from e
