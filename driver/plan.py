@@ -90,6 +90,7 @@ class StartMps(_Frozen):
     group_id: str
     devices: tuple[str, ...]
     mps: MpsConfig
+    pods: tuple[str, ...] = ()  # UIDs of the claim's reservedFor pods (memory limits)
 
 
 Step = Annotated[
@@ -297,6 +298,7 @@ def build_plan(
                 group_id=f"{allocation.ref.uid}-{n}",
                 devices=tuple(d.device for d in group),
                 mps=mps,
+                pods=tuple(p.uid for p in allocation.reserved_for),
             )
         )
     return Plan(claim_uid=allocation.ref.uid, devices=tuple(planned), steps=tuple(steps))

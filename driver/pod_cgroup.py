@@ -77,3 +77,17 @@ def parse_cgroup(text: str) -> PodContainer | None:
         if found is not None:
             return found
     return None
+
+
+def pod_cgroup_paths(pod_uid: str) -> tuple[str, ...]:
+    """Where the kubelet puts a pod's cgroup (relative to the cgroup v2 root), for every
+    QoS class and both cgroup drivers; the one that exists on the node is the pod's."""
+    flat = pod_uid.replace("-", "_")
+    return (
+        f"/kubepods/pod{pod_uid}",
+        f"/kubepods/burstable/pod{pod_uid}",
+        f"/kubepods/besteffort/pod{pod_uid}",
+        f"/kubepods.slice/kubepods-pod{flat}.slice",
+        f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{flat}.slice",
+        f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{flat}.slice",
+    )

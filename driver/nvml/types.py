@@ -122,3 +122,17 @@ class DeviceUsage:
     memory_used_bytes: int
     memory_total_bytes: int
     processes: tuple[ProcessUsage, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """The driver-enforced memory limit of one cgroup on one GPU (``nvmlDeviceGetMemoryLimits_v1``).
+
+    ``soft_bytes`` / ``hard_bytes`` are None where no limit is set (NVML's "max").
+    """
+
+    gpu_uuid: str
+    cgroup: str
+    soft_bytes: int | None
+    hard_bytes: int | None
+    used_bytes: int

@@ -28,6 +28,7 @@ from driver.sharing.mig import (
     standard_mig_minors,
 )
 from driver.sharing.mps import MpsDaemons, MpsHandler, MpsSupervisor
+from driver.sharing.mps_limits import MpsMemoryLimits
 from driver.sharing.settings import DEFAULT_MIG_MINORS, SharingConfig, parse_sharing
 from driver.state import Guard, StepHandler, TimeSliceHandler, exclusivity_guard
 
@@ -41,6 +42,7 @@ __all__ = [
 
 MIG_JOURNAL = "mig-journal.json"
 MPS_DIR = "mps"
+MPS_LIMITS_DIR = "mps-limits"
 SIM_MIG_MINORS = "mig-minors"
 
 
@@ -64,6 +66,14 @@ class SharingNvml(Protocol):
     def create_mig_instance(self, parent_uuid: str, profile_id: int, start: int) -> MigInstance: ...
 
     def destroy_mig_instance(self, parent_uuid: str, gi_id: int) -> bool: ...
+
+    def set_memory_limit(
+        self, gpu_uuid: str, cgroup_path: str, soft_bytes: int | None, hard_bytes: int | None
+    ) -> None: ...
+
+    def clear_memory_limit(self, gpu_uuid: str, cgroup_path: str) -> None: ...
+
+    def memory_limits_supported(self, gpu_uuid: str) -> bool: ...
 
 
 def managed_mig_uuids(nvml: SharingNvml, state_dir: Path) -> set[str]:
@@ -107,7 +117,15 @@ class SharingNode:
             faults=faults,
         )
         self.supervisor = MpsSupervisor(self.daemons, config.mps_check_interval_s)
-        self.mps_enforced = mps_memory_enforced(inventory.system, config.cgroup_root)
+        gpus = [g.uuid for g in inventory.gpus if g.advertised]
+        self.mps_enforced = (
+            bool(gpus)
+            and mps_memory_enforced(inventory.system, config.cgroup_root)
+            and all(nvml.memory_limits_supported(uuid) for uuid in gpus)
+        )
+        self.limits = MpsMemoryLimits(
+            nvml, config.cgroup_root, state_dir / MPS_LIMITS_DIR, enforced=self.mps_enforced
+        )
         self.handlers: dict[str, StepHandler] = {
             "attach-gpu": WholeGpuHandler(nvml, inventory),
             "attach-mig": AttachMigHandler(nvml, inventory, caps),
@@ -115,7 +133,9 @@ class SharingNode:
                 nvml, inventory, MigJournal(state_dir / MIG_JOURNAL, faults), caps, faults
             ),
             "set-time-slice": TimeSliceHandler(nvml),
-            "start-mps": MpsHandler(self.daemons, inventory, nvml, self.shares.__contains__),
+            "start-mps": MpsHandler(
+                self.daemons, inventory, nvml, self.shares.__contains__, self.limits
+            ),
         }
         self.guards: tuple[Guard, ...] = (ModeGuard(self.shares), exclusivity_guard)
 

@@ -41,6 +41,7 @@ from driver.files import write_atomic
 from driver.inventory import Inventory, MigDevice
 from driver.nvml.types import MigInstance
 from driver.plan import Plan, PlannedDevice, StartMps, Step
+from driver.sharing.mps_limits import MpsMemoryLimits
 from driver.state import StepOutcome
 
 log = logging.getLogger(__name__)
@@ -419,7 +420,9 @@ def daemon_key(device: PlannedDevice) -> str:
 
 
 class MpsHandler:
-    """``start-mps``: a daemon per device of the group; the claim's limits per client."""
+    """``start-mps``: a daemon per device of the group; the claim's limits per client, and
+    its pinned-memory limits as driver-enforced hard limits on its pods' cgroups where the
+    node enforces them (``limits``)."""
 
     def __init__(
         self,
@@ -427,11 +430,13 @@ class MpsHandler:
         inventory: Inventory,
         nvml: ComputeModeControl,
         shared: Callable[[str], bool],
+        limits: MpsMemoryLimits | None = None,
     ) -> None:
         self._daemons = daemons
         self._inventory = inventory
         self._nvml = nvml
         self._shared = shared  # device name -> is a share device (several claims)
+        self._limits = limits
 
     def _uuid(self, d: PlannedDevice) -> str:
         if d.uuid:
@@ -470,10 +475,19 @@ class MpsHandler:
                     Mount(str(self._daemons.log_dir(key)), LOG_IN_CONTAINER, ("rbind", "ro")),
                 ),
             )
+        if self._limits is not None:
+            hard = {
+                d.gpu_uuid: limit
+                for d in group
+                if d.type == "gpu" and (limit := device_limit(step.mps, d, plan)) is not None
+            }
+            self._limits.apply(plan.claim_uid, step.group_id, hard, step.pods)
         return StepOutcome(edits=edits)
 
     def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
         assert isinstance(step, StartMps)
+        if self._limits is not None:
+            self._limits.remove(step.group_id)
         by_name = {d.device: d for d in plan.devices}
         still = _keys_in_use(others)
         for name in step.devices:
@@ -483,11 +497,17 @@ class MpsHandler:
 
     def reconcile(self, plans: Sequence[Plan]) -> Sequence[str]:
         """Stop daemons no prepared claim uses; restart the used ones that died."""
+        lifted: list[str] = []
+        if self._limits is not None:
+            groups = {s.group_id for p in plans for s in p.steps if isinstance(s, StartMps)}
+            lifted = self._limits.sweep(groups)
         stopped = self._daemons.sweep(_keys_in_use(plans))
         restarted = self._daemons.restart_dead()
-        return [f"stopped MPS daemon {k}" for k in stopped] + [
-            f"restarted MPS daemon {k}" for k in restarted
-        ]
+        return (
+            [f"lifted MPS memory limits of {g}" for g in lifted]
+            + [f"stopped MPS daemon {k}" for k in stopped]
+            + [f"restarted MPS daemon {k}" for k in restarted]
+        )
 
 
 def _keys_in_use(plans: Sequence[Plan]) -> set[str]:
@@ -510,17 +530,22 @@ def _client_env(mps: MpsConfig, device: PlannedDevice, plan: Plan) -> tuple[str,
     if mps.default_active_thread_percentage is not None:
         env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={mps.default_active_thread_percentage}")
     same_request = [d for d in plan.devices if d.base_request == device.base_request]
-    position = {d.device: i for i, d in enumerate(plan.devices)}
     limits = []
     for index, d in enumerate(same_request):
-        per_device = mps.default_per_device_pinned_memory_limit
-        limit = per_device.get(str(position[d.device]))
-        if limit is None and d.uuid:
-            limit = per_device.get(d.uuid)
-        if limit is None:
-            limit = mps.default_pinned_device_memory_limit
+        limit = device_limit(mps, d, plan)
         if limit is not None and d.sharing.strategy == "MPS":
             limits.append(f"{index}={_mib(limit)}")
     if limits:
         env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(limits)}")
     return tuple(env)
+
+
+def device_limit(mps: MpsConfig, device: PlannedDevice, plan: Plan) -> int | None:
+    """The claim's pinned-memory limit for ``device``: by its position among the claim's
+    devices, then by its UUID, then the default."""
+    per_device = mps.default_per_device_pinned_memory_limit
+    position = [d.device for d in plan.devices].index(device.device)
+    limit = per_device.get(str(position))
+    if limit is None and device.uuid:
+        limit = per_device.get(device.uuid)
+    return limit if limit is not None else mps.default_pinned_device_memory_limit

@@ -23,7 +23,7 @@ import pynvml
 
 from driver.nvml.sim import handles
 from driver.nvml.sim.profiles import ARCHITECTURES, BRANDS, GiProfileSpec
-from driver.nvml.sim.state import SimGpu, SimInstance, SimState, SimStore
+from driver.nvml.sim.state import SimGpu, SimInstance, SimMemoryLimit, SimState, SimStore
 
 MIB = 1 << 20
 WHOLE = 0xFFFFFFFF
@@ -39,6 +39,9 @@ _P2P_OK: int = pynvml.NVML_P2P_STATUS_OK
 _P2P_NO: int = pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
 _RESET_REQUIRED: int = pynvml.NVML_ERROR_RESET_REQUIRED
 _CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
+# nvmlDeviceSetMemoryLimits_v1 / GetMemoryLimits_v1 exist from this driver branch on.
+MEMORY_LIMITS_DRIVER_MAJOR = 615
+_NO_LIMIT: int = pynvml.NVML_DEVICE_MEMORY_LIMIT_MAX
 
 
 def _fail(code: int) -> pynvml.NVMLError:
@@ -634,6 +637,61 @@ class SimulatedNvmlLib:
         if not samples or now <= timestamp:
             raise _fail(pynvml.NVML_ERROR_NOT_FOUND)
         return samples
+
+    # -- driver-enforced memory limits -------------------------------------------------------
+
+    def _limits_gpu(self, state: SimState, handle: Any) -> SimGpu:
+        """The GPU whose memory limits ``handle`` may change, or the error real NVML gives:
+        no such function before r615, NOT_SUPPORTED without dmem or on a MIG handle."""
+        major = state.driver_version.split(".", 1)[0]
+        if not major.isdigit() or int(major) < MEMORY_LIMITS_DRIVER_MAJOR:
+            raise _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        gpu, inst = self._device(state, handle)
+        if inst is not None or not state.kernel_memory_limits:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    @staticmethod
+    def _namespace(limits: Any) -> str:
+        raw = limits.nameSpace
+        name = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+        if not name.startswith("/"):
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return name
+
+    def nvmlDeviceSetMemoryLimits_v1(self, handle: Any, limits: Any) -> None:
+        self._check_init()
+        limits = _out(limits)
+        name = self._namespace(limits)
+        soft, hard = int(limits.softLimit), int(limits.hardLimit)
+        if _NO_LIMIT not in (hard, soft) and soft > hard:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+        def change(state: SimState) -> None:
+            gpu = self._limits_gpu(state, handle)
+            if soft == _NO_LIMIT and hard == _NO_LIMIT:
+                gpu.memory_limits.pop(name, None)
+                return
+            gpu.memory_limits[name] = SimMemoryLimit(
+                soft=None if soft == _NO_LIMIT else soft, hard=None if hard == _NO_LIMIT else hard
+            )
+
+        self.store.update(change)
+
+    def nvmlDeviceGetMemoryLimits_v1(self, handle: Any, limits: Any) -> None:
+        self._check_init()
+        limits = _out(limits)
+        name = self._namespace(limits)
+        gpu = self.store.read(lambda s: self._limits_gpu(s, handle))
+        found = gpu.memory_limits.get(name, SimMemoryLimit())
+        limits.softLimit = _NO_LIMIT if found.soft is None else found.soft
+        limits.hardLimit = _NO_LIMIT if found.hard is None else found.hard
+        prefix = name.rstrip("/") + "/"
+        limits.currentUsed = sum(
+            p.used_memory_bytes
+            for p in gpu.processes
+            if any(line.split(":", 2)[-1].startswith(prefix) for line in p.cgroup.splitlines())
+        )
 
     # -- events ------------------------------------------------------------------------------
 

@@ -140,6 +140,9 @@ class NodeProfile(_Frozen):
     description: str = ""
     driver_version: str
     cuda_driver_version: int  # NVML encoding: 12080 for 12.8
+    # The host kernel has the cgroup v2 ``dmem`` controller, so a driver of r615 or later
+    # enforces per-cgroup memory limits (``nvmlDeviceSetMemoryLimits_v1``).
+    kernel_memory_limits: bool = False
     models: dict[str, ModelSpec]
     gpus: tuple[SlotSpec, ...]
 

@@ -54,6 +54,13 @@ class SimProcess(_Model):
     cgroup: str = ""  # /proc/<pid>/cgroup content
 
 
+class SimMemoryLimit(_Model):
+    """A driver-enforced memory limit of one cgroup on one GPU (None: no limit)."""
+
+    soft: int | None = None
+    hard: int | None = None
+
+
 class SimGpu(_Model):
     index: int
     uuid: str
@@ -71,6 +78,7 @@ class SimGpu(_Model):
     memory_util: int | None = None
     temperature_c: int = 34
     recovery_action: int = 0  # NVML_GPU_RECOVERY_ACTION_*
+    memory_limits: dict[str, SimMemoryLimit] = {}  # cgroup path -> limits
 
     def instance(self, gi_id: int) -> SimInstance | None:
         return next((i for i in self.instances if i.gi_id == gi_id), None)
@@ -91,6 +99,7 @@ class SimState(_Model):
     profile: str
     driver_version: str
     cuda_driver_version: int
+    kernel_memory_limits: bool = False  # the host kernel has the cgroup v2 dmem controller
     gpus: list[SimGpu]
     events: list[SimEvent] = []
     next_event_seq: int = 1
@@ -118,6 +127,7 @@ def state_from_profile(profile: NodeProfile) -> SimState:
         profile=profile.name,
         driver_version=profile.driver_version,
         cuda_driver_version=profile.cuda_driver_version,
+        kernel_memory_limits=profile.kernel_memory_limits,
         gpus=gpus,
     )
 
