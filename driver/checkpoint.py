@@ -96,6 +96,7 @@ class _View:
     boot_ids: dict[str, str] = field(default_factory=dict)
     history: dict[HistoryKey, AllocationRecord] = field(default_factory=dict)
     history_lines: int = 0
+    started: set[str] = field(default_factory=set)  # claims whose record is in the journal
 
     def add_history(self, records: Iterable[AllocationRecord]) -> None:
         for record in records:
@@ -127,6 +128,7 @@ class Checkpoint:
         self._faults = faults
         self.history_limit = history_limit
         self._history = self.directory / files.HISTORY_FILE
+        self._started = self.directory / files.STARTED_FILE
         self._generation = files.Generation(self.directory / files.GENERATION_FILE)
         self._mutex = threading.Lock()
         self._view: _View | None = None
@@ -193,6 +195,7 @@ class Checkpoint:
                 continue
             view.claims[uid] = record
             view.boot_ids[uid] = boot_id
+        self._read_started(view, quarantine)
         try:
             raw_history = self._history.read_bytes()
         except FileNotFoundError:
@@ -207,6 +210,28 @@ class Checkpoint:
         if changed:
             _, view.generation = self._generation.bump()
         return view, self._corrupt(problems) if problems else None
+
+    def _read_started(self, view: _View, locked: bool) -> None:
+        """Add the journal's ``PrepareStarted`` claims; a claim file wins over a journal line."""
+        try:
+            raw = self._started.read_bytes()
+        except FileNotFoundError:
+            return
+        for body, boot_id in files.decode_started(raw):
+            try:
+                record = ClaimRecord.model_validate(body)
+            except ValidationError as e:
+                log.warning("checkpoint started line skipped reason=%s", str(e).splitlines()[0])
+                continue
+            if record.state != "PrepareStarted" or (
+                record.uid in view.claims and record.uid not in view.started
+            ):
+                continue  # completed: killed before its journal line was cleared
+            view.claims[record.uid] = record
+            view.boot_ids[record.uid] = boot_id
+            view.started.add(record.uid)
+        if raw and not view.started and locked:
+            files.empty_file(self._started)
 
     def _status(self, view: _View) -> LoadStatus:
         other = next((b for b in view.boot_ids.values() if b != self.boot_id), None)
@@ -232,36 +257,47 @@ class Checkpoint:
     # writing (under the node lock) --------------------------------------------
 
     def put(self, record: ClaimRecord) -> None:
-        """Record one claim (a new one, or a new state of it): one small atomic write.
+        """Record one claim (a new one, or a new state of it).
 
-        A ``PrepareStarted`` record is written without fsync: it must be seen by a
-        plugin that restarts after this one is killed (the page cache sees to that),
-        but a machine crash undoes whatever a half-done prepare changed, so losing
-        the record then loses nothing. Every other write is durable before it returns.
+        A ``PrepareStarted`` record is a line appended to the started journal,
+        without fsync: it must be seen by a plugin that restarts after this one is
+        killed (the page cache sees to that), but a machine crash undoes whatever a
+        half-done prepare changed, so losing the record then loses nothing. Any
+        other state replaces the claim's file atomically and durably, then clears
+        the claim's journal line (a claim file wins over a journal line).
         """
         if not files.safe_uid(record.uid):
             raise CheckpointError(
                 f"claim {record.namespace}/{record.name}: uid {record.uid!r} cannot name a "
                 "checkpoint file"
             )
-        body = record.model_dump(mode="json", by_alias=True)
+        encoded = files.encode_claim(record.model_dump(mode="json", by_alias=True), self.boot_id)
+        uid = record.uid
         with self._mutex:
             view, before, after = self._begin_change()
             try:
-                write_atomic(
-                    files.claim_path(self.directory, record.uid),
-                    files.encode_claim(body, self.boot_id),
-                    fault_point="checkpoint:before-replace",
-                    faults=self._faults,
-                    durable=record.state != "PrepareStarted",
-                )
+                if record.state == "PrepareStarted":
+                    if uid in view.claims and uid not in view.started:
+                        files.claim_path(self.directory, uid).unlink(missing_ok=True)
+                    files.append_line(self._started, encoded, durable=False)
+                    view.started.add(uid)
+                else:
+                    write_atomic(
+                        files.claim_path(self.directory, uid),
+                        encoded,
+                        fault_point="checkpoint:before-replace",
+                        faults=self._faults,
+                    )
+                    if uid in view.started:
+                        self._faults.reached("checkpoint:before-started-cleared")
+                        self._clear_started(view, uid)
             except BaseException:
                 self._view = None
                 raise
             self._end_change(view, before, after)
             if self._view is not None:
-                self._view.claims[record.uid] = record.model_copy()
-                self._view.boot_ids[record.uid] = self.boot_id
+                self._view.claims[uid] = record.model_copy()
+                self._view.boot_ids[uid] = self.boot_id
 
     def remove(self, uid: str, ended: AllocationRecord | None = None) -> None:
         """Forget a claim; ``ended`` (its allocation record, ended) goes to the history."""
@@ -272,8 +308,11 @@ class Checkpoint:
                     line = files.encode_history(ended.model_dump(mode="json", by_alias=True))
                     files.append_line(self._history, line)
                     self._faults.reached("checkpoint:before-remove")
-                files.claim_path(self.directory, uid).unlink(missing_ok=True)
-                files.fsync_directory(self.directory)
+                if uid in view.started:
+                    self._clear_started(view, uid)
+                else:
+                    files.claim_path(self.directory, uid).unlink(missing_ok=True)
+                    files.fsync_directory(self.directory)
             except BaseException:
                 self._view = None
                 raise
@@ -312,6 +351,7 @@ class Checkpoint:
                         path.unlink(missing_ok=True)
                 self._write_history(state.history)
                 files.fsync_directory(self.directory)
+                files.empty_file(self._started)  # its claims now have their files
             except BaseException:
                 self._view = None
                 raise
@@ -340,6 +380,21 @@ class Checkpoint:
             view.found = True
         else:
             self._view = None  # read again at the next load
+
+    def _clear_started(self, view: _View, uid: str) -> None:
+        """Take ``uid`` out of the started journal: emptied when it was the last one."""
+        view.started.discard(uid)
+        if not view.started:
+            files.empty_file(self._started)
+            return
+        lines = b"".join(
+            files.encode_claim(
+                view.claims[u].model_dump(mode="json", by_alias=True), view.boot_ids[u]
+            )
+            for u in sorted(view.started)
+            if u in view.claims
+        )
+        write_atomic(self._started, lines, durable=False)
 
     def _write_history(self, records: Iterable[AllocationRecord]) -> None:
         payload = b"".join(

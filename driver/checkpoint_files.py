@@ -4,6 +4,7 @@ Layout of a checkpoint named ``<dir>/checkpoint.json`` (``docs/checkpoint.md``):
 
     <dir>/checkpoint.d/<claim uid>.json   {"version": 2, "bootId", "checksum", "claim": {...}}
     <dir>/checkpoint.d/history.jsonl      {"version": 2, "checksum", "record": {...}} per line
+    <dir>/checkpoint.d/started.jsonl      PrepareStarted claims, one claim document per line
     <dir>/checkpoint.d/generation         a counter bumped before every change
 
 A checksum covers the other members of its document as parsed JSON re-serialised
@@ -16,6 +17,7 @@ cached, when a file is moved aside) live in :mod:`driver.checkpoint`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -27,6 +29,7 @@ from typing import Any
 VERSION = 2
 LEGACY_VERSION = 1
 HISTORY_FILE = "history.jsonl"
+STARTED_FILE = "started.jsonl"
 GENERATION_FILE = "generation"
 CLAIM_SUFFIX = ".json"
 
@@ -75,6 +78,17 @@ def decode_claim(raw: bytes) -> tuple[dict[str, Any], str]:
         raise ValueError("no claim object")
     boot_id = doc.get("bootId", "")
     return body, str(boot_id)
+
+
+def decode_started(raw: bytes) -> Iterator[tuple[dict[str, Any], str]]:
+    """``(claim, boot id)`` of each line of the started journal; unreadable lines are skipped."""
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        try:
+            yield decode_claim(line)
+        except ValueError:
+            continue  # cut short by a crash mid-append: that prepare had changed nothing yet
 
 
 def encode_history(body: dict[str, Any]) -> bytes:
@@ -130,17 +144,24 @@ def _document(raw: bytes) -> dict[str, Any]:
     return doc
 
 
-def append_line(path: Path, line: bytes) -> None:
-    """Append one line and fsync it; a line a crash cut short is ended first."""
+def append_line(path: Path, line: bytes, *, durable: bool = True) -> None:
+    """Append one line (fsynced unless not ``durable``); a line a crash cut short is ended first."""
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             line = b"\n" + line
         os.write(fd, line)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def empty_file(path: Path) -> None:
+    """Truncate ``path`` to nothing, if it exists (no fsync)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.truncate(path, 0)
 
 
 def fsync_directory(directory: Path) -> None:

@@ -29,6 +29,7 @@ POINTS = (
     "unprepare:after-removed",
     "checkpoint:before-replace",
     "checkpoint:before-remove",
+    "checkpoint:before-started-cleared",
     "checkpoint:after-convert",
     "cdi:before-replace",
     "mig:after-intent",

@@ -2,7 +2,8 @@
 
 NodePrepareResources carries only claim references. The claims are read from
 the API server first, concurrently and before the node-wide lock (slow reads
-must not serialise behind device work), together with each claim's Namespace
+must not serialise behind device work): the first claim in the calling thread,
+the others in a pool, together with each claim's Namespace
 (``kubelet_plugin.namespace_reader``) whose labels give the claim's tenancy
 (``driver.trust``); each claim is then prepared by :class:`driver.state.DeviceState`,
 which checks trust levels. A claim that cannot be read, or whose namespace cannot
@@ -15,7 +16,7 @@ NodeUnprepareResources needs no read: the checkpoint has everything.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -85,15 +86,15 @@ class PluginDriver:
         self._pool.shutdown(wait=True)
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        reads: dict[str, Future[Mapping[str, Any]]] = {
-            ref.uid: self._pool.submit(self._reader.read, ref) for ref in claims
-        }
         namespaces = list(dict.fromkeys(ref.namespace for ref in claims))
         tenancies: dict[str, Future[Tenancy]] = {
-            ns: self._pool.submit(self._tenancy, ns) for ns in namespaces[1:]
+            ns: self._pool.submit(self._tenancy, ns) for ns in namespaces
         }
-        if namespaces:  # the first in this thread, while the pool reads the claims
-            tenancies[namespaces[0]] = self._tenancy_now(namespaces[0])
+        reads: dict[str, Future[Mapping[str, Any]]] = {
+            ref.uid: self._pool.submit(self._reader.read, ref) for ref in claims[1:]
+        }
+        if claims:  # the first claim in this thread (most calls have one), the rest meanwhile
+            reads[claims[0].uid] = _now(self._reader.read, claims[0])
         results: dict[str, PrepareResult] = {}
         for ref in claims:
             try:
@@ -126,14 +127,6 @@ class PluginDriver:
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
         return {ref.uid: self._state.unprepare(ref) for ref in claims}
 
-    def _tenancy_now(self, namespace: str) -> Future[Tenancy]:
-        done: Future[Tenancy] = Future()
-        try:
-            done.set_result(self._tenancy(namespace))
-        except TrancheError as e:
-            done.set_exception(e)
-        return done
-
     def _tenancy(self, namespace: str) -> Tenancy:
         """The namespace's tenancy now; label problems are logged, never fail open."""
         labels = self._namespaces.tenant_labels(namespace)
@@ -162,6 +155,16 @@ class PluginDriver:
                 TRUST_EVENT_REASON,
                 f"refused at prepare on node {self._state.node_name} ({reason}): {refusal}",
             )
+
+
+def _now(read: Callable[[ClaimRef], Mapping[str, Any]], ref: ClaimRef) -> Future[Mapping[str, Any]]:
+    """``read(ref)`` in the calling thread, as a finished future (no thread hop)."""
+    done: Future[Mapping[str, Any]] = Future()
+    try:
+        done.set_result(read(ref))
+    except TrancheError as e:
+        done.set_exception(e)
+    return done
 
 
 def _claim_tenancy(ref: ClaimRef, read: Future[Tenancy]) -> Tenancy:

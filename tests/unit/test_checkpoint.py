@@ -187,10 +187,74 @@ def test_garbage_unknown_version_and_non_objects_are_corrupt(
     assert read_allocations(tmp_path / "checkpoint.json") == []
 
 
-def test_an_empty_claim_file_is_a_lost_prepare_started_not_corruption(tmp_path: Path) -> None:
-    """PrepareStarted is written without fsync; after a machine crash its file may be empty."""
+def started(uid: str = "u1") -> ClaimRecord:
+    return record(uid).model_copy(update={"state": "PrepareStarted"})
+
+
+def journal(tmp_path: Path) -> Path:
+    return tmp_path / "checkpoint.d" / "started.jsonl"
+
+
+def test_prepare_started_is_a_journal_line_cleared_when_completed(tmp_path: Path) -> None:
     cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
-    cp.put(record("u1").model_copy(update={"state": "PrepareStarted"}))
+    cp.put(started("u1"))
+    cp.put(started("u2"))
+    assert not claim_file(tmp_path).exists()
+    fresh = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    state, _ = fresh.load(locked=True)
+    assert {u: c.state for u, c in state.claims.items()} == {
+        "u1": "PrepareStarted",
+        "u2": "PrepareStarted",
+    }
+    fresh.put(record("u1"))
+    fresh.remove("u2")  # rolled back
+    assert journal(tmp_path).read_bytes() == b""
+    state, _ = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert {u: c.state for u, c in state.claims.items()} == {"u1": "PrepareCompleted"}
+
+
+def test_one_started_claim_cleared_leaves_the_other_in_the_journal(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(started("u1"))
+    cp.put(started("u2"))
+    cp.remove("u1")
+    state, _ = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert {u: c.state for u, c in state.claims.items()} == {"u2": "PrepareStarted"}
+
+
+def test_a_completed_claim_file_wins_over_its_stale_journal_line(tmp_path: Path) -> None:
+    """Killed after PrepareCompleted was written, before its journal line was cleared."""
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(started("u1"))
+    line = journal(tmp_path).read_bytes()
+    cp.put(record("u1"))
+    journal(tmp_path).write_bytes(line)
+    fresh = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    state, status = fresh.load(locked=True)
+    assert (status.kind, state.claims["u1"].state) == ("ok", "PrepareCompleted")
+    assert journal(tmp_path).read_bytes() == b""
+
+
+@pytest.mark.parametrize("damage", ["cut", "empty"])
+def test_a_damaged_journal_line_is_a_lost_prepare_started_not_corruption(
+    tmp_path: Path, damage: str
+) -> None:
+    """The journal is not fsynced; after a machine crash a line may be cut short or gone."""
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(started("u1"))
+    cp.put(record("u2"))
+    raw = journal(tmp_path).read_bytes()
+    journal(tmp_path).write_bytes(raw[: len(raw) // 2] if damage == "cut" else b"")
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert (status.kind, list(state.claims)) == ("ok", ["u2"])
+    cp.put(started("u3"))  # appended after the cut line, and read back
+    state, _ = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert sorted(state.claims) == ["u2", "u3"]
+
+
+def test_an_empty_claim_file_is_a_lost_prepare_started_not_corruption(tmp_path: Path) -> None:
+    """Plugins before the journal wrote PrepareStarted as an unsynced claim file."""
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
     cp.put(record("u2"))
     claim_file(tmp_path).write_bytes(b"")
     state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)

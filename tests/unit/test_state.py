@@ -230,6 +230,7 @@ def run_child(node: Path, op: str, uid: str, fault: str) -> int:
 
 PREPARE_POINTS = [p for p in POINTS if p.startswith("prepare:")] + [
     "checkpoint:before-replace",
+    "checkpoint:before-started-cleared",
     "cdi:before-replace",
 ]
 
