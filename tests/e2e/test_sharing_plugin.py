@@ -160,6 +160,9 @@ def _released(pn: PluginNode, namespace: str, pods: list[str], uids: list[str]) 
         delete_pod(pn.api, namespace, pod)
     for uid in uids:
         wait_for(f"CDI spec of claim {uid} removed", lambda u=uid: not _spec_file(pn, u).exists())  # type: ignore[misc]
+        # The kubelet forgets the claim once NodeUnprepareResources has answered: the whole
+        # unprepare (checkpoint entry included) is done.
+        wait_for(f"claim {uid} unprepared", lambda u=uid: u not in pn.kubelet.prepared)  # type: ignore[misc]
 
 
 def _nothing_left(pn: PluginNode) -> None:
