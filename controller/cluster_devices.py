@@ -86,7 +86,9 @@ def render_table(table: list[DeviceRow]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
-    add_flag(parser, "--driver", "DRA driver name of the devices", default=DEFAULT_DRIVER, env=env)
+    add_flag(
+        parser, "--driver-name", "DRA driver name of the devices", default=DEFAULT_DRIVER, env=env
+    )
     add_flag(
         parser, "--output", "table or json", default="table", choices=("table", "json"), env=env
     )
@@ -96,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
 
 def run(args: argparse.Namespace) -> int:
     try:
-        view = read_view(api_client(args.kubeconfig), args.driver, with_claims=True)
+        view = read_view(api_client(args.kubeconfig), args.driver_name, with_claims=True)
     except TrancheError as e:
         print(f"tranche cluster-devices: {e}", file=sys.stderr)
         return 1

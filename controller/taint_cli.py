@@ -69,7 +69,9 @@ def _add_common(parser: argparse.ArgumentParser, env: Mapping[str, str] | None =
         metavar="NODE DEVICE",
         help="node and device name (or UUID); or one GPU/MIG UUID; or NODE/DEVICE",
     )
-    add_flag(parser, "--driver", "DRA driver name of the devices", default=DEFAULT_DRIVER, env=env)
+    add_flag(
+        parser, "--driver-name", "DRA driver name of the devices", default=DEFAULT_DRIVER, env=env
+    )
     add_kubeconfig_flag(parser, env)
 
 
@@ -97,7 +99,7 @@ def run_taint(args: argparse.Namespace) -> int:
     try:
         node, name = _target(args)
         api = api_client(args.kubeconfig)
-        view = read_view(api, args.driver)
+        view = read_view(api, args.driver_name)
         device = find_device(view.devices, node, name)
         body = rule_body(device, args.effect, args.reason)
         rule = body["metadata"]["name"]
@@ -140,7 +142,7 @@ def run_untaint(args: argparse.Namespace) -> int:
     try:
         node, name = _target(args)
         api = api_client(args.kubeconfig)
-        view = read_view(api, args.driver)
+        view = read_view(api, args.driver_name)
         try:
             device = find_device(view.devices, node, name)
             node, name = device.node, device.name

@@ -164,7 +164,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
         return 1
     parser = argparse.ArgumentParser(prog="tranche devices --cluster")
     cluster.add_arguments(parser)
-    argv = ["--driver", args.driver_name, "--output", args.output]
+    argv = ["--driver-name", args.driver_name, "--output", args.output]
     if args.kubeconfig:
         argv += ["--kubeconfig", args.kubeconfig]
     return cluster.run(parser.parse_args(argv))

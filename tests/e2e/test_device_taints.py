@@ -45,7 +45,7 @@ class Rig:
 
     def tranche(self, *argv: str) -> int:
         args = build_parser(COMMANDS).parse_args(
-            [*argv, "--driver", self.driver, "--kubeconfig", self.kubeconfig]
+            [*argv, "--driver-name", self.driver, "--kubeconfig", self.kubeconfig]
         )
         rc: int = args._run(args)
         return rc
