@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from driver.cdi import CdiSpecs
 from driver.checkpoint import Checkpoint, CheckpointData
+from driver.errors import error_reason
 from driver.faults import FaultPoints
 from driver.health import HealthChange, HealthMonitor, device_gpu_map
 from driver.health_metrics import HealthMetrics
@@ -260,9 +261,9 @@ class NodePlugin:
         while not self._stop.wait(self.settings.sample_interval_s):
             try:
                 self.sampler.sample_once()
-            except Exception:
-                log.exception("usage sample failed")
-                self.metrics.count_error("nvml")
+            except Exception as e:  # the loop must outlive any one bad sample
+                log.exception("usage sample failed node=%s error=%s", self.settings.node_name, e)
+                self.metrics.count_error(error_reason(e))
 
     def probe_paths(self) -> tuple[str, str]:
         return self.server.registration_socket, self.server.endpoint
