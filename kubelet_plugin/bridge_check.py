@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import threading
+from collections.abc import Callable, Iterable
 
 from driver.bridge import check_no_device_plugin
 from driver.errors import ApiUnavailable, ConfigError, PermanentError
 from driver.kube_http import ApiError, ApiUnreachable, KubeClient
+
+log = logging.getLogger(__name__)
 
 
 def check_node(kube: KubeClient, node_name: str, resources: Iterable[str] | None = None) -> None:
@@ -31,3 +35,30 @@ def check_node(kube: KubeClient, node_name: str, resources: Iterable[str] | None
     except ValueError as e:
         raise ApiUnavailable(f"read node {node_name}: the API server sent invalid JSON: {e}") from e
     check_no_device_plugin(node, resources)
+
+
+def check_node_when_reachable(
+    check: Callable[[], None],
+    stop: threading.Event,
+    *,
+    initial_s: float = 0.5,
+    cap_s: float = 30.0,
+) -> bool:
+    """Run ``check`` until the API server answers it; False if ``stop`` is set first.
+
+    An API server that is down at start must not crash-loop the plugin: the check
+    waits for it, with back-off, and any answer (a conflict included) ends the wait.
+    """
+    delay = initial_s
+    while not stop.is_set():
+        try:
+            check()
+            return True
+        except ApiUnavailable as e:
+            log.warning(
+                "device plugin check waits for the API server retry_s=%.1f error=%s", delay, e
+            )
+        if stop.wait(delay):
+            break
+        delay = min(delay * 2, cap_s)
+    return False

@@ -64,7 +64,8 @@ def serve(settings: PluginSettings, stop: threading.Event) -> int:
             host, port = parse_address(settings.metrics_address, "--metrics-address")
             server, _ = prometheus_client.start_http_server(port, host, registry)
             stoppers.append(server.shutdown)
-        plugin.start()
+        if not plugin.start(stop):
+            return 0  # stopped while waiting for the API server
         stoppers.append(lambda: plugin.stop(STOP_GRACE_S))
         if settings.health_address:
             host, port = parse_address(settings.health_address, "--health-address")

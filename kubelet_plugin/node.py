@@ -36,7 +36,7 @@ from driver.slices import build_slices
 from driver.state import DeviceState, RecoveryReport
 from driver.usage import UsageSampler
 from driver.usage_records import checkpoint_records
-from kubelet_plugin.bridge_check import check_node
+from kubelet_plugin.bridge_check import check_node, check_node_when_reachable
 from kubelet_plugin.claim_status import ClaimStatusWriter, StatusWritingDriver
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
@@ -218,9 +218,13 @@ class NodePlugin:
 
     # ----- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> None:
-        if self.settings.device_plugin_check:
-            check_node(self._kube, self.settings.node_name)
+    def start(self, stop: threading.Event | None = None) -> bool:
+        """Recover, publish, serve. False when ``stop`` was set while waiting for the API
+        server (the device plugin check needs it before any socket opens)."""
+        if self.settings.device_plugin_check and not check_node_when_reachable(
+            lambda: check_node(self._kube, self.settings.node_name), stop or threading.Event()
+        ):
+            return False
         self.recovery = self.state.recover()
         status = self.recovery.checkpoint
         if status.kind == "corrupt":
@@ -243,6 +247,7 @@ class NodePlugin:
             len(self.inventory.gpus),
             self._published_devices,
         )
+        return True
 
     def stop(self, grace: float = 10.0) -> None:
         self._stop.set()

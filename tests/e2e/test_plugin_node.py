@@ -4,22 +4,29 @@ drives the real plugin process over its Unix sockets, CDI specs appear and go.
 
 from __future__ import annotations
 
+import secrets
+import shutil
 import socket
+import tempfile
+import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from driver.checkpoint import Checkpoint
 from driver.cli import main as cli_main
 from driver.trust import LABEL_LEVEL
 from hack.kubeletsim.client import ClaimRequest
-from hack.simnode import SimNodeError
+from hack.simnode import SimNode, SimNodeConfig, SimNodeError
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
 from tests.e2e.sim_nodes import REPO, PluginNode, apply_example, delete_pod, kubectl
+from tests.e2e.tcp_relay import TcpRelay
 from tests.waiting import wait_for
 
 BRIDGE_CLASSES = REPO / "deploy" / "bridge"
@@ -303,3 +310,38 @@ def test_metrics_count_prepares_by_mode_and_refusals_by_reason(
     assert metrics['tranche_prepare_seconds_count{mode="gpu"}'] >= 1
     assert metrics["tranche_prepared_claims"] == 1
     assert 'tranche_prepare_seconds_count{mode="mig"}' not in metrics
+
+
+def test_plugin_waits_for_an_api_server_that_is_down_at_start_instead_of_exiting(
+    cluster: Cluster, make_node: Callable[..., str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    relay = TcpRelay(cluster.server)  # down until the test brings it up
+    kubeconfig = tmp_path_factory.mktemp("kc") / "relay.kubeconfig"
+    config = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = relay.url
+    kubeconfig.write_text(yaml.safe_dump(config))
+    name = make_node(f"gpu-wait-{secrets.token_hex(2)}")
+    root = Path(tempfile.mkdtemp(prefix="sw", dir="/tmp"))
+    node = SimNode(SimNodeConfig(node_name=name, kubeconfig=str(kubeconfig), root=root))
+    try:
+        node.start(wait=False)
+        time.sleep(3)
+        assert node.running(), (
+            f"the plugin exited while the API server was down:\n{node.log_tail()}"
+        )
+        assert not node.registration_socket.exists(), "no socket before the device plugin check"
+        relay.up()
+        node.wait_serving()
+        with cluster.api_client() as api:
+            wait_for(
+                "the node's slices",
+                lambda: get_json(
+                    api,
+                    f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={name}",
+                )["items"],
+            )
+    finally:
+        node.stop()
+        relay.down()
+        shutil.rmtree(root, ignore_errors=True)
