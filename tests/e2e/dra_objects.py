@@ -5,15 +5,20 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from driver.inventory import Inventory
+from driver.cdi import CdiSpecs
+from driver.checkpoint import Checkpoint
+from driver.inventory import Inventory, build_inventory
 from driver.kube_http import KubeClient
 from driver.kubeconfig import Credentials
+from driver.nvml.sim import create_state, open_simulated
 from driver.slices import DEFAULT_DRIVER_NAME, build_slices
+from driver.state import DeviceState
 from kubelet_plugin.publisher import Backoff, Publisher
 from tests.waiting import wait_for
 
@@ -176,3 +181,18 @@ def schedule(
     claim(api, namespace, name, device_class_name, selectors, count, match_attribute)
     pod(api, namespace, name, name, node)
     return name
+
+
+def simulated_device_state(tmp_path: Path, node: str) -> DeviceState:
+    """The executor over a fresh simulated DGX H100, driven in-process by e2e tests."""
+    create_state("dgx-h100", tmp_path / "sim.json")
+    nvml = open_simulated(tmp_path / "sim.json")
+    return DeviceState(
+        nvml,
+        build_inventory(nvml.list_gpus(), nvml.system_info()),
+        CdiSpecs(tmp_path / "cdi"),
+        Checkpoint(tmp_path / "checkpoint.json", boot_id="e2e"),
+        lock_path=tmp_path / "pu.lock",
+        driver_name=DRIVER,
+        node_name=node,
+    )

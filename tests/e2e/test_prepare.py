@@ -13,10 +13,6 @@ from kubernetes import client
 
 from driver.api import ClaimRef
 from driver.cdi import CdiSpecs
-from driver.checkpoint import Checkpoint
-from driver.inventory import build_inventory
-from driver.nvml.sim import create_state, open_simulated
-from driver.state import DeviceState
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.namespace_reader import ApiNamespaceReader
 from tests.e2e.conftest import Cluster
@@ -28,24 +24,11 @@ from tests.e2e.dra_objects import (
     device_class,
     publishing,
     schedule,
+    simulated_device_state,
     wait_allocated,
 )
 
 pytestmark = pytest.mark.cluster
-
-
-def _device_state(tmp_path: Path, node: str) -> DeviceState:
-    create_state("dgx-h100", tmp_path / "sim.json")
-    nvml = open_simulated(tmp_path / "sim.json")
-    return DeviceState(
-        nvml,
-        build_inventory(nvml.list_gpus(), nvml.system_info()),
-        CdiSpecs(tmp_path / "cdi"),
-        Checkpoint(tmp_path / "checkpoint.json", boot_id="e2e"),
-        lock_path=tmp_path / "pu.lock",
-        driver_name=DRIVER,
-        node_name=node,
-    )
 
 
 def _ref(api: client.ApiClient, namespace: str, name: str) -> ClaimRef:
@@ -60,7 +43,7 @@ def test_allocated_claim_is_prepared_and_bad_refs_fail_alone(
 ) -> None:
     node_name = f"prep-{secrets.token_hex(3)}"
     node = make_node(node_name, labels={NODE_LABEL: node_name})
-    state = _device_state(tmp_path, node)
+    state = simulated_device_state(tmp_path, node)
     with (
         cluster.api_client() as api,
         cluster.kube() as kube,

@@ -26,10 +26,7 @@ from prometheus_client import CollectorRegistry
 from driver.api import ClaimRef
 from driver.cdi import CdiSpecs
 from driver.checkpoint import Checkpoint
-from driver.inventory import build_inventory
 from driver.metrics import Metrics
-from driver.nvml.sim import create_state, open_simulated
-from driver.state import DeviceState
 from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder
@@ -45,6 +42,7 @@ from tests.e2e.dra_objects import (
     device_class,
     publishing,
     schedule,
+    simulated_device_state,
     wait_allocated,
 )
 from tests.waiting import wait_for
@@ -56,20 +54,6 @@ TIME_SLICING = {
     "kind": "GpuConfig",
     "sharing": {"strategy": "TimeSlicing"},
 }
-
-
-def _device_state(tmp_path: Path, node: str) -> DeviceState:
-    create_state("dgx-h100", tmp_path / "sim.json")
-    nvml = open_simulated(tmp_path / "sim.json")
-    return DeviceState(
-        nvml,
-        build_inventory(nvml.list_gpus(), nvml.system_info()),
-        CdiSpecs(tmp_path / "cdi"),
-        Checkpoint(tmp_path / "checkpoint.json", boot_id="e2e"),
-        lock_path=tmp_path / "pu.lock",
-        driver_name=DRIVER,
-        node_name=node,
-    )
 
 
 @contextlib.contextmanager
@@ -129,7 +113,7 @@ def test_prepare_refuses_a_time_slice_share_beside_an_isolated_tenant(
 ) -> None:
     node_name = f"trust-{secrets.token_hex(3)}"
     node = make_node(node_name, labels={NODE_LABEL: node_name})
-    state = _device_state(tmp_path, node)
+    state = simulated_device_state(tmp_path, node)
     registry = CollectorRegistry()
     with (
         cluster.api_client() as api,
