@@ -19,7 +19,7 @@ from kubernetes import client
 
 from driver.errors import ApiUnavailable, PermanentError
 from driver.flags import add_flag
-from driver.kube import send
+from driver.kube.client import send
 
 Json = dict[str, Any]
 

@@ -22,21 +22,21 @@ from typing import Any
 from kubernetes import client
 from prometheus_client import start_http_server
 
-from controller.certs import CertPolicy
-from controller.controller_metrics import ControllerMetrics
-from controller.controller_settings import (
+from controller.leader import LeaderElector, LeaseConfig
+from controller.metrics import ControllerMetrics
+from controller.settings import (
     ControllerSettings,
     add_arguments,
     settings_from_args,
 )
-from controller.leader import LeaderElector, LeaseConfig
 from controller.slice_gc import collect_orphaned_slices
-from controller.webhook_server import WebhookServer
-from controller.webhook_tls import WebhookTls
+from controller.webhook.certs import CertPolicy
+from controller.webhook.server import WebhookServer
+from controller.webhook.tls import WebhookTls
 from driver.cli import Command
 from driver.errors import TrancheError
 from driver.flags import parse_address
-from driver.kube import api_client
+from driver.kube.client import api_client
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from kubernetes import client
 
 from controller.kube_client import ApiCallError, Json, request
-from driver.kube import RESOURCE_V1
+from driver.kube.client import RESOURCE_V1
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from driver.errors import (
     ERROR_REASONS,
     error_reason,
 )
-from driver.usage import IntervalUsage
+from driver.usage.attribution import IntervalUsage
 
 DEFAULT_CLAIM_RETENTION_S = 3600.0
 
@@ -271,7 +271,7 @@ class Metrics:
         self._published.set(count)
 
     def count_trust_refusal(self, tenant: str, reason: str) -> None:
-        """A prepare refused by trust levels (``reason``: a ``driver.trust.Reason``)."""
+        """A prepare refused by trust levels (``reason``: a ``driver.trust.policy.Reason``)."""
         self._trust_refusals.labels(tenant=tenant, reason=reason).inc()
 
     def nvml_call(self, name: str, seconds: float) -> None:

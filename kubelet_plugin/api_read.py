@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from driver.errors import ApiUnavailable, ClaimError
-from driver.kube_http import ApiError, ApiUnreachable, KubeClient
+from driver.kube.http import ApiError, ApiUnreachable, KubeClient
 
 READ_TIMEOUT_S = 10.0
 

@@ -6,9 +6,9 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from driver.bridge import check_no_device_plugin
+from driver.devices.bridge import check_no_device_plugin
 from driver.errors import ApiUnavailable, ConfigError, PermanentError
-from driver.kube_http import ApiError, ApiUnreachable, KubeClient
+from driver.kube.http import ApiError, ApiUnreachable, KubeClient
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from driver.api import ClaimRef, DraDriver, PrepareResult, UnprepareResult
-from driver.checkpoint import Checkpoint, CheckpointData, ClaimRecord
-from driver.config import MpsConfig
+from driver.checkpoint.store import Checkpoint, CheckpointData, ClaimRecord
 from driver.errors import ApiUnavailable
-from driver.kube_http import RESOURCE_V1, ApiError, ApiUnreachable, KubeClient
-from driver.plan import CreateMigDevice, PlannedDevice, SetTimeSlice, StartMps
+from driver.kube.http import RESOURCE_V1, ApiError, ApiUnreachable, KubeClient
+from driver.prepare.config import MpsConfig
+from driver.prepare.plan import CreateMigDevice, PlannedDevice, SetTimeSlice, StartMps
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,12 @@ the API server first, concurrently and before the node-wide lock (slow reads
 must not serialise behind device work): the first claim in the calling thread,
 the others in a pool, together with each claim's Namespace
 (``kubelet_plugin.namespace_reader``) whose labels give the claim's tenancy
-(``driver.trust``); each claim is then prepared by :class:`driver.state.DeviceState`,
-which checks trust levels. A claim that cannot be read, or whose namespace cannot
-be read, fails alone with the reason (gone, API server unreachable) in its
-``error``: trust is never assumed. A trust refusal becomes a ``TrustViolation``
-Event on the claim and counts in ``tranche_trust_refusals_total``.
+(``driver.trust.policy``); each claim is then prepared by
+:class:`driver.prepare.executor.DeviceState`, which checks trust levels. A claim
+that cannot be read, or whose namespace cannot be read, fails alone with the reason
+(gone, API server unreachable) in its ``error``: trust is never assumed. A trust
+refusal becomes a ``TrustViolation`` Event on the claim and counts in
+``tranche_trust_refusals_total``.
 NodeUnprepareResources needs no read: the checkpoint has everything.
 """
 
@@ -22,10 +23,16 @@ from typing import Any, Protocol
 
 from driver.api import ClaimRef, PrepareResult, UnprepareResult
 from driver.errors import ApiUnavailable, ClaimError, TrancheError, TrustViolation, error_reason
-from driver.kube_http import RESOURCE_V1, KubeClient
+from driver.kube.http import RESOURCE_V1, KubeClient
 from driver.metrics import Metrics
-from driver.state import DeviceState
-from driver.trust import DEFAULT_LEVEL, ColocationRefused, Tenancy, TrustLevel, resolve_tenants
+from driver.prepare.executor import DeviceState
+from driver.trust.policy import (
+    DEFAULT_LEVEL,
+    ColocationRefused,
+    Tenancy,
+    TrustLevel,
+    resolve_tenants,
+)
 from kubelet_plugin.api_read import READ_TIMEOUT_S, read_raw
 from kubelet_plugin.event_recorder import EventRecorder, ObjectRef
 from kubelet_plugin.namespace_reader import NamespaceReader

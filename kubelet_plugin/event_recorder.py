@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from driver.kube_http import KubeClient
+from driver.kube.http import KubeClient
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Device health changes as Events on the Node.
 
-:class:`HealthEvents` is a :class:`driver.health.HealthMonitor` listener. The
+:class:`HealthEvents` is a :class:`driver.health.monitor.HealthMonitor` listener. The
 monitor calls listeners under its lock, so it only hands the change to the
 :class:`~kubelet_plugin.event_recorder.EventRecorder`, which queues it: health
 never waits for the API server.
@@ -8,7 +8,7 @@ never waits for the API server.
 
 from __future__ import annotations
 
-from driver.health import HealthChange
+from driver.health.monitor import HealthChange
 from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 
 REASONS: dict[str, tuple[EventType, str]] = {

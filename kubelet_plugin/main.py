@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from driver.cli import Command
 from driver.errors import ConfigError, TrancheError
 from driver.flags import parse_address
-from driver.kube_http import KubeClient
+from driver.kube.http import KubeClient
 from driver.logs import configure
 from driver.metrics import Metrics
 from driver.nvml.facade import Nvml

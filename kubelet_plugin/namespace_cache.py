@@ -17,8 +17,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from driver.kube_http import ApiError, KubeClient, Watch
-from driver.trust import LABEL_TENANT
+from driver.kube.http import ApiError, KubeClient, Watch
+from driver.trust.policy import LABEL_TENANT
 from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels, NamespaceReader, labels_of
 from kubelet_plugin.publisher import Backoff
 

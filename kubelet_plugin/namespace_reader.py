@@ -4,7 +4,7 @@
 asks it through :class:`kubelet_plugin.namespace_cache.WatchedNamespaces`, which answers
 from a watch-fed cache and falls back to this direct read. A namespace labelled
 ``gpu.tranche.dev/tenant`` brings the other namespaces with the same label, so the
-tenant's strictest level applies (:func:`driver.trust.resolve_tenants`). Needs ``get``
+tenant's strictest level applies (:func:`driver.trust.policy.resolve_tenants`). Needs ``get``
 and ``list`` on namespaces.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from driver.kube_http import KubeClient
-from driver.trust import LABEL_TENANT
+from driver.kube.http import KubeClient
+from driver.trust.policy import LABEL_TENANT
 from kubelet_plugin.api_read import READ_TIMEOUT_S, read_raw
 
 Labels = Mapping[str, str]

@@ -1,7 +1,7 @@
 """The object graph of one node's plugin: wired completely before any socket opens.
 
 :class:`NodePlugin` owns the NVML session, the inventory, the executor
-(:class:`~driver.state.DeviceState`), the ResourceSlice publisher, the health
+(:class:`~driver.prepare.executor.DeviceState`), the ResourceSlice publisher, the health
 monitor and its watcher, the namespace label cache, the usage sampler and the gRPC
 servers. ``start()`` recovers the checkpoint, publishes the slices, then opens the DRA
 socket and only after it the registration socket (the kubelet connects as soon as the
@@ -17,25 +17,25 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from driver.cdi import CdiSpecs
-from driver.checkpoint import Checkpoint, CheckpointData
+from driver.checkpoint.store import Checkpoint, CheckpointData
+from driver.devices.inventory import build_inventory
+from driver.devices.slices import build_slices
 from driver.errors import error_reason
 from driver.faults import FaultPoints
-from driver.health import HealthChange, HealthMonitor, device_gpu_map
-from driver.health_metrics import HealthMetrics
-from driver.health_store import HealthStateFile
-from driver.health_watch import HealthWatcher
-from driver.inventory import build_inventory
-from driver.kube_http import KubeClient
+from driver.health.metrics import HealthMetrics
+from driver.health.monitor import HealthChange, HealthMonitor, device_gpu_map
+from driver.health.store import HealthStateFile
+from driver.health.watch import HealthWatcher
+from driver.kube.http import KubeClient
 from driver.metrics import Metrics
 from driver.nvml.facade import Nvml
-from driver.plan import CreateMigDevice
+from driver.prepare.cdi import CdiSpecs
+from driver.prepare.executor import DeviceState, RecoveryReport
+from driver.prepare.plan import CreateMigDevice
 from driver.sharing import SharingNode
 from driver.sharing import managed_mig_uuids as sharing_mig_uuids
-from driver.slices import build_slices
-from driver.state import DeviceState, RecoveryReport
-from driver.usage import UsageSampler
-from driver.usage_records import checkpoint_records
+from driver.usage.attribution import UsageSampler
+from driver.usage.records import checkpoint_records
 from kubelet_plugin.bridge_check import check_node, check_node_when_reachable
 from kubelet_plugin.claim_status import ClaimStatusWriter, StatusWritingDriver
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from driver.errors import ApiUnavailable, ConfigError, PermanentError
-from driver.kube_http import RESOURCE_V1, ApiError, KubeClient, Watch
+from driver.kube.http import RESOURCE_V1, ApiError, KubeClient, Watch
 from kubelet_plugin import slice_diff
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Backoff:
 class Publisher:
     """Keeps the ResourceSlices of one node's pool equal to the desired set.
 
-    ``update()`` hands over a new desired set (from :func:`driver.slices.build_slices`);
+    ``update()`` hands over a new desired set (from :func:`driver.devices.slices.build_slices`);
     ``wait_published()`` blocks until the API server holds it. ``on_count`` is
     called with an event name (``slice_created``, ``slice_updated``,
     ``slice_deleted``, ``generation_bump``, ``sync``, ``sync_error``,

@@ -14,13 +14,13 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from driver.devices.inventory import AdvertiseConfig, parse_advertise
+from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
 from driver.flags import add_flag, add_switch, flag_text, parse_address
-from driver.health_policy import HealthPolicy
-from driver.inventory import AdvertiseConfig, parse_advertise
+from driver.health.policy import HealthPolicy
 from driver.sharing import SharingConfig, parse_sharing
-from driver.slices import DEFAULT_DRIVER_NAME
-from driver.trust import TrustLevel
+from driver.trust.policy import TrustLevel
 
 
 class PluginSettings(BaseModel):

@@ -1,7 +1,7 @@
 """Sharing modes: dynamic and static MIG, time-slicing, MPS, share devices, one mode per GPU.
 
 :class:`SharingNode` is what the kubelet plugin wires once per process: the step
-handlers for :class:`driver.state.DeviceState` (``handlers=``), the share devices
+handlers for :class:`driver.prepare.executor.DeviceState` (``handlers=``), the share devices
 (``shares=`` for the executor, :meth:`SharingNode.extra_devices` for
 ``build_slices``), the mode guard (``guards=``) and the MPS supervisor thread.
 ``docs/sharing.md`` describes the modes and how each is enforced.
@@ -12,10 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from driver.devices.inventory import Inventory
 from driver.faults import NO_FAULTS, FaultPoints
-from driver.inventory import Inventory
 from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
-from driver.plan import ShareTarget
+from driver.prepare.executor import Guard, StepHandler, TimeSliceHandler, exclusivity_guard
+from driver.prepare.plan import ShareTarget
 from driver.sharing.devices import mps_memory_enforced, share_devices, share_targets
 from driver.sharing.guard import ModeGuard
 from driver.sharing.mig import (
@@ -30,7 +31,6 @@ from driver.sharing.mig import (
 from driver.sharing.mps import MpsDaemons, MpsHandler, MpsSupervisor
 from driver.sharing.mps_limits import MpsMemoryLimits
 from driver.sharing.settings import DEFAULT_MIG_MINORS, SharingConfig, parse_sharing
-from driver.state import Guard, StepHandler, TimeSliceHandler, exclusivity_guard
 
 __all__ = [
     "SharingConfig",

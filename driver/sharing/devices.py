@@ -23,11 +23,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from driver.inventory import GpuDevice, Inventory
+from driver.devices.inventory import GpuDevice, Inventory
+from driver.devices.slices import full_gpu_consumption, gpu_device, quantity
 from driver.nvml.types import SystemInfo
-from driver.plan import ShareStrategy, ShareTarget
+from driver.prepare.plan import ShareStrategy, ShareTarget
 from driver.sharing.settings import SharingConfig
-from driver.slices import full_gpu_consumption, gpu_device, quantity
 
 Json = dict[str, Any]
 TOKENS: dict[ShareStrategy, str] = {"TimeSlicing": "ts", "MPS": "mps"}

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Container
 
-from driver.checkpoint import CheckpointData
-from driver.claims import ClaimAllocation
-from driver.config import config_for
+from driver.checkpoint.store import CheckpointData
 from driver.errors import ClaimError
-from driver.plan import Plan, PlannedDevice
+from driver.prepare.claims import ClaimAllocation
+from driver.prepare.config import config_for
+from driver.prepare.plan import Plan, PlannedDevice
 
 MODE_NAMES = {"Exclusive": "exclusive", "TimeSlicing": "time-sliced", "MPS": "in MPS mode"}
 
@@ -46,9 +46,9 @@ def _field(allocation: ClaimAllocation, device: PlannedDevice, is_share: bool) -
 
 
 class ModeGuard:
-    """A :data:`driver.state.Guard`: refuse a device whose GPU another prepared claim uses
-    in a different mode. ``shares`` are the share device names (their mode is the device's,
-    so the field to fix is the device, not the config)."""
+    """A :data:`driver.prepare.executor.Guard`: refuse a device whose GPU another prepared
+    claim uses in a different mode. ``shares`` are the share device names (their mode is the
+    device's, so the field to fix is the device, not the config)."""
 
     def __init__(self, shares: Container[str] = ()) -> None:
         self._shares = shares

@@ -25,14 +25,14 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from driver.cdi import ContainerEdits, mig_caps_minors
+from driver.devices.inventory import GpuDevice, Inventory, MigDevice
 from driver.errors import ClaimError, NvmlError
 from driver.faults import NO_FAULTS, FaultPoints
 from driver.files import write_atomic
-from driver.inventory import GpuDevice, Inventory, MigDevice
 from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
-from driver.plan import AttachGpu, AttachMigDevice, CreateMigDevice, Plan, Step
-from driver.state import StepOutcome, check_gpu_usable
+from driver.prepare.cdi import ContainerEdits, mig_caps_minors
+from driver.prepare.executor import StepOutcome, check_gpu_usable
+from driver.prepare.plan import AttachGpu, AttachMigDevice, CreateMigDevice, Plan, Step
 
 log = logging.getLogger(__name__)
 

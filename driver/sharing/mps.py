@@ -33,16 +33,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from driver.cdi import ContainerEdits, Mount
-from driver.config import MIB, MpsConfig
+from driver.devices.inventory import Inventory, MigDevice
 from driver.errors import ClaimError, TrancheError
 from driver.faults import NO_FAULTS, FaultPoints
 from driver.files import write_atomic
-from driver.inventory import Inventory, MigDevice
 from driver.nvml.types import MigInstance
-from driver.plan import Plan, PlannedDevice, StartMps, Step
+from driver.prepare.cdi import ContainerEdits, Mount
+from driver.prepare.config import MIB, MpsConfig
+from driver.prepare.executor import StepOutcome
+from driver.prepare.plan import Plan, PlannedDevice, StartMps, Step
 from driver.sharing.mps_limits import MpsMemoryLimits
-from driver.state import StepOutcome
 
 log = logging.getLogger(__name__)
 

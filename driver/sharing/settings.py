@@ -16,10 +16,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from driver.config import Bytes
 from driver.errors import ConfigError
 from driver.flags import flag_text
-from driver.trust import MAX_SHARING_GROUP_LENGTH
+from driver.prepare.config import Bytes
+from driver.trust.policy import MAX_SHARING_GROUP_LENGTH
 
 DEFAULT_MPS_CONTROL = "nvidia-cuda-mps-control"
 DEFAULT_MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")

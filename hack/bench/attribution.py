@@ -4,7 +4,7 @@ In-process (see :mod:`hack.bench.executor`): 56 claims of dynamic ``1g.10gb``
 MIG devices (7 per GPU of a simulated ``dgx-h100``) are prepared by the
 executor, so the checkpoint holds their allocation records exactly as in the
 plugin; one process per MIG device runs in its claim's pod cgroup. The
-:class:`~driver.usage.UsageSampler` then samples as the plugin's loop does, and
+:class:`~driver.usage.attribution.UsageSampler` then samples as the plugin's loop does, and
 the registry is served by ``prometheus_client`` as ``--metrics-address`` does.
 """
 
@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from driver.metrics import Metrics
 from driver.nvml.sim import SimControl, SimStore, open_simulated
-from driver.usage import UsageSampler
-from driver.usage_records import checkpoint_records
+from driver.usage.attribution import UsageSampler
+from driver.usage.records import checkpoint_records
 from hack.bench.executor import Executor, claim_json
 from hack.bench.results import Row, ScenarioResult, median, percentile, timing
 

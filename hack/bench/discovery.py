@@ -7,9 +7,9 @@ import sys
 import time
 from typing import Any
 
-from driver.inventory import build_inventory
+from driver.devices.inventory import build_inventory
+from driver.devices.slices import build_slices
 from driver.nvml.sim import create_state, open_simulated
-from driver.slices import build_slices
 from hack.bench.lab import Lab, node_slices
 from hack.bench.results import Row, ScenarioResult, median, ms, timing
 

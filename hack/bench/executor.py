@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from driver.api import ClaimRef
-from driver.cdi import CdiSpecs
-from driver.checkpoint import Checkpoint
-from driver.inventory import build_inventory
+from driver.checkpoint.store import Checkpoint
+from driver.devices.inventory import build_inventory
 from driver.nvml.facade import Nvml
 from driver.nvml.sim import create_state, open_simulated
+from driver.prepare.cdi import CdiSpecs
+from driver.prepare.executor import DeviceState
 from driver.sharing import SharingConfig, SharingNode, managed_mig_uuids
-from driver.state import DeviceState
-from driver.trust import Tenancy, TrustLevel
+from driver.trust.policy import Tenancy, TrustLevel
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.tranche.dev"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from driver.inventory import build_inventory
+from driver.devices.inventory import build_inventory
 from driver.nvml.sim import open_simulated
 from hack.bench.lab import Lab, node_slices
 from hack.bench.results import Row, ScenarioResult, median, ms

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from driver.inventory import build_inventory
+from driver.devices.inventory import build_inventory
 from driver.nvml.sim import open_simulated
-from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP
+from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from hack.bench.claims import TIME_SLICING, Wanted, create_allocated
 from hack.bench.lab import RESOURCE_V1, Lab, plugin_pid, request_json
 from hack.bench.machine import rss_bytes

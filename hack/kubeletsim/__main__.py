@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     api = None
     if options.kubeconfig:
-        from driver.kube import api_client  # noqa: PLC0415
+        from driver.kube.client import api_client  # noqa: PLC0415
 
         api = api_client(options.kubeconfig)
     sim = KubeletSimulator(

@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from driver.kube import RESOURCE_V1
+from driver.kube.client import RESOURCE_V1
 from hack.kubeletsim.client import (
     STYLES,
     ClaimRequest,
@@ -290,7 +290,7 @@ class KubeletSimulator:
         client models may not know yet). 404 → None; other failures raise ApiException."""
         from kubernetes import client  # noqa: PLC0415 (only with an API server)
 
-        from driver.kube import send  # noqa: PLC0415
+        from driver.kube.client import send  # noqa: PLC0415
 
         answer = send(self._api, method, path, body=body, content_type=content_type)
         if answer.status == 404:

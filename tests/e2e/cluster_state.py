@@ -11,7 +11,7 @@ from typing import Any
 
 from kubernetes import client
 
-from driver.kube import send
+from driver.kube.client import send
 
 _MAX_EVENTS = 60
 

@@ -5,7 +5,7 @@ launcher as ``hack/dev-cluster`` in a state directory under pytest's tmp dir.
 * ``cluster`` (session): ``.kubeconfig``, ``.bin_dir``, ``.server``,
   ``.state_dir``, ``.api_client()`` (a new ``kubernetes.client.ApiClient``;
   close it, e.g. ``with cluster.api_client() as api:``), ``.kube(server=None)`` (a new
-  :class:`driver.kube_http.KubeClient`, the plugin's thin client, from the admin
+  :class:`driver.kube.http.KubeClient`, the plugin's thin client, from the admin
   kubeconfig; ``server`` points it elsewhere, e.g. at a relay).
 * ``namespace`` (function): a fresh namespace name; its pods are force-deleted
   and the namespace deleted after the test.
@@ -34,8 +34,8 @@ from types import FrameType
 import pytest
 from kubernetes import client
 
-from driver.kube_http import KubeClient
-from driver.kubeconfig import from_file
+from driver.kube.http import KubeClient
+from driver.kube.kubeconfig import from_file
 from hack.devcluster.binaries import build_or_find
 from hack.devcluster.config import BINARIES, ClusterConfig
 from hack.devcluster.errors import ClusterError

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.cdi import CdiSpecs
-from driver.checkpoint import Checkpoint
-from driver.inventory import Inventory, build_inventory
-from driver.kube_http import KubeClient
-from driver.kubeconfig import Credentials
+from driver.checkpoint.store import Checkpoint
+from driver.devices.inventory import Inventory, build_inventory
+from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
+from driver.kube.http import KubeClient
+from driver.kube.kubeconfig import Credentials
 from driver.nvml.sim import create_state, open_simulated
-from driver.slices import DEFAULT_DRIVER_NAME, build_slices
-from driver.state import DeviceState
+from driver.prepare.cdi import CdiSpecs
+from driver.prepare.executor import DeviceState
 from kubelet_plugin.publisher import Backoff, Publisher
 from tests.waiting import wait_for
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from driver.bridge import bridge_device_class
+from driver.devices.bridge import bridge_device_class
 from hack.devcluster.pki import Pki
 from kubelet_plugin import settings as plugin_settings
 from tests.conftest import unavailable

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from controller import cluster_devices
-from controller.taint_cli import taint_command, untaint_command
+from controller.devices import cluster as cluster_devices
+from controller.devices.taint import taint_command, untaint_command
 from driver.cli import build_parser
-from driver.kube import RESOURCE_V1
+from driver.kube.client import RESOURCE_V1
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
 from tests.waiting import wait_for

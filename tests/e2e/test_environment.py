@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from driver.kube import RESOURCE_V1
+from driver.kube.client import RESOURCE_V1
 from hack.devcluster.binaries import REPO
 from hack.devcluster.processes import alive
 from tests.e2e.cluster_state import get_json, request_json

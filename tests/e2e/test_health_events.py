@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from driver.health import HealthMonitor
-from driver.health_policy import HealthPolicy
+from driver.health.monitor import HealthMonitor
+from driver.health.policy import HealthPolicy
 from driver.nvml.types import DeviceProbe, XidEvent
 from kubelet_plugin.event_recorder import EventRecorder
 from kubelet_plugin.health_events import HealthEvents

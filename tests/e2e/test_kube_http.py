@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from driver.kube_http import ApiError, KubeClient
-from driver.kubeconfig import Credentials, from_file
+from driver.kube.http import ApiError, KubeClient
+from driver.kube.kubeconfig import Credentials, from_file
 from tests.e2e.conftest import Cluster
 from tests.waiting import wait_for
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from driver.kube import RESOURCE_V1
+from driver.kube.client import RESOURCE_V1
 from hack.kubeletsim import KubeletSimulator
 from kubelet_plugin.grpc_server import PluginServer
 from tests.e2e.cluster_state import get_json, request_json

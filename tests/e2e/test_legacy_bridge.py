@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from controller.controller_settings import ControllerSettings
 from controller.main import Controller
-from controller.webhook_pods import ANNOTATION_REWRITTEN
-from controller.webhook_server import MUTATE_PODS_PATH
-from driver.bridge import bridge_device_class
-from driver.inventory import Inventory, build_inventory
-from driver.kube import RESOURCE_V1
+from controller.settings import ControllerSettings
+from controller.webhook.pods import ANNOTATION_REWRITTEN
+from controller.webhook.server import MUTATE_PODS_PATH
+from driver.devices.bridge import bridge_device_class
+from driver.devices.inventory import Inventory, build_inventory
+from driver.kube.client import RESOURCE_V1
 from driver.nvml.sim import create_state, open_simulated
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.dra_objects import NODE_LABEL, publishing

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from driver.errors import ApiUnavailable, ClaimError
-from driver.kube_http import KubeClient
-from driver.trust import LABEL_LEVEL, LABEL_TENANT
+from driver.kube.http import KubeClient
+from driver.trust.policy import LABEL_LEVEL, LABEL_TENANT
 from kubelet_plugin.namespace_cache import WatchedNamespaces
 from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels
 from kubelet_plugin.publisher import Backoff

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from driver.checkpoint import Checkpoint
+from driver.checkpoint.store import Checkpoint
 from driver.cli import main as cli_main
-from driver.trust import LABEL_LEVEL
+from driver.trust.policy import LABEL_LEVEL
 from hack.kubeletsim.client import ClaimRequest
 from hack.simnode import SimNode, SimNodeConfig, SimNodeError
 from tests.e2e.cluster_state import get_json, request_json

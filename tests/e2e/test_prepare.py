@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from driver.api import ClaimRef
-from driver.cdi import CdiSpecs
+from driver.prepare.cdi import CdiSpecs
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.namespace_reader import ApiNamespaceReader
 from tests.e2e.conftest import Cluster

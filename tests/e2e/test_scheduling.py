@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from kubernetes import client
 
-from driver.inventory import Inventory, MigDevice, build_inventory
+from driver.devices.inventory import Inventory, MigDevice, build_inventory
 from driver.nvml.sim import create_state, open_simulated
 from tests.e2e.dra_objects import (
     NODE_LABEL,

@@ -16,14 +16,14 @@ import yaml
 from kubernetes import client
 
 from driver.api import ClaimRef
-from driver.cdi import CdiSpecs
-from driver.checkpoint import Checkpoint
-from driver.inventory import AdvertiseConfig, Inventory, build_inventory
+from driver.checkpoint.store import Checkpoint
+from driver.devices.inventory import AdvertiseConfig, Inventory, build_inventory
+from driver.devices.slices import build_slices
 from driver.nvml.facade import Nvml
 from driver.nvml.sim import create_state, open_simulated
+from driver.prepare.cdi import CdiSpecs
+from driver.prepare.executor import DeviceState
 from driver.sharing import SharingConfig, SharingNode
-from driver.slices import build_slices
-from driver.state import DeviceState
 from kubelet_plugin.claim_status import ClaimStatusWriter
 from kubelet_plugin.dra_driver import ApiClaimReader
 from kubelet_plugin.publisher import Backoff, Publisher

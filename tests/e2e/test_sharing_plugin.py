@@ -27,10 +27,10 @@ import pytest
 import yaml
 from kubernetes import client
 
-from driver.checkpoint import Checkpoint
+from driver.checkpoint.store import Checkpoint
 from driver.nvml.sim.profiles import load_profile
 from driver.nvml.sim.state import SimGpu, SimStore, state_from_profile
-from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP
+from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import unschedulable
 from tests.e2e.sim_nodes import (

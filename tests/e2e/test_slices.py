@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.inventory import AdvertiseConfig, build_inventory
+from driver.devices.inventory import AdvertiseConfig, build_inventory
+from driver.devices.slices import build_slices
 from driver.nvml.sim import create_state, open_simulated, shipped_profiles
-from driver.slices import build_slices
 from kubelet_plugin.publisher import Backoff, Publisher
 from tests.e2e.cluster_state import request_json
 from tests.e2e.conftest import Cluster

@@ -23,8 +23,8 @@ from typing import cast
 import pytest
 from kubernetes import client
 
-from controller.trust_cli import TrustCheckSettings, check
-from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
+from controller.trust.cli import TrustCheckSettings, check
+from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
 from tests.e2e.cluster_state import request_json
 from tests.e2e.trust_policy import (
     RESOURCE,

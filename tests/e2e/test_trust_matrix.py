@@ -31,7 +31,7 @@ from kubernetes import client
 
 from driver.nvml.sim.profiles import load_profile
 from driver.nvml.sim.state import state_from_profile
-from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
+from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import unschedulable

@@ -24,10 +24,10 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from driver.api import ClaimRef
-from driver.cdi import CdiSpecs
-from driver.checkpoint import Checkpoint
+from driver.checkpoint.store import Checkpoint
 from driver.metrics import Metrics
-from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP
+from driver.prepare.cdi import CdiSpecs
+from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder
 from kubelet_plugin.namespace_reader import ApiNamespaceReader

@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 from driver.api import ClaimRef
-from driver.cdi import CdiSpecs
-from driver.checkpoint import Checkpoint
+from driver.checkpoint.store import Checkpoint
+from driver.devices.inventory import build_inventory
 from driver.faults import NO_FAULTS, FaultPoints
-from driver.inventory import build_inventory
 from driver.nvml.facade import Nvml
 from driver.nvml.sim import open_simulated
+from driver.prepare.cdi import CdiSpecs
+from driver.prepare.executor import DeviceState
 from driver.sharing import SharingConfig, SharingNode, managed_mig_uuids
-from driver.state import DeviceState
 
 DRIVER = "gpu.tranche.dev"
 NODE = "node-a"

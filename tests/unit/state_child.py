@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 from driver.api import ClaimRef
-from driver.cdi import CdiSpecs
-from driver.checkpoint import Checkpoint
+from driver.checkpoint.store import Checkpoint
+from driver.devices.inventory import build_inventory
 from driver.faults import FaultPoints
-from driver.inventory import build_inventory
 from driver.nvml.sim import open_simulated
-from driver.state import DeviceState
+from driver.prepare.cdi import CdiSpecs
+from driver.prepare.executor import DeviceState
 
 DRIVER = "gpu.tranche.dev"
 NODE = "node-a"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import controller_settings
+from controller import settings as controller_settings
 from driver.cli import load_commands
 from driver.faults import POINTS
 from driver.flags import env_name

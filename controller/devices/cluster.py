@@ -1,0 +1,117 @@
+"""``tranche cluster-devices``: every device of the driver in the cluster.
+
+One row per published device: node, name, type, UUID, health (from the
+driver's own taints in the ResourceSlice), every taint that applies (slice
+taints and DeviceTaintRules, the rule named), and the claims allocated it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+from controller.devices.lookup import DEFAULT_DRIVER, ClusterDevice, ClusterView, read_view
+from controller.kube_client import Json, add_kubeconfig_flag
+from driver.cli import Command
+from driver.errors import TrancheError
+from driver.flags import add_flag
+from driver.kube.client import api_client
+
+HEALTH_PREFIX = "gpu.tranche.dev/"
+ADMIN_KEY = "gpu.tranche.dev/admin"
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    node: str
+    device: str
+    type: str
+    uuid: str
+    health: str
+    taints: tuple[str, ...]
+    claims: tuple[str, ...]
+
+
+def health_of(device: ClusterDevice) -> str:
+    """Unhealthy when the driver tainted the device NoSchedule/NoExecute; Healthy otherwise."""
+    for t in device.taints:
+        driver_key = str(t.get("key", "")).startswith(HEALTH_PREFIX) and t.get("key") != ADMIN_KEY
+        if driver_key and t.get("effect") in ("NoSchedule", "NoExecute"):
+            return "Unhealthy"
+    return "Healthy"
+
+
+def _taint_text(taint: Json, source: str | None = None) -> str:
+    value = f"={taint['value']}" if taint.get("value") else ""
+    where = f" [rule {source}]" if source else ""
+    return f"{taint.get('key')}{value}:{taint.get('effect')}{where}"
+
+
+def rows(view: ClusterView) -> list[DeviceRow]:
+    out = []
+    for d in view.devices:
+        taints = [_taint_text(t) for t in d.taints]
+        taints += [
+            _taint_text(r["spec"]["taint"], r["metadata"]["name"]) for r in view.rules_for(d)
+        ]
+        out.append(
+            DeviceRow(
+                d.node, d.name, d.type, d.uuid, health_of(d), tuple(taints), tuple(view.holders(d))
+            )
+        )
+    return out
+
+
+def render_table(table: list[DeviceRow]) -> str:
+    header = ("NODE", "DEVICE", "TYPE", "UUID", "HEALTH", "TAINTS", "CLAIMS")
+    cells = [header] + [
+        (
+            r.node,
+            r.device,
+            r.type,
+            r.uuid or "-",
+            r.health,
+            ",".join(r.taints) or "-",
+            ",".join(r.claims) or "-",
+        )
+        for r in table
+    ]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
+    add_flag(
+        parser, "--driver-name", "DRA driver name of the devices", default=DEFAULT_DRIVER, env=env
+    )
+    add_flag(
+        parser, "--output", "table or json", default="table", choices=("table", "json"), env=env
+    )
+    add_flag(parser, "--node", "only this node's devices", env=env)
+    add_kubeconfig_flag(parser, env)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        view = read_view(api_client(args.kubeconfig), args.driver_name, with_claims=True)
+    except TrancheError as e:
+        print(f"tranche cluster-devices: {e}", file=sys.stderr)
+        return 1
+    table = [r for r in rows(view) if args.node is None or r.node == args.node]
+    if args.output == "json":
+        print(json.dumps([asdict(r) for r in table], indent=2))
+    else:
+        print(render_table(table))
+    return 0
+
+
+command = Command(
+    help="List every GPU device in the cluster with taints, health and the claims holding it.",
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,177 @@
+"""``tranche taint`` and ``tranche untaint``: an admin's DeviceTaintRule for one device.
+
+``tranche taint NODE DEVICE --effect NoExecute --reason "fan failure"`` creates
+(or updates) the ``resource.k8s.io/v1`` DeviceTaintRule
+``tranche-<node>-<device>`` whose selector names exactly that driver, pool and
+device, with the taint ``gpu.tranche.dev/admin`` and the reason in an
+annotation. ``tranche untaint NODE DEVICE`` deletes it. A device may also be
+named by UUID (``tranche taint GPU-...``) or as ``NODE/DEVICE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import re
+import sys
+from collections.abc import Mapping
+
+from controller.devices.lookup import DEFAULT_DRIVER, ClusterDevice, find_device, read_view
+from controller.kube_client import Json, add_kubeconfig_flag, request
+from driver.cli import Command
+from driver.errors import DeviceNotFound, TrancheError
+from driver.flags import add_flag
+from driver.kube.client import RESOURCE_V1, api_client
+
+log = logging.getLogger(__name__)
+
+ADMIN_KEY = "gpu.tranche.dev/admin"
+ANN_NODE = "gpu.tranche.dev/node"
+ANN_DEVICE = "gpu.tranche.dev/device"
+ANN_REASON = "gpu.tranche.dev/reason"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "tranche"}
+EFFECTS = ("NoSchedule", "NoExecute", "None")
+MAX_NAME = 253
+RULES = f"{RESOURCE_V1}/devicetaintrules"
+
+
+def rule_name(node: str, device: str) -> str:
+    """A stable DNS-subdomain name for the admin rule of one device."""
+    raw = re.sub(r"[^a-z0-9.-]", "-", f"tranche-{node}-{device}".lower())
+    raw = raw.strip("-.")
+    if len(raw) <= MAX_NAME:
+        return raw
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:10]
+    return f"{raw[: MAX_NAME - 11].rstrip('-.')}-{digest}"
+
+
+def rule_body(device: ClusterDevice, effect: str, reason: str) -> Json:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": rule_name(device.node, device.name),
+            "labels": dict(MANAGED_BY),
+            "annotations": {ANN_NODE: device.node, ANN_DEVICE: device.name, ANN_REASON: reason},
+        },
+        "spec": {
+            "deviceSelector": {"driver": device.driver, "pool": device.pool, "device": device.name},
+            "taint": {"key": ADMIN_KEY, "effect": effect},
+        },
+    }
+
+
+def _add_common(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
+    parser.add_argument(
+        "target",
+        nargs="+",
+        metavar="NODE DEVICE",
+        help="node and device name (or UUID); or one GPU/MIG UUID; or NODE/DEVICE",
+    )
+    add_flag(
+        parser, "--driver-name", "DRA driver name of the devices", default=DEFAULT_DRIVER, env=env
+    )
+    add_kubeconfig_flag(parser, env)
+
+
+def _target(args: argparse.Namespace) -> tuple[str | None, str]:
+    target: list[str] = args.target
+    if len(target) > 2:
+        raise DeviceNotFound(f"expected NODE DEVICE or one UUID, got {len(target)} words")
+    return (target[0], target[1]) if len(target) == 2 else (None, target[0])
+
+
+def add_taint_arguments(
+    parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None
+) -> None:
+    _add_common(parser, env)
+    parser.add_argument(
+        "--effect",
+        choices=EFFECTS,
+        default="NoSchedule",
+        help="NoSchedule: no new claims; NoExecute: also evict pods using it; None: a note only",
+    )
+    parser.add_argument("--reason", required=True, help="why; kept on the rule as an annotation")
+
+
+def run_taint(args: argparse.Namespace) -> int:
+    try:
+        node, name = _target(args)
+        api = api_client(args.kubeconfig)
+        view = read_view(api, args.driver_name)
+        device = find_device(view.devices, node, name)
+        body = rule_body(device, args.effect, args.reason)
+        rule = body["metadata"]["name"]
+        what, path = f"DeviceTaintRule {rule}", f"{RULES}/{rule}"
+        existing = request(api, what, "GET", path)
+        if existing is None:
+            request(api, what, "POST", RULES, body=body)
+            verb = "tainted"
+        else:
+            body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+            request(api, what, "PUT", path, body=body)
+            verb = "re-tainted"
+    except TrancheError as e:
+        print(f"tranche taint: {e}", file=sys.stderr)
+        return 1
+    log.info(
+        "device tainted node=%s device=%s effect=%s rule=%s",
+        device.node,
+        device.name,
+        args.effect,
+        rule,
+    )
+    print(f"{verb} {device.label}: {ADMIN_KEY}:{args.effect} (DeviceTaintRule {rule})")
+    return 0
+
+
+def admin_rules(rules: list[Json] | tuple[Json, ...], node: str | None, device: str) -> list[str]:
+    """Names of the rules ``tranche taint`` made for ``node``/``device``."""
+    out = []
+    for r in rules:
+        meta = r["metadata"]
+        notes = meta.get("annotations") or {}
+        mine = (meta.get("labels") or {}).items() >= MANAGED_BY.items()
+        if mine and notes.get(ANN_NODE) == node and notes.get(ANN_DEVICE) == device:
+            out.append(str(meta["name"]))
+    return sorted(out)
+
+
+def run_untaint(args: argparse.Namespace) -> int:
+    try:
+        node, name = _target(args)
+        api = api_client(args.kubeconfig)
+        view = read_view(api, args.driver_name)
+        try:
+            device = find_device(view.devices, node, name)
+            node, name = device.node, device.name
+        except DeviceNotFound:
+            if not admin_rules(view.rules, node, name):
+                raise
+            # The device is gone (GPU removed, node deleted) but its rule is still there.
+        rules = admin_rules(view.rules, node, name)
+        for rule in rules:
+            request(api, f"DeviceTaintRule {rule}", "DELETE", f"{RULES}/{rule}")
+    except TrancheError as e:
+        print(f"tranche untaint: {e}", file=sys.stderr)
+        return 1
+    if not rules:
+        print(f"{node}/{name} has no taint from tranche taint; nothing to do")
+        return 0
+    log.info("device untainted node=%s device=%s rules=%s", node, name, ",".join(rules))
+    print(f"untainted {node}/{name} (deleted DeviceTaintRule {', '.join(rules)})")
+    return 0
+
+
+taint_command = Command(
+    help="Taint one GPU device cluster-wide with a DeviceTaintRule (admin maintenance).",
+    add_arguments=add_taint_arguments,
+    run=run_taint,
+)
+
+untaint_command = Command(
+    help="Remove the DeviceTaintRule that `tranche taint` created for a device.",
+    add_arguments=_add_common,
+    run=run_untaint,
+)

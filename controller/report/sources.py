@@ -1,0 +1,199 @@
+"""Where the showback report reads counters: plugin metrics endpoints or Prometheus.
+
+* :func:`scrape` reads the text exposition of each ``--metrics-url``;
+* :class:`BaselineFile` keeps earlier scrapes (one JSON object a line) so a
+  later run can report the increase since ``--since`` ago;
+* :func:`query_prometheus` asks a Prometheus server's ``/api/v1/query_range``
+  for ``increase`` over consecutive steps of the window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.report.data import (
+    DEVICE_HELD,
+    DEVICE_IDLE,
+    DEVICE_UNATTRIBUTED,
+    REPORTED,
+    TENANT_ALLOCATED,
+    TENANT_MEASURED,
+    TENANT_MEMORY,
+    Report,
+    SeriesKey,
+    Snapshot,
+    UsageBuilder,
+)
+from driver.errors import PermanentError, RetryableError
+
+
+class SourceError(RetryableError):
+    """A metrics endpoint or Prometheus server could not be read."""
+
+
+class BaselineError(PermanentError):
+    """A baseline file that cannot be read as Tranche wrote it."""
+
+
+def _get(url: str, timeout_s: float) -> bytes:
+    if not url.startswith(("http://", "https://")):
+        raise SourceError(f"{url}: only http:// and https:// URLs are read")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (scheme checked)
+            body: bytes = resp.read()
+            return body
+    except urllib.error.HTTPError as err:
+        raise SourceError(f"{url}: HTTP {err.code} {err.reason}") from err
+    except (urllib.error.URLError, OSError) as err:
+        raise SourceError(f"{url}: cannot connect: {err}") from err
+
+
+def scrape(urls: Sequence[str], timeout_s: float, now: float) -> Snapshot:
+    """One snapshot of the reported counters of every endpoint; any failure fails it all."""
+    values: dict[SeriesKey, float] = {}
+    for url in urls:
+        text = _get(url, timeout_s).decode("utf-8", errors="replace")
+        try:
+            families = list(text_string_to_metric_families(text))
+        except ValueError as err:
+            raise SourceError(f"{url}: not a Prometheus text exposition: {err}") from err
+        for family in families:
+            for sample in family.samples:
+                if sample.name in REPORTED:
+                    labels = tuple(sorted(sample.labels.items()))
+                    values[(url, sample.name, labels)] = float(sample.value)
+    return Snapshot(time=now, values=values)
+
+
+class BaselineFile:
+    """Scrapes kept one a line: ``{"time": t, "series": [[instance, name, labels, value]]}``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> list[Snapshot]:
+        if not self.path.exists():
+            return []
+        snapshots = []
+        with self.path.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if line.strip():
+                    snapshots.append(self._parse(line, number))
+        return snapshots
+
+    def _parse(self, line: str, number: int) -> Snapshot:
+        where = f"{self.path}:{number}"
+        try:
+            doc = json.loads(line)
+            time = float(doc["time"])
+            values: dict[SeriesKey, float] = {}
+            for instance, name, labels, value in doc["series"]:
+                key = (
+                    str(instance),
+                    str(name),
+                    tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+                )
+                values[key] = float(value)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise BaselineError(
+                f"{where}: not a baseline line (want time and series[instance, name, labels, "
+                f"value]): {err!r}"
+            ) from err
+        if not math.isfinite(time):
+            raise BaselineError(f"{where}: field time is not a finite number")
+        return Snapshot(time=time, values=values)
+
+    def append(self, snapshot: Snapshot) -> None:
+        series = [[i, n, dict(labels), v] for (i, n, labels), v in sorted(snapshot.values.items())]
+        line = json.dumps({"time": snapshot.time, "series": series}, separators=(",", ":"))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def choose_chain(history: Sequence[Snapshot], start: float) -> tuple[list[Snapshot], bool]:
+    """The stored snapshots from the last one at or before ``start`` on.
+
+    The flag is False when the history does not reach back to ``start`` (the
+    chain then begins at the oldest snapshot).
+    """
+    ordered = sorted(history, key=lambda s: s.time)
+    before = [i for i, s in enumerate(ordered) if s.time <= start]
+    if before:
+        return ordered[before[-1] :], True
+    return ordered, False
+
+
+_PROM_METRICS = (
+    (TENANT_ALLOCATED, "namespace, tenant"),
+    (TENANT_MEASURED, "namespace, tenant"),
+    (TENANT_MEMORY, "namespace, tenant"),
+    (DEVICE_HELD, ""),
+    (DEVICE_IDLE, ""),
+    (DEVICE_UNATTRIBUTED, ""),
+)
+
+
+def prometheus_step(window_s: float) -> int:
+    """At most about 120 steps, at least one minute each."""
+    return max(60, math.ceil(window_s / 120 / 60) * 60)
+
+
+def query_prometheus(
+    base_url: str, start: float, end: float, timeout_s: float, get: Callable[[str, float], bytes]
+) -> Report:
+    """Usage in ``(start, end]`` from a Prometheus server, one ``increase`` per step."""
+    step = prometheus_step(end - start)
+    first = start + step
+    builder = UsageBuilder()
+    per_time: dict[float, list[tuple[str, dict[str, str], float]]] = {}
+    for metric, by in _PROM_METRICS:
+        query = f"sum by ({by}) (increase({metric}[{step}s]))"
+        params = urllib.parse.urlencode(
+            {"query": query, "start": f"{first:.3f}", "end": f"{end:.3f}", "step": str(step)}
+        )
+        url = f"{base_url.rstrip('/')}/api/v1/query_range?{params}"
+        for labels, t, value in _matrix(url, get(url, timeout_s)):
+            per_time.setdefault(t, []).append((metric, labels, value))
+    builder.mark(start)
+    for t in sorted(per_time):
+        for metric, labels, value in per_time[t]:
+            builder.add(metric, labels, value)
+        builder.mark(t)
+    notes = [f"Prometheus increase() per {step}s step; extrapolated at series edges"]
+    return builder.build(start, end, f"prometheus {base_url}", notes)
+
+
+def _matrix(url: str, body: bytes) -> list[tuple[dict[str, str], float, float]]:
+    try:
+        doc: Any = json.loads(body)
+        if doc.get("status") != "success":
+            raise SourceError(f"{url}: Prometheus answered {doc.get('error', doc)}")
+        if doc["data"]["resultType"] != "matrix":
+            raise SourceError(f"{url}: data.resultType is not matrix")
+        out = []
+        for series in doc["data"]["result"]:
+            labels = {str(k): str(v) for k, v in series["metric"].items()}
+            for t, v in series["values"]:
+                value = float(v)
+                if math.isfinite(value):
+                    out.append((labels, float(t), value))
+        return out
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise SourceError(f"{url}: not a Prometheus query_range answer: {err!r}") from err
+
+
+def http_get(url: str, timeout_s: float) -> bytes:
+    return _get(url, timeout_s)

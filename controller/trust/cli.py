@@ -1,0 +1,166 @@
+"""``tranche trust check``: which GPUs hold consumers of several tenants, and may they?
+
+Reads Namespaces, ResourceClaims and ResourceSlices from the API server, resolves
+every namespace's tenant and trust level, and reports each GPU (and each dedicated
+node) used by more than one tenant with the verdict of the current levels. Label
+problems (unknown level, misplaced sharing group, conflicting namespaces of one
+tenant) are listed too. Exit status: 0 all allowed, 1 forbidden co-location found,
+2 the cluster could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any, TextIO
+
+from kubernetes import client
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from controller.kube_client import request
+from controller.trust.audit import Colocation, colocations, consumers
+from driver.cli import Command
+from driver.errors import TrancheError
+from driver.flags import add_flag
+from driver.kube.client import RESOURCE_V1, api_client
+from driver.trust.policy import DEFAULT_LEVEL, Consumer, Resolution, TrustLevel, resolve_tenants
+
+log = logging.getLogger(__name__)
+
+
+class TrustCheckSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    kubeconfig: str | None = None
+    default_trust_level: TrustLevel = DEFAULT_LEVEL
+    output: str = "text"
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="trust_action", required=True, metavar="ACTION")
+    check = sub.add_parser(
+        "check", help="report GPUs shared by several tenants and whether allowed"
+    )
+    add_flag(check, "--kubeconfig", "kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    add_flag(
+        check,
+        "--default-trust-level",
+        "trust level of namespaces without a valid label",
+        default=str(DEFAULT_LEVEL),
+        choices=tuple(TrustLevel),
+    )
+    add_flag(check, "--output", "report format", default="text", choices=("text", "json"))
+
+
+def _list(api: client.ApiClient, what: str, path: str) -> list[Any]:
+    items: list[Any] = []
+    token = ""
+    while True:
+        query = {"limit": "500", **({"continue": token} if token else {})}
+        page = request(api, f"list {what}", "GET", path, query=query) or {}
+        items.extend(page.get("items") or [])
+        token = (page.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return items
+
+
+def _read(api: client.ApiClient) -> tuple[list[Any], list[Any], list[Any]]:
+    """Namespaces, claims and slices; ApiUnavailable or ApiCallError naming the list."""
+    claims = _list(api, "resourceclaims", f"{RESOURCE_V1}/resourceclaims")
+    slices = _list(api, "resourceslices", f"{RESOURCE_V1}/resourceslices")
+    namespaces = _list(api, "namespaces", "/api/v1/namespaces")
+    return namespaces, claims, slices
+
+
+def _who(c: Consumer) -> str:
+    return f"{c.tenancy.describe()} holds {c.mechanism} {c.device}"
+
+
+def render_text(found: list[Colocation], resolutions: dict[str, Resolution], out: TextIO) -> None:
+    problems = sorted({p for r in resolutions.values() for p in r.problems})
+    for p in problems:
+        out.write(f"label problem: {p}\n")
+    if not found:
+        out.write("no GPU or dedicated node is used by more than one tenant\n")
+    for co in found:
+        where = f"node {co.node} GPU {co.gpu}" if co.gpu else f"node {co.node} (dedicated)"
+        verdict = "allowed" if co.allowed else "FORBIDDEN"
+        out.write(f"{where}: tenants {', '.join(co.tenants)}: {verdict}\n")
+        for c in co.consumers:
+            out.write(f"  {c.claim}: {_who(c)}\n")
+        for a, b, v in co.verdicts:
+            pair = a.claim if a is b else f"{a.claim} + {b.claim}"
+            out.write(f"  forbidden: {pair}: {v.reason}: {v.detail}\n")
+
+
+def render_json(found: list[Colocation], resolutions: dict[str, Resolution], out: TextIO) -> None:
+    doc = {
+        "labelProblems": sorted({p for r in resolutions.values() for p in r.problems}),
+        "colocations": [
+            {
+                "node": co.node,
+                "gpu": co.gpu,
+                "tenants": list(co.tenants),
+                "allowed": co.allowed,
+                "consumers": [
+                    {
+                        "claim": c.claim,
+                        "tenant": c.tenancy.tenant,
+                        "level": str(c.tenancy.level),
+                        "sharingGroup": c.tenancy.sharing_group,
+                        "mechanism": str(c.mechanism),
+                        "device": c.device,
+                    }
+                    for c in co.consumers
+                ],
+                "forbidden": [
+                    {
+                        "claims": sorted({a.claim, b.claim}),
+                        "reason": str(v.reason),
+                        "detail": v.detail,
+                    }
+                    for a, b, v in co.verdicts
+                ],
+            }
+            for co in found
+        ],
+    }
+    json.dump(doc, out, indent=2)
+    out.write("\n")
+
+
+def check(settings: TrustCheckSettings, api: client.ApiClient, out: TextIO) -> int:
+    namespaces, claims, slices = _read(api)
+    labels = {ns["metadata"]["name"]: ns["metadata"].get("labels") for ns in namespaces}
+    resolutions = resolve_tenants(labels, settings.default_trust_level)
+    found = colocations(consumers(claims, slices, resolutions, settings.default_trust_level))
+    (render_json if settings.output == "json" else render_text)(found, resolutions, out)
+    return 0 if all(co.allowed for co in found) else 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        settings = TrustCheckSettings(
+            kubeconfig=args.kubeconfig or None,
+            default_trust_level=args.default_trust_level,
+            output=args.output,
+        )
+    except ValidationError as e:
+        sys.stderr.write(f"tranche trust check: invalid flags: {e}\n")
+        return 2
+    try:
+        with api_client(settings.kubeconfig) as api:
+            return check(settings, api, sys.stdout)
+    except TrancheError as e:
+        log.error("trust check failed: cannot read the cluster error=%s", e)
+        sys.stderr.write(f"tranche trust check: cannot read the cluster: {e}\n")
+        return 2
+
+
+command = Command(
+    help="tenant trust levels: `tranche trust check` audits GPUs shared by several tenants",
+    add_arguments=_add_arguments,
+    run=_run,
+)

@@ -1,0 +1,201 @@
+"""The controller's HTTPS webhook endpoint (stdlib ``http.server`` + ``ssl``).
+
+``POST /mutate-pods`` answers ``admission.k8s.io/v1`` AdmissionReviews with the
+legacy-resource rewrite of :mod:`controller.webhook.pods`. The TLS context is
+taken per connection from :class:`WebhookTls`, so a renewed certificate is
+served without a restart.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from kubernetes import client
+
+from controller.kube_client import ApiCallError, Json, request
+from controller.metrics import ControllerMetrics
+from controller.webhook.pods import (
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    PodRejected,
+    TemplateSpec,
+    mutate_pod,
+)
+from controller.webhook.tls import WebhookTls
+from driver.errors import TrancheError
+
+log = logging.getLogger(__name__)
+
+MUTATE_PODS_PATH = "/mutate-pods"
+MAX_BODY = 3 * 1024 * 1024  # the API server sends at most a few MiB per review
+
+
+class TemplateEnsurer:
+    """Creates the ResourceClaimTemplates rewritten pods refer to, or checks them."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+
+    def ensure(self, namespace: str, template: TemplateSpec, dry_run: bool) -> None:
+        base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+        what = f"resourceclaimtemplate {namespace}/{template.name}"
+        got = request(self._api, f"read {what}", "GET", f"{base}/{template.name}")
+        if got is None:
+            if dry_run:
+                return
+            try:
+                request(self._api, f"create {what}", "POST", base, body=template.body(namespace))
+                log.info("template created namespace=%s name=%s", namespace, template.name)
+                return
+            except ApiCallError as e:
+                if e.status != 409:
+                    raise PodRejected(f"cannot create {what} for the rewritten pod: {e}") from e
+            got = request(self._api, f"read {what}", "GET", f"{base}/{template.name}")
+            if got is None:
+                raise PodRejected(f"{what} vanished while it was being created; retry")
+        labels = (got.get("metadata") or {}).get("labels") or {}
+        requests = (((got.get("spec") or {}).get("spec") or {}).get("devices") or {}).get(
+            "requests"
+        )
+        if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or requests != template.requests():
+            raise PodRejected(
+                f"{what} exists but was not written by the Tranche controller for this request "
+                f"(label {LABEL_MANAGED_BY}={MANAGED_BY}, spec.spec.devices.requests="
+                f"{json.dumps(template.requests())}); delete or rename it"
+            )
+
+
+def _response(uid: str, allowed: bool, message: str = "", patch: Any = None) -> Json:
+    resp: Json = {"uid": uid, "allowed": allowed}
+    if message:
+        resp["status"] = {"message": message, "code": 200 if allowed else 403}
+    if patch:
+        resp["patchType"] = "JSONPatch"
+        resp["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
+
+
+def review_pod(review: Json, ensurer: TemplateEnsurer, metrics: ControllerMetrics) -> Json:
+    """The AdmissionReview answer for one pod review."""
+    req = review.get("request") or {}
+    uid = str(req.get("uid", ""))
+    pod = req.get("object") or {}
+    namespace = str(req.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
+    name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get(
+        "generateName", "<unnamed>"
+    )
+    try:
+        mutation = mutate_pod(pod)
+        if mutation is None:
+            metrics.admissions.labels(result="unchanged").inc()
+            return _response(uid, True)
+        for template in mutation.templates:
+            ensurer.ensure(namespace, template, bool(req.get("dryRun")))
+    except PodRejected as e:
+        metrics.admissions.labels(result="rejected").inc()
+        log.info("pod rejected namespace=%s pod=%s reason=%r", namespace, name, str(e))
+        return _response(uid, False, f"pod {namespace}/{name}: {e}")
+    except TrancheError as e:
+        metrics.admissions.labels(result="error").inc()
+        log.warning("pod review failed namespace=%s pod=%s error=%r", namespace, name, str(e))
+        return _response(uid, False, f"pod {namespace}/{name}: tranche controller: {e}")
+    metrics.admissions.labels(result="mutated").inc()
+    log.info("pod rewritten namespace=%s pod=%s resources=%s", namespace, name, mutation.summary)
+    return _response(uid, True, patch=list(mutation.patch))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    timeout = 15
+
+    def do_POST(self) -> None:
+        if self.path.split("?")[0] != MUTATE_PODS_PATH:
+            self._send(404, {"message": f"no webhook at {self.path}"})
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if length <= 0 or length > MAX_BODY:
+            self._send(400, {"message": f"Content-Length {length} out of range"})
+            return
+        try:
+            review = json.loads(self.rfile.read(length))
+        except ValueError as e:
+            self._send(400, {"message": f"body is not JSON: {e}"})
+            return
+        with self.server.metrics.admission_seconds.time():
+            answer = review_pod(review, self.server.ensurer, self.server.metrics)
+        self._send(200, answer)
+
+    def _send(self, status: int, body: Json) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("webhook request %s", format % args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        tls: WebhookTls,
+        ensurer: TemplateEnsurer,
+        metrics: ControllerMetrics,
+    ) -> None:
+        self.tls, self.ensurer, self.metrics = tls, ensurer, metrics
+        super().__init__(address, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = self.socket.accept()
+        ctx = self.tls.context()
+        if ctx is None:
+            sock.close()
+            raise OSError("no serving certificate yet")
+        # The handshake runs on the first read, in the request's own thread.
+        return ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("webhook connection failed peer=%s", client_address)
+
+
+class WebhookServer:
+    """The HTTPS server in a background thread."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        tls: WebhookTls,
+        api: client.ApiClient,
+        metrics: ControllerMetrics,
+    ) -> None:
+        self._server = _Server((host, port), tls, TemplateEnsurer(api), metrics)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="webhook-server", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("webhook server listening port=%d path=%s", self.port, MUTATE_PODS_PATH)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; also after a start that never happened."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout=10)
+        self._server.server_close()

@@ -1,0 +1,208 @@
+"""The checkpoint's files on disk: one file per claim, the history, the generation counter.
+
+Layout of a checkpoint named ``<dir>/checkpoint.json`` (``docs/checkpoint.md``)::
+
+    <dir>/checkpoint.d/<claim uid>.json   {"version": 2, "bootId", "checksum", "claim": {...}}
+    <dir>/checkpoint.d/history.jsonl      {"version": 2, "checksum", "record": {...}} per line
+    <dir>/checkpoint.d/started.jsonl      PrepareStarted claims, one claim document per line
+    <dir>/checkpoint.d/generation         a counter bumped before every change
+
+A checksum covers the other members of its document as parsed JSON re-serialised
+with sorted keys, so a field added by a newer plugin is not mistaken for
+corruption. A claim file is replaced atomically (``driver.files.write_atomic``);
+history lines are appended and fsynced, and a line cut short by a crash fails its
+checksum and is skipped. This module only encodes and decodes; the rules (what is
+cached, when a file is moved aside) live in :mod:`driver.checkpoint.store`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+VERSION = 2
+LEGACY_VERSION = 1
+HISTORY_FILE = "history.jsonl"
+STARTED_FILE = "started.jsonl"
+GENERATION_FILE = "generation"
+CLAIM_SUFFIX = ".json"
+
+# A claim UID names a file: Kubernetes UIDs are UUIDs; refuse anything that could escape.
+_SAFE_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+def digest(doc: dict[str, Any]) -> str:
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+
+
+def safe_uid(uid: str) -> bool:
+    return bool(_SAFE_UID.match(uid))
+
+
+def claim_path(directory: Path, uid: str) -> Path:
+    return directory / f"{uid}{CLAIM_SUFFIX}"
+
+
+def claim_files(directory: Path) -> Iterator[tuple[str, Path]]:
+    """``(uid, path)`` of every claim file; temporaries and moved-aside files are not."""
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        name = entry.name
+        if name.startswith(".") or not name.endswith(CLAIM_SUFFIX):
+            continue
+        yield name[: -len(CLAIM_SUFFIX)], Path(entry.path)
+
+
+def encode_claim(body: dict[str, Any], boot_id: str) -> bytes:
+    doc: dict[str, Any] = {"version": VERSION, "bootId": boot_id, "claim": body}
+    doc["checksum"] = digest(doc)
+    # No indent: it switches json to its pure-Python encoder, ~10x slower (performance.md).
+    return json.dumps(doc).encode() + b"\n"
+
+
+def decode_claim(raw: bytes) -> tuple[dict[str, Any], str]:
+    """The claim's JSON and the boot id it was written in; ValueError naming the problem."""
+    doc = _document(raw)
+    body = doc.get("claim")
+    if not isinstance(body, dict):
+        raise ValueError("no claim object")
+    boot_id = doc.get("bootId", "")
+    return body, str(boot_id)
+
+
+def decode_started(raw: bytes) -> Iterator[tuple[dict[str, Any], str]]:
+    """``(claim, boot id)`` of each line of the started journal; unreadable lines are skipped."""
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        try:
+            yield decode_claim(line)
+        except ValueError:
+            continue  # cut short by a crash mid-append: that prepare had changed nothing yet
+
+
+def encode_history(body: dict[str, Any]) -> bytes:
+    doc: dict[str, Any] = {"version": VERSION, "record": body}
+    doc["checksum"] = digest(doc)
+    return json.dumps(doc).encode() + b"\n"
+
+
+def decode_history(raw: bytes) -> Iterator[dict[str, Any]]:
+    """The records of the history file, oldest first; unreadable lines are skipped."""
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        try:
+            doc = _document(line)
+        except ValueError:
+            continue  # cut short by a crash mid-append, or damaged: attribution loses one record
+        body = doc.get("record")
+        if isinstance(body, dict):
+            yield body
+
+
+def decode_legacy(raw: bytes) -> tuple[dict[str, Any], str]:
+    """The ``data`` and boot id of a single-file checkpoint (version 1, before this layout)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"not JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    version, boot_id, data = doc.get("version"), doc.get("bootId", ""), doc.get("data")
+    if version != LEGACY_VERSION:
+        raise ValueError(f"version {version!r} is not {LEGACY_VERSION}")
+    if doc.get("checksum") != digest({"version": version, "bootId": boot_id, "data": data}):
+        raise ValueError("checksum mismatch")
+    if not isinstance(data, dict):
+        raise ValueError("no data object")
+    return data, str(boot_id)
+
+
+def _document(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"not JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    if doc.get("version") != VERSION:
+        raise ValueError(f"version {doc.get('version')!r} is not {VERSION}")
+    checksum = doc.pop("checksum", None)
+    if checksum != digest(doc):
+        raise ValueError("checksum mismatch")
+    return doc
+
+
+def append_line(path: Path, line: bytes, *, durable: bool = True) -> None:
+    """Append one line (fsynced unless not ``durable``); a line a crash cut short is ended first."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        os.write(fd, line)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def empty_file(path: Path) -> None:
+    """Truncate ``path`` to nothing, if it exists (no fsync)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.truncate(path, 0)
+
+
+def fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Generation:
+    """A counter in a file, bumped under the node lock before every change.
+
+    A process keeps the parsed checkpoint in memory and trusts it while the
+    counter still holds the value of its last read or write: a second plugin pod
+    (rolling update) or a killed process that changed anything changed it first.
+    The counter needs no fsync: after a reboot or restart no process has a cache.
+    """
+
+    WIDTH = 20
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> int | None:
+        try:
+            text = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            return None
+
+    def bump(self) -> tuple[int | None, int]:
+        """The value before and after: the caller's cache is current if it held ``before``."""
+        before = self.read()
+        after = (before or 0) + 1
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, str(after).zfill(self.WIDTH).encode(), 0)
+        finally:
+            os.close(fd)
+        return before, after

@@ -1,0 +1,518 @@
+"""The plugin's checkpoint: which claims are prepared, how, and for whom.
+
+One small file per claim, so a prepare or unprepare writes O(1) bytes whatever
+the node holds (:mod:`driver.checkpoint.files` has the layout). The checkpoint is
+named by the path of the single file earlier plugins kept (``checkpoint.json``);
+its files live in the directory next to it (``checkpoint.d``). Such a single
+file is converted under the node lock (:meth:`Checkpoint.load` with
+``locked=True``) and replaced by an empty directory of the same name, so that a
+plugin of the old format still running during a rolling update fails its calls
+(the kubelet retries them) instead of preparing beside claims it cannot see.
+
+A process keeps the parsed claims in memory and checks at every load that no
+other process changed anything since (:class:`driver.checkpoint.files.Generation`):
+a second plugin pod's writes are seen at its next lock acquisition. Records are
+never changed in place: callers change a copy (``model_copy``) and :meth:`put` it.
+See ``docs/checkpoint.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError
+
+from driver.checkpoint import files
+from driver.checkpoint.records import (
+    AllocatedDeviceRecord,
+    AllocationRecord,
+    CheckpointData,
+    ClaimRecord,
+    ClaimState,
+    PodRecord,
+    PreparedDeviceRecord,
+)
+from driver.errors import CheckpointError
+from driver.faults import NO_FAULTS, FaultPoints
+from driver.files import remove_stale_temporaries, write_atomic
+
+__all__ = [
+    "AllocatedDeviceRecord",
+    "AllocationRecord",
+    "Checkpoint",
+    "CheckpointData",
+    "ClaimRecord",
+    "ClaimState",
+    "LoadStatus",
+    "PodRecord",
+    "PreparedDeviceRecord",
+    "read_allocations",
+    "read_boot_id",
+]
+
+log = logging.getLogger(__name__)
+
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+DEFAULT_HISTORY = 512
+
+LoadKind = Literal["new", "ok", "other-boot", "corrupt"]
+HistoryKey = tuple[str, float]
+
+
+@dataclass(frozen=True)
+class LoadStatus:
+    """How the checkpoint was found. ``corrupt`` is worth an Event and a metric."""
+
+    kind: LoadKind
+    message: str = ""
+    moved_to: Path | None = None
+    previous_boot_id: str = ""
+
+
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _key(record: AllocationRecord) -> HistoryKey:
+    return record.claim_uid, record.prepared_at
+
+
+@dataclass
+class _View:
+    """The parsed checkpoint as of ``generation``."""
+
+    generation: int | None
+    found: bool  # any checkpoint file existed when it was read
+    claims: dict[str, ClaimRecord] = field(default_factory=dict)
+    boot_ids: dict[str, str] = field(default_factory=dict)
+    history: dict[HistoryKey, AllocationRecord] = field(default_factory=dict)
+    history_lines: int = 0
+    started: set[str] = field(default_factory=set)  # claims whose record is in the journal
+
+    def add_history(self, records: Iterable[AllocationRecord]) -> None:
+        for record in records:
+            self.history.pop(_key(record), None)  # a retried unprepare appends it again
+            self.history[_key(record)] = record
+            self.history_lines += 1
+
+    def data(self, history_limit: int) -> CheckpointData:
+        history = list(self.history.values())[-history_limit:] if history_limit else []
+        return CheckpointData.model_construct(claims=dict(self.claims), history=history)
+
+
+class Checkpoint:
+    """The checkpoint of one node. Writes (and ``load(locked=True)``) need the node lock."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        boot_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+        faults: FaultPoints = NO_FAULTS,
+        history_limit: int = DEFAULT_HISTORY,
+    ) -> None:
+        self.path = path
+        self.directory = path.with_suffix(".d")
+        self.boot_id = read_boot_id() if boot_id is None else boot_id
+        self._clock = clock
+        self._faults = faults
+        self.history_limit = history_limit
+        self._history = self.directory / files.HISTORY_FILE
+        self._started = self.directory / files.STARTED_FILE
+        self._generation = files.Generation(self.directory / files.GENERATION_FILE)
+        self._mutex = threading.Lock()
+        self._view: _View | None = None
+
+    # reading ----------------------------------------------------------------
+
+    def load(self, *, locked: bool = False) -> tuple[CheckpointData, LoadStatus]:
+        """The stored claims, from memory unless another process changed them.
+
+        ``locked``: the caller holds the node lock, so a single-file checkpoint is
+        converted and corrupt files are moved aside (reported once, as ``corrupt``).
+        Without it nothing is written: such files are only reported.
+        """
+        with self._mutex:
+            problem: LoadStatus | None = None
+            legacy = self.path.is_file()
+            if legacy and locked:
+                problem = self._convert_legacy()
+                legacy = False
+            view, found = self._fresh(locked)
+            data = view.data(self.history_limit)
+            status = problem or found or self._status(view)
+            if legacy:
+                status = self._merge_legacy(data, status)
+            return data, status
+
+    def _fresh(self, locked: bool) -> tuple[_View, LoadStatus | None]:
+        generation = self._generation.read()
+        view = self._view
+        if view is not None and generation is not None and generation == view.generation:
+            return view, None
+        view, problem = self._read(generation, quarantine=locked)
+        if locked:
+            self._view = view  # only a read under the lock is a consistent one to keep
+        return view, problem
+
+    def _read(self, generation: int | None, quarantine: bool) -> tuple[_View, LoadStatus | None]:
+        view = _View(generation, found=self.directory.exists())
+        problems: list[tuple[Path, str, Path | None]] = []
+        changed = False
+        for uid, path in files.claim_files(self.directory):
+            try:
+                raw = path.read_bytes()
+            except FileNotFoundError:
+                continue  # removed meanwhile by an unlocked reader's writer
+            if not raw:
+                # Durable writes fsync their data before the rename: an empty file is a
+                # PrepareStarted record a machine crash cut off, not damage (see put).
+                log.warning("checkpoint claim file empty path=%s: a lost PrepareStarted", path)
+                if quarantine:
+                    path.unlink(missing_ok=True)
+                    changed = True
+                continue
+            try:
+                body, boot_id = files.decode_claim(raw)
+                record = ClaimRecord.model_validate(body)
+                if record.uid != uid:
+                    raise ValueError(f"holds claim {record.uid}, not {uid}")
+            except (ValueError, ValidationError) as e:
+                reason = str(e).splitlines()[0]
+                moved = self._move_aside(path) if quarantine else None
+                changed = changed or quarantine
+                problems.append((path, reason, moved))
+                continue
+            view.claims[uid] = record
+            view.boot_ids[uid] = boot_id
+        self._read_started(view, quarantine)
+        try:
+            raw_history = self._history.read_bytes()
+        except FileNotFoundError:
+            raw_history = b""
+        view.add_history(_history_records(files.decode_history(raw_history)))
+        view.history_lines = raw_history.count(b"\n")
+        # An unprepare killed between its history line and the claim file's removal:
+        # the claim is still prepared (the kubelet retries the unprepare).
+        current = {_key(c.allocation) for c in view.claims.values() if c.allocation is not None}
+        for key in current & view.history.keys():
+            del view.history[key]
+        if changed:
+            _, view.generation = self._generation.bump()
+        return view, self._corrupt(problems) if problems else None
+
+    def _read_started(self, view: _View, locked: bool) -> None:
+        """Add the journal's ``PrepareStarted`` claims; a claim file wins over a journal line."""
+        try:
+            raw = self._started.read_bytes()
+        except FileNotFoundError:
+            return
+        for body, boot_id in files.decode_started(raw):
+            try:
+                record = ClaimRecord.model_validate(body)
+            except ValidationError as e:
+                log.warning("checkpoint started line skipped reason=%s", str(e).splitlines()[0])
+                continue
+            if record.state != "PrepareStarted" or (
+                record.uid in view.claims and record.uid not in view.started
+            ):
+                continue  # completed: killed before its journal line was cleared
+            view.claims[record.uid] = record
+            view.boot_ids[record.uid] = boot_id
+            view.started.add(record.uid)
+        if raw and not view.started and locked:
+            files.empty_file(self._started)
+
+    def _status(self, view: _View) -> LoadStatus:
+        other = next((b for b in view.boot_ids.values() if b != self.boot_id), None)
+        if other is not None:
+            return LoadStatus(
+                "other-boot",
+                f"checkpoint written in boot {other or '(unknown)'}; this is boot {self.boot_id}",
+                previous_boot_id=other,
+            )
+        return LoadStatus("ok" if view.found else "new")
+
+    def _corrupt(self, problems: list[tuple[Path, str, Path | None]]) -> LoadStatus:
+        parts = []
+        for path, reason, moved in problems:
+            where = f"moved to {moved}" if moved else "left in place until the plugin recovers"
+            parts.append(f"{path} ({reason}; {where})")
+            log.error("checkpoint file corrupt path=%s reason=%s moved_to=%s", path, reason, moved)
+        message = (
+            f"checkpoint claim file(s) corrupt: {'; '.join(parts)}; those claims are forgotten"
+        )
+        return LoadStatus("corrupt", message, moved_to=problems[0][2])
+
+    # writing (under the node lock) --------------------------------------------
+
+    def put(self, record: ClaimRecord) -> None:
+        """Record one claim (a new one, or a new state of it).
+
+        A ``PrepareStarted`` record is a line appended to the started journal,
+        without fsync: it must be seen by a plugin that restarts after this one is
+        killed (the page cache sees to that), but a machine crash undoes whatever a
+        half-done prepare changed, so losing the record then loses nothing. Any
+        other state replaces the claim's file atomically and durably, then clears
+        the claim's journal line (a claim file wins over a journal line).
+        """
+        if not files.safe_uid(record.uid):
+            raise CheckpointError(
+                f"claim {record.namespace}/{record.name}: uid {record.uid!r} cannot name a "
+                "checkpoint file"
+            )
+        encoded = files.encode_claim(record.model_dump(mode="json", by_alias=True), self.boot_id)
+        uid = record.uid
+        with self._mutex:
+            view, before, after = self._begin_change()
+            try:
+                if record.state == "PrepareStarted":
+                    if uid in view.claims and uid not in view.started:
+                        files.claim_path(self.directory, uid).unlink(missing_ok=True)
+                    files.append_line(self._started, encoded, durable=False)
+                    view.started.add(uid)
+                else:
+                    write_atomic(
+                        files.claim_path(self.directory, uid),
+                        encoded,
+                        fault_point="checkpoint:before-replace",
+                        faults=self._faults,
+                    )
+                    if uid in view.started:
+                        self._faults.reached("checkpoint:before-started-cleared")
+                        self._clear_started(view, uid)
+            except BaseException:
+                self._view = None
+                raise
+            self._end_change(view, before, after)
+            if self._view is not None:
+                self._view.claims[uid] = record.model_copy()
+                self._view.boot_ids[uid] = self.boot_id
+
+    def remove(self, uid: str, ended: AllocationRecord | None = None) -> None:
+        """Forget a claim; ``ended`` (its allocation record, ended) goes to the history."""
+        with self._mutex:
+            view, before, after = self._begin_change()
+            try:
+                if ended is not None:
+                    line = files.encode_history(ended.model_dump(mode="json", by_alias=True))
+                    files.append_line(self._history, line)
+                    self._faults.reached("checkpoint:before-remove")
+                if uid in view.started:
+                    self._clear_started(view, uid)
+                else:
+                    files.claim_path(self.directory, uid).unlink(missing_ok=True)
+                    files.fsync_directory(self.directory)
+            except BaseException:
+                self._view = None
+                raise
+            self._end_change(view, before, after)
+            current = self._view
+            if current is None:
+                return
+            current.claims.pop(uid, None)
+            current.boot_ids.pop(uid, None)
+            if ended is not None:
+                current.add_history([ended])
+                if current.history_lines > 2 * self.history_limit:
+                    self._compact(current)
+
+    def save(self, state: CheckpointData) -> None:
+        """Replace the whole checkpoint with ``state`` (its history trimmed to the limit)."""
+        if len(state.history) > self.history_limit:
+            del state.history[: len(state.history) - self.history_limit]
+        for uid in state.claims:
+            if not files.safe_uid(uid):
+                raise CheckpointError(f"claim uid {uid!r} cannot name a checkpoint file")
+        with self._mutex:
+            _, _, after = self._begin_change()
+            try:
+                for uid, record in state.claims.items():
+                    write_atomic(
+                        files.claim_path(self.directory, uid),
+                        files.encode_claim(
+                            record.model_dump(mode="json", by_alias=True), self.boot_id
+                        ),
+                        fault_point="checkpoint:before-replace",
+                        faults=self._faults,
+                    )
+                for uid, path in list(files.claim_files(self.directory)):
+                    if uid not in state.claims:
+                        path.unlink(missing_ok=True)
+                self._write_history(state.history)
+                files.fsync_directory(self.directory)
+                files.empty_file(self._started)  # its claims now have their files
+            except BaseException:
+                self._view = None
+                raise
+            fresh = _View(after, found=True)
+            fresh.claims = {uid: r.model_copy() for uid, r in state.claims.items()}
+            fresh.boot_ids = dict.fromkeys(state.claims, self.boot_id)
+            fresh.add_history(state.history)
+            self._view = fresh
+
+    def remove_temporaries(self) -> None:
+        """Delete half-written temporaries a killed process left (call under the lock)."""
+        remove_stale_temporaries(self.path.parent, self.path.name)
+        for tmp in self.directory.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+    def _begin_change(self) -> tuple[_View, int | None, int]:
+        """Bring the view up to date, then bump the generation before touching a file."""
+        view, _ = self._fresh(locked=True)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        before, after = self._generation.bump()
+        return view, before, after
+
+    def _end_change(self, view: _View, before: int | None, after: int) -> None:
+        if self._view is view and before is not None and before == view.generation:
+            view.generation = after
+            view.found = True
+        else:
+            self._view = None  # read again at the next load
+
+    def _clear_started(self, view: _View, uid: str) -> None:
+        """Take ``uid`` out of the started journal: emptied when it was the last one."""
+        view.started.discard(uid)
+        if not view.started:
+            files.empty_file(self._started)
+            return
+        lines = b"".join(
+            files.encode_claim(
+                view.claims[u].model_dump(mode="json", by_alias=True), view.boot_ids[u]
+            )
+            for u in sorted(view.started)
+            if u in view.claims
+        )
+        write_atomic(self._started, lines, durable=False)
+
+    def _write_history(self, records: Iterable[AllocationRecord]) -> None:
+        payload = b"".join(
+            files.encode_history(r.model_dump(mode="json", by_alias=True)) for r in records
+        )
+        write_atomic(
+            self._history, payload, fault_point="checkpoint:before-replace", faults=self._faults
+        )
+
+    def _compact(self, view: _View) -> None:
+        kept = list(view.history.values())[-self.history_limit :]
+        self._write_history(kept)
+        view.history = {_key(r): r for r in kept}
+        view.history_lines = len(kept)
+
+    def _move_aside(self, path: Path) -> Path:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self._clock()))
+        moved = path.with_name(f"{path.name}.corrupt-{stamp}")
+        n = 1
+        while moved.exists():
+            moved = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+            n += 1
+        path.replace(moved)
+        return moved
+
+    # the single-file checkpoint of earlier plugins ------------------------------
+
+    def _convert_legacy(self) -> LoadStatus | None:
+        """Convert ``checkpoint.json`` into claim files; a corrupt one is moved aside."""
+        try:
+            state, boot_id = _parse_legacy(self.path.read_bytes())
+        except (ValueError, ValidationError) as e:
+            moved = self._move_aside(self.path)
+            remove_stale_temporaries(self.path.parent, self.path.name)
+            self._leave_tombstone()
+            reason = str(e).splitlines()[0]
+            log.error("checkpoint corrupt path=%s reason=%s moved_to=%s", self.path, reason, moved)
+            return LoadStatus(
+                "corrupt",
+                f"checkpoint {self.path} is corrupt ({reason}); moved to {moved}, starting empty",
+                moved_to=moved,
+            )
+        view, _, _ = self._begin_change()
+        self._view = None
+        for uid, record in state.claims.items():
+            if uid in view.claims:
+                continue  # converted by an earlier, interrupted conversion
+            if not files.safe_uid(uid):
+                log.error("checkpoint claim skipped uid=%r reason=unsafe-file-name", uid)
+                continue
+            body = record.model_dump(mode="json", by_alias=True)
+            # The old file's boot id is kept: a reboot before the upgrade still re-validates.
+            write_atomic(files.claim_path(self.directory, uid), files.encode_claim(body, boot_id))
+        merged = _View(None, found=True)
+        merged.add_history(state.history)
+        merged.add_history(view.history.values())
+        self._write_history(list(merged.history.values())[-self.history_limit :])
+        files.fsync_directory(self.directory)
+        self._faults.reached("checkpoint:after-convert")
+        self._leave_tombstone()
+        log.info(
+            "checkpoint converted path=%s claims=%d history=%d directory=%s",
+            self.path,
+            len(state.claims),
+            len(state.history),
+            self.directory,
+        )
+        return None
+
+    def _leave_tombstone(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.path.mkdir(exist_ok=True)
+        files.fsync_directory(self.path.parent)
+
+    def _merge_legacy(self, data: CheckpointData, status: LoadStatus) -> LoadStatus:
+        """An unlocked load before the conversion: the old file's claims, read only."""
+        try:
+            legacy, boot_id = _parse_legacy(self.path.read_bytes())
+        except FileNotFoundError:
+            return status
+        except (ValueError, ValidationError) as e:
+            reason = str(e).splitlines()[0]
+            return LoadStatus("corrupt", f"checkpoint {self.path} is corrupt ({reason})")
+        for uid, record in legacy.claims.items():
+            data.claims.setdefault(uid, record)
+        data.history = [*legacy.history, *data.history][-self.history_limit :]
+        if boot_id != self.boot_id and status.kind in ("ok", "new"):
+            return LoadStatus(
+                "other-boot",
+                f"checkpoint written in boot {boot_id or '(unknown)'}; this is boot {self.boot_id}",
+                previous_boot_id=boot_id,
+            )
+        return LoadStatus("ok") if status.kind == "new" else status
+
+
+def _parse_legacy(raw: bytes) -> tuple[CheckpointData, str]:
+    data, boot_id = files.decode_legacy(raw)
+    return CheckpointData.model_validate(data), boot_id
+
+
+def _history_records(bodies: Iterable[dict[str, object]]) -> Iterable[AllocationRecord]:
+    for body in bodies:
+        try:
+            yield AllocationRecord.model_validate(body)
+        except ValidationError:
+            continue
+
+
+def read_allocations(path: Path) -> list[AllocationRecord]:
+    """Allocation records of the checkpoint named ``path``, for readers outside the lock.
+
+    Ended ones (oldest first, at most the history limit), then current ones.
+    Every file is replaced atomically, so each is read whole; unreadable or
+    corrupt files read as no records (the plugin reports them).
+    """
+    checkpoint = Checkpoint(path, boot_id="")
+    try:
+        data, _ = checkpoint.load()
+    except OSError:
+        return []
+    return data.allocations()

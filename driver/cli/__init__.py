@@ -1,0 +1,58 @@
+"""The ``tranche`` command.
+
+Subcommands are contributed by the packages that own them through the
+``tranche.commands`` entry-point group (see ``pyproject.toml``). Each entry
+point is a :class:`Command`: a name, a function that adds its arguments to an
+:class:`argparse.ArgumentParser`, and a function that runs it. This keeps
+``driver/`` free of imports of ``kubelet_plugin/`` and ``controller/``.
+
+Public: :func:`main`, :class:`Command`, :func:`load_commands`. The driver's own
+subcommands live beside it: :mod:`driver.cli.devices` (``tranche devices``) and
+:mod:`driver.cli.sim` (``tranche sim``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``tranche`` subcommand."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def load_commands() -> dict[str, Command]:
+    commands: dict[str, Command] = {}
+    for ep in entry_points(group="tranche.commands"):
+        cmd = ep.load()
+        if isinstance(cmd, Command):
+            commands[ep.name] = cmd
+    return commands
+
+
+def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tranche",
+        description="Tranche: a Kubernetes DRA driver for NVIDIA GPUs.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in sorted(commands):
+        cmd = commands[name]
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(load_commands())
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args._run
+    return run(args)

@@ -1,0 +1,523 @@
+"""GPU health: NVML events and probes in, device taints and health out.
+
+:class:`HealthMonitor` keeps, per physical GPU, the faults that NVML reported
+(classified by :mod:`driver.health.policy`) and lifts each one when the GPU is
+healthy again. It is pure state plus a lock: the thread that feeds it lives in
+:mod:`driver.health.watch`, time comes from an injectable :class:`Clock`.
+
+Outputs:
+
+* :meth:`HealthMonitor.taints_by_device`: ``resource.k8s.io/v1`` ``DeviceTaint``
+  dicts for every device that lives on a faulty GPU (the GPU, its MIG devices,
+  its shares), for the ResourceSlice builder;
+* :meth:`HealthMonitor.snapshot` / :meth:`HealthMonitor.wait_for_change`: the
+  :class:`driver.api.HealthSource` behind the kubelet health stream;
+* listeners (:class:`HealthChange`) for Events, and optional metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Literal, Protocol
+
+from driver.api import DeviceHealth, HealthSnapshot
+from driver.devices.inventory import Inventory
+from driver.health.policy import (
+    RECOVERY_ACTION_CLASS,
+    SEVERITY,
+    FaultClass,
+    HealthPolicy,
+    normalise_recovery_action,
+    xid_meaning,
+)
+from driver.nvml.types import DeviceProbe, XidEvent
+
+log = logging.getLogger(__name__)
+
+TAINT_DOMAIN = "gpu.tranche.dev"
+KEY_XID = f"{TAINT_DOMAIN}/xid"
+KEY_ECC = f"{TAINT_DOMAIN}/ecc"
+KEY_GPU_LOST = f"{TAINT_DOMAIN}/gpu-lost"
+KEY_UNMONITORED = f"{TAINT_DOMAIN}/unmonitored"
+KEY_EVENT = f"{TAINT_DOMAIN}/event"
+
+# A device holds at most 16 taints (resource.k8s.io/v1 DeviceTaintsMaxLength); health
+# keeps to half of them so other taints still fit.
+MAX_HEALTH_TAINTS = 8
+MAX_MESSAGE = 1024
+
+ChangeKind = Literal["tainted", "escalated", "repeated", "healed"]
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds since the epoch."""
+        ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+@dataclass
+class Fault:
+    """One active fault of one GPU; it becomes one taint on each of the GPU's devices."""
+
+    key: str
+    value: str
+    fault_class: FaultClass
+    effect: str  # "None" | "NoSchedule" | "NoExecute"
+    message: str
+    time_added: float
+    last_seen: float
+    recovery_action: str | None = None
+    count: int = 1
+
+    @property
+    def ident(self) -> tuple[str, str]:
+        return (self.key, self.value)
+
+
+@dataclass
+class GpuState:
+    uuid: str
+    faults: dict[tuple[str, str], Fault] = field(default_factory=dict)
+    answering: bool = True
+    probe_failures: int = 0
+    last_probe_ok: float | None = None
+    # Last time the GPU was seen cleared: a reset, a lost GPU answering again, or a probe
+    # that read NVML's recovery action NONE.
+    cleared_at: float | None = None
+    pending_action: str | None = None  # last non-NONE recovery action NVML reported
+
+
+@dataclass(frozen=True)
+class HealthChange:
+    """A taint that appeared, grew stronger, repeated after the debounce time, or healed."""
+
+    kind: ChangeKind
+    node: str
+    gpu_uuid: str
+    devices: tuple[str, ...]
+    key: str
+    value: str
+    effect: str
+    message: str
+
+
+class HealthMetricsSink(Protocol):
+    def fault_observed(self, kind: str, xid: int, fault_class: FaultClass) -> None: ...
+
+    def probe_failed(self) -> None: ...
+
+    def state(
+        self, devices_by_health: Mapping[str, int], taints: Mapping[tuple[str, str], int]
+    ) -> None:
+        """Devices per health state; device taints per (key, effect)."""
+        ...
+
+
+class FaultStore(Protocol):
+    def load(self) -> dict[str, list[Fault]]: ...
+
+    def save(self, faults: Mapping[str, Iterable[Fault]]) -> None: ...
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(int(ts), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def device_gpu_map(inventory: Inventory) -> dict[str, str]:
+    """Every advertised device of ``inventory`` -> UUID of the physical GPU it lives on."""
+    return {d.name: inventory.gpu_of(d.name).uuid for d in inventory.devices()}
+
+
+def _fault_order(f: Fault) -> tuple[int, float, str, str]:
+    return (-SEVERITY[f.fault_class], -f.time_added, f.key, f.value)
+
+
+class HealthMonitor:
+    """Per-GPU fault state machine. Thread-safe; every public method takes the lock."""
+
+    def __init__(
+        self,
+        policy: HealthPolicy,
+        node_name: str,
+        *,
+        clock: Clock | None = None,
+        store: FaultStore | None = None,
+        metrics: HealthMetricsSink | None = None,
+    ) -> None:
+        self._policy = policy
+        self._node = node_name
+        self._clock: Clock = clock or SystemClock()
+        self._store = store
+        self._metrics = metrics
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._gpus: dict[str, GpuState] = {}
+        self._devices: dict[str, str] = {}  # device name -> GPU UUID
+        self._listeners: list[Callable[[HealthChange], None]] = []
+        self._snapshot = HealthSnapshot()
+        if store is not None:
+            self._restore(store.load())
+
+    # ----- wiring -------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> HealthPolicy:
+        return self._policy
+
+    def add_listener(self, listener: Callable[[HealthChange], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def set_devices(self, devices: Mapping[str, str]) -> None:
+        """Publish health for these devices: device name -> UUID of the GPU it lives on.
+
+        Faults of GPUs that are no longer present are dropped.
+        """
+        with self._lock:
+            self._devices = dict(devices)
+            gpus = set(self._devices.values())
+            for uuid in gpus:
+                self._gpus.setdefault(uuid, GpuState(uuid))
+            for uuid in [u for u in self._gpus if u not in gpus]:
+                if self._gpus[uuid].faults:
+                    log.info("dropping faults of a GPU that is gone gpu=%s", uuid)
+                del self._gpus[uuid]
+            self._after_change([])
+
+    def gpus(self) -> list[str]:
+        with self._lock:
+            return sorted(self._gpus)
+
+    # ----- observations -------------------------------------------------------------------
+
+    def observe_event(self, event: XidEvent) -> None:
+        """Classify one NVML event and record it on its GPU (on all GPUs when unknown)."""
+        with self._lock:
+            now = self._clock.now()
+            targets = self._targets(event.gpu_uuid)
+            if event.kind == "recovered":
+                for gpu in targets:
+                    gpu.cleared_at = now
+                    gpu.pending_action = None
+                log.info("GPU reset seen gpu=%s", event.gpu_uuid)
+                self._after_change(self._heal(now))
+                return
+            key, value, fault_class, message, action = self._classify(event)
+            if self._metrics is not None:
+                self._metrics.fault_observed(event.kind, event.code, fault_class)
+            effect = self._policy.effect(fault_class)
+            if effect == "Ignore":
+                log.info(
+                    "GPU event needs no taint gpu=%s kind=%s xid=%d class=%s",
+                    event.gpu_uuid,
+                    event.kind,
+                    event.code,
+                    fault_class.value,
+                )
+                return
+            seen = Fault(key, value, fault_class, effect, message, now, now, action)
+            self._after_change([c for g in targets if (c := self._record(g, seen)) is not None])
+
+    def observe_probe(self, probe: DeviceProbe, recovery_action: str | None = None) -> None:
+        """Record a health probe; ``recovery_action`` is NVML's, where the probe read one."""
+        with self._lock:
+            now = self._clock.now()
+            gpu_uuid = probe.uuid
+            gpu = self._gpus.setdefault(gpu_uuid, GpuState(gpu_uuid))
+            changes: list[HealthChange] = []
+            if probe.healthy:
+                if not gpu.answering:
+                    log.info("GPU answers again gpu=%s", gpu_uuid)
+                    gpu.cleared_at = now
+                gpu.answering = True
+                gpu.probe_failures = 0
+                gpu.last_probe_ok = now
+                action = normalise_recovery_action(recovery_action)
+                if action == "NONE":
+                    gpu.cleared_at = now
+                    gpu.pending_action = None
+                elif action is not None and action != "NONE":
+                    gpu.pending_action = action
+                changes.extend(self._heal(now))
+            else:
+                gpu.probe_failures += 1
+                if self._metrics is not None:
+                    self._metrics.probe_failed()
+                if probe.lost or gpu.probe_failures >= self._policy.lost_after_probe_failures:
+                    gpu.answering = False
+                    message = f"GPU stopped answering: {probe.detail or 'probe failed'}"
+                    effect = self._policy.effect(FaultClass.LOST)
+                    if effect != "Ignore":
+                        seen = Fault(KEY_GPU_LOST, "", FaultClass.LOST, effect, message, now, now)
+                        change = self._record(gpu, seen)
+                        if change is not None:
+                            changes.append(change)
+                else:
+                    log.warning(
+                        "GPU probe failed gpu=%s failures=%d detail=%s",
+                        gpu_uuid,
+                        gpu.probe_failures,
+                        probe.detail,
+                    )
+            self._after_change(changes)
+
+    def observe_watch_error(self, detail: str, gpus: Iterable[str] | None = None) -> None:
+        """NVML events of ``gpus`` (default: all) cannot be watched: taint ``unmonitored``."""
+        with self._lock:
+            now = self._clock.now()
+            msg = f"GPU events cannot be watched: {detail}"
+            seen = Fault(KEY_UNMONITORED, "", FaultClass.INFORMATIONAL, "None", msg, now, now)
+            wanted = None if gpus is None else set(gpus)
+            targets = [g for u, g in self._gpus.items() if wanted is None or u in wanted]
+            self._after_change([c for g in targets if (c := self._record(g, seen)) is not None])
+
+    def observe_watch_ok(self, still_unmonitored: Iterable[str] = ()) -> None:
+        """Events can be watched again (except on ``still_unmonitored``)."""
+        keep = set(still_unmonitored)
+        with self._lock:
+            changes = []
+            for gpu in [g for u, g in self._gpus.items() if u not in keep]:
+                fault = gpu.faults.pop((KEY_UNMONITORED, ""), None)
+                if fault is not None:
+                    changes.append(self._change("healed", gpu, fault))
+            if changes:
+                self._after_change(changes)
+
+    def tick(self) -> None:
+        """Lift the faults whose healing conditions now hold (call periodically)."""
+        with self._lock:
+            changes = self._heal(self._clock.now())
+            if changes:
+                self._after_change(changes)
+
+    # ----- outputs ------------------------------------------------------------------------
+
+    def taints_for_gpu(self, gpu_uuid: str) -> list[dict[str, str]]:
+        with self._lock:
+            gpu = self._gpus.get(gpu_uuid)
+            if gpu is None:
+                return []
+            faults = sorted(gpu.faults.values(), key=_fault_order)[:MAX_HEALTH_TAINTS]
+            out = []
+            for f in sorted(faults, key=lambda f: (f.key, f.value)):
+                taint = {"key": f.key, "effect": f.effect, "timeAdded": rfc3339(f.time_added)}
+                if f.value:
+                    taint["value"] = f.value
+                out.append(taint)
+            return out
+
+    def taints_by_device(
+        self, devices: Mapping[str, str] | None = None
+    ) -> dict[str, list[dict[str, str]]]:
+        """``DeviceTaint`` dicts per device name (device name -> GPU UUID; default: set_devices)."""
+        with self._lock:
+            mapping = self._devices if devices is None else devices
+            per_gpu = {uuid: self.taints_for_gpu(uuid) for uuid in set(mapping.values())}
+            return {name: [dict(t) for t in per_gpu[uuid]] for name, uuid in mapping.items()}
+
+    def faults(self, gpu_uuid: str) -> list[Fault]:
+        with self._lock:
+            gpu = self._gpus.get(gpu_uuid)
+            return [replace(f) for f in gpu.faults.values()] if gpu else []
+
+    def snapshot(self) -> HealthSnapshot:
+        with self._lock:
+            return self._snapshot
+
+    def wait_for_change(self, after: HealthSnapshot, timeout: float) -> HealthSnapshot:
+        with self._changed:
+            self._changed.wait_for(lambda: self._snapshot != after, timeout=timeout)
+            return self._snapshot
+
+    # ----- internals ----------------------------------------------------------------------
+
+    def _targets(self, gpu_uuid: str) -> list[GpuState]:
+        if gpu_uuid in self._gpus:
+            return [self._gpus[gpu_uuid]]
+        if self._gpus:
+            log.warning("event for an unknown GPU affects every GPU gpu=%r", gpu_uuid)
+            return list(self._gpus.values())
+        gpu = self._gpus.setdefault(gpu_uuid, GpuState(gpu_uuid))
+        return [gpu]
+
+    def _classify(self, event: XidEvent) -> tuple[str, str, FaultClass, str, str | None]:
+        action = normalise_recovery_action(event.recovery_action)
+        if event.kind == "xid":
+            key, value = KEY_XID, str(event.code)
+            message = f"XID {event.code} {xid_meaning(event.code)}"
+            table_class = self._policy.xid_class(event.code)
+            overridden = event.code in self._policy.xid_classes
+        elif event.kind == "ecc-double-bit":
+            key, value = KEY_ECC, "double-bit"
+            message, table_class, overridden = "double-bit ECC error", FaultClass.UNCONTAINED, False
+        elif event.kind == "ecc-single-bit":
+            key, value = KEY_ECC, "single-bit"
+            message, table_class = "single-bit ECC error (corrected)", FaultClass.INFORMATIONAL
+            overridden = False
+        elif event.kind == "gpu-lost":
+            key, value = KEY_GPU_LOST, ""
+            message, table_class, overridden = "GPU is lost", FaultClass.LOST, False
+        else:
+            key, value = KEY_EVENT, "unknown"
+            message, table_class, overridden = (
+                f"unknown GPU event {event.kind!r}",
+                FaultClass.RESET,
+                False,
+            )
+        if event.gi_id is not None:
+            message += f" in MIG instance GI {event.gi_id}"
+            if event.ci_id is not None:
+                message += f" CI {event.ci_id}"
+        fault_class = table_class
+        if action not in (None, "NONE") and not overridden:
+            # The action can only raise the class: NVML may still say NONE just after an
+            # XID and announce the real action later with XID 154.
+            message += f" (recovery action {action})"
+            action_class = RECOVERY_ACTION_CLASS[action]
+            fault_class = max(table_class, action_class, key=SEVERITY.__getitem__)
+        return key, value, fault_class, message, action
+
+    def _record(self, gpu: GpuState, seen: Fault) -> HealthChange | None:
+        """Merge the fault just ``seen`` into ``gpu``; the change to report, if any."""
+        if seen.recovery_action not in (None, "NONE"):
+            gpu.pending_action = seen.recovery_action
+        existing = gpu.faults.get(seen.ident)
+        if existing is None:
+            fault = replace(seen)
+            gpu.faults[fault.ident] = fault
+            log.warning(
+                "GPU tainted gpu=%s key=%s value=%s effect=%s class=%s reason=%r",
+                gpu.uuid,
+                fault.key,
+                fault.value,
+                fault.effect,
+                fault.fault_class.value,
+                fault.message,
+            )
+            return self._change("tainted", gpu, fault)
+        quiet_for = seen.last_seen - existing.last_seen
+        existing.last_seen = seen.last_seen
+        existing.count += 1
+        if SEVERITY[seen.fault_class] > SEVERITY[existing.fault_class]:
+            existing.fault_class, existing.effect = seen.fault_class, seen.effect
+            existing.message, existing.recovery_action = seen.message, seen.recovery_action
+            existing.time_added = seen.last_seen
+            log.warning(
+                "GPU taint escalated gpu=%s key=%s value=%s effect=%s",
+                gpu.uuid,
+                existing.key,
+                existing.value,
+                existing.effect,
+            )
+            return self._change("escalated", gpu, existing)
+        if quiet_for >= self._policy.debounce_seconds:
+            log.info(
+                "GPU fault repeated gpu=%s key=%s value=%s count=%d",
+                gpu.uuid,
+                existing.key,
+                existing.value,
+                existing.count,
+            )
+            return self._change("repeated", gpu, existing)
+        return None
+
+    def _heals(self, gpu: GpuState, fault: Fault, now: float) -> bool:
+        if fault.key == KEY_UNMONITORED:
+            return False  # lifted by observe_watch_ok only
+        if now - fault.last_seen < self._policy.quiet_seconds:
+            return False
+        if not gpu.answering or gpu.last_probe_ok is None or gpu.last_probe_ok <= fault.last_seen:
+            return False
+        if fault.fault_class is FaultClass.INFORMATIONAL:
+            return True
+        if gpu.pending_action is not None:
+            return False
+        return gpu.cleared_at is not None and gpu.cleared_at > fault.last_seen
+
+    def _heal(self, now: float) -> list[HealthChange]:
+        changes = []
+        for gpu in self._gpus.values():
+            for ident, fault in list(gpu.faults.items()):
+                if self._heals(gpu, fault, now):
+                    del gpu.faults[ident]
+                    log.info(
+                        "GPU taint healed gpu=%s key=%s value=%s", gpu.uuid, fault.key, fault.value
+                    )
+                    changes.append(self._change("healed", gpu, fault))
+        return changes
+
+    def _change(self, kind: ChangeKind, gpu: GpuState, fault: Fault) -> HealthChange:
+        devices = tuple(sorted(n for n, u in self._devices.items() if u == gpu.uuid))
+        return HealthChange(
+            kind, self._node, gpu.uuid, devices, fault.key, fault.value, fault.effect, fault.message
+        )
+
+    def _device_health(self, name: str, uuid: str) -> DeviceHealth:
+        gpu = self._gpus.get(uuid)
+        faults = sorted(gpu.faults.values(), key=_fault_order) if gpu else []
+        message = "; ".join(f.message for f in faults)
+        if len(message) > MAX_MESSAGE:
+            message = message[: MAX_MESSAGE - 3] + "..."
+        blocking = any(f.effect in ("NoSchedule", "NoExecute") for f in faults)
+        if blocking or (gpu is not None and not gpu.answering):
+            health = "Unhealthy"
+        elif any(f.key == KEY_UNMONITORED for f in faults):
+            health = "Unknown"
+        else:
+            health = "Healthy"
+        return DeviceHealth(self._node, name, health, message)
+
+    def _after_change(self, changes: list[HealthChange]) -> None:
+        devices = tuple(
+            self._device_health(name, uuid) for name, uuid in sorted(self._devices.items())
+        )
+        snapshot = HealthSnapshot(devices)
+        if snapshot != self._snapshot:
+            self._snapshot = snapshot
+            self._changed.notify_all()
+        if changes and self._store is not None:
+            self._store.save({u: list(g.faults.values()) for u, g in self._gpus.items()})
+        if self._metrics is not None:
+            self._publish_metrics()
+        for change in changes:
+            for listener in self._listeners:
+                try:
+                    listener(change)
+                except Exception:
+                    log.exception(
+                        "health listener failed kind=%s gpu=%s", change.kind, change.gpu_uuid
+                    )
+
+    def _publish_metrics(self) -> None:
+        assert self._metrics is not None
+        by_health: dict[str, int] = {"Healthy": 0, "Unhealthy": 0, "Unknown": 0}
+        for device in self._snapshot.devices:
+            by_health[device.health] = by_health.get(device.health, 0) + 1
+        taints: dict[tuple[str, str], int] = {}
+        for uuid in self._devices.values():
+            for taint in self.taints_for_gpu(uuid):
+                ident = (taint["key"], taint["effect"])
+                taints[ident] = taints.get(ident, 0) + 1
+        self._metrics.state(by_health, taints)
+
+    def _restore(self, saved: Mapping[str, list[Fault]]) -> None:
+        for uuid, faults in saved.items():
+            gpu = self._gpus.setdefault(uuid, GpuState(uuid))
+            for fault in faults:
+                gpu.faults[fault.ident] = fault
+                if fault.fault_class is FaultClass.LOST:
+                    gpu.answering = False  # a passing first probe counts as the GPU coming back
+                if fault.recovery_action not in (None, "NONE"):
+                    gpu.pending_action = fault.recovery_action
+            if faults:
+                log.info("restored GPU faults gpu=%s count=%d", uuid, len(faults))

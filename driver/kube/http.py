@@ -1,0 +1,353 @@
+"""A thin Kubernetes API client over ``urllib3``: JSON requests and watches.
+
+The kubelet plugin talks to the API server only through this module, so its process
+never imports the generated ``kubernetes`` client (about 44 MiB of model classes).
+Objects stay raw JSON, so fields newer than any client library are never lost.
+
+* :meth:`KubeClient.request` answers the decoded JSON object; an HTTP error status is an
+  :class:`ApiError` (``status``, ``reason``, ``body``, the ``Status`` ``message``).
+* :meth:`KubeClient.send` answers every status as a :class:`RawAnswer`.
+* :meth:`KubeClient.watch` streams a watch's events, one decoded JSON object each.
+* A transport failure (refused, reset, timed out, TLS) is an :class:`ApiUnreachable`,
+  a :class:`driver.errors.ApiUnavailable`.
+
+A bearer token from a file (the in-cluster service account token, which the kubelet
+rotates) is read again every ``token_refresh_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import ssl
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlencode
+
+import urllib3
+
+from driver.errors import ApiUnavailable, TrancheError
+from driver.kube.kubeconfig import Credentials, load
+
+log = logging.getLogger(__name__)
+
+RESOURCE_V1 = "/apis/resource.k8s.io/v1"
+TOKEN_REFRESH_S = 60.0
+POOL_SIZE = 16
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RawAnswer:
+    """The API server's answer to one request, undecoded."""
+
+    status: int
+    reason: str
+    body: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status <= 299
+
+    def json(self) -> Json:
+        """The body as a JSON object (``{}`` when empty); ValueError when it is not one."""
+        doc = json.loads(self.body) if self.body else {}
+        if not isinstance(doc, dict):
+            raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
+        return doc
+
+    def message(self) -> str:
+        """The ``message`` of a ``Status`` answer, else the start of the body."""
+        with contextlib.suppress(ValueError, LookupError, TypeError):
+            return str(json.loads(self.body)["message"])
+        return self.body.decode(errors="replace")[:300]
+
+
+class ApiError(TrancheError):
+    """The API server answered an error status. ``body`` is the answer as text, ``message``
+    the ``Status`` message (else the start of the body)."""
+
+    def __init__(self, method: str, path: str, answer: RawAnswer) -> None:
+        self.status = answer.status
+        self.reason = answer.reason
+        self.body = answer.body.decode(errors="replace")
+        self.message = answer.message()
+        super().__init__(f"{method} {path}: HTTP {self.status} {self.reason}: {self.message}")
+
+
+class ApiUnreachable(ApiUnavailable):
+    """No answer from the API server; ``detail`` is the transport error."""
+
+    def __init__(self, method: str, path: str, server: str, error: BaseException) -> None:
+        self.detail = f"{type(error).__name__}: {error}"
+        super().__init__(f"{method} {path}: the API server {server} is unreachable ({self.detail})")
+
+
+class KubeClient:
+    """One API server and its credentials; thread-safe; :meth:`close` releases connections."""
+
+    def __init__(
+        self,
+        credentials: Credentials,
+        *,
+        pool_size: int = POOL_SIZE,
+        token_refresh_s: float = TOKEN_REFRESH_S,
+    ) -> None:
+        self.server = credentials.server.rstrip("/")
+        self._creds = credentials
+        self._token_refresh_s = token_refresh_s
+        self._token_lock = threading.Lock()
+        self._token: tuple[float, str | None] = (-1.0, credentials.token)
+        kwargs: dict[str, Any] = {}
+        if self.server.startswith("https:"):
+            kwargs["ssl_context"] = _ssl_context(credentials)
+            if credentials.tls_server_name:
+                kwargs["server_hostname"] = credentials.tls_server_name
+            if credentials.insecure:
+                kwargs["cert_reqs"] = ssl.CERT_NONE
+        self._pool = urllib3.PoolManager(num_pools=2, maxsize=pool_size, retries=False, **kwargs)
+
+    @classmethod
+    def connect(
+        cls,
+        kubeconfig: str | Path | None,
+        *,
+        flag: str = "--kubeconfig",
+        environ: Mapping[str, str] | None = None,
+    ) -> KubeClient:
+        """A client for the kubeconfig the selection rule picks (:mod:`driver.kube.kubeconfig`);
+        ConfigError naming ``flag`` or the file when there is none usable."""
+        return cls(load(kubeconfig, flag=flag, environ=environ))
+
+    def close(self) -> None:
+        self._pool.clear()
+
+    def __enter__(self) -> KubeClient:
+        return self
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        timeout_s: float = 30.0,
+    ) -> RawAnswer:
+        """One request; every HTTP status comes back as an answer."""
+        try:
+            resp = self._pool.request(
+                method,
+                self._url(path, query),
+                body=_encode(body),
+                headers=self._headers(content_type if body is not None else None),
+                timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
+                retries=False,
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise ApiUnreachable(method, path, self.server, e) from e
+        return RawAnswer(resp.status, str(resp.reason or ""), resp.data)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        timeout_s: float = 30.0,
+    ) -> Json:
+        """The answer as a JSON object (``{}`` when empty). ApiError for an error status,
+        ApiUnreachable without an answer, ValueError when the answer is not a JSON object."""
+        answer = self.send(
+            method, path, body=body, query=query, content_type=content_type, timeout_s=timeout_s
+        )
+        if not answer.ok:
+            raise ApiError(method, path, answer)
+        return answer.json()
+
+    def watch(
+        self,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        *,
+        timeout_s: int = 300,
+        connect_timeout_s: float = 10.0,
+    ) -> Watch:
+        """Open a watch of the collection at ``path``; the server ends it after ``timeout_s``."""
+        params = {**(query or {}), "watch": "true", "timeoutSeconds": str(timeout_s)}
+        try:
+            resp = self._pool.request(
+                "GET",
+                self._url(path, params),
+                headers=self._headers(None),
+                timeout=urllib3.Timeout(connect=connect_timeout_s, read=timeout_s + 10.0),
+                retries=False,
+                preload_content=False,
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise ApiUnreachable("WATCH", path, self.server, e) from e
+        if not 200 <= resp.status <= 299:
+            try:
+                answer = RawAnswer(resp.status, str(resp.reason or ""), resp.read())
+            finally:
+                resp.release_conn()
+            raise ApiError("WATCH", path, answer)
+        return Watch(resp, path, self.server)
+
+    def _url(self, path: str, query: Mapping[str, str] | None) -> str:
+        return f"{self.server}{path}" + (f"?{urlencode(query)}" if query else "")
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        token = self._bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _bearer(self) -> str | None:
+        path = self._creds.token_file
+        if path is None:
+            return self._creds.token
+        with self._token_lock:
+            read_at, token = self._token
+            now = time.monotonic()
+            if read_at < 0 or now - read_at >= self._token_refresh_s:
+                try:
+                    token = Path(path).read_text().strip() or token
+                except OSError as e:  # keep the last token; the next request tries again
+                    log.warning("token file unreadable path=%s error=%s", path, e)
+                    if token is None:
+                        raise ApiUnavailable(f"bearer token file {path}: {e}") from e
+                else:
+                    self._token = (now, token)
+            return token
+
+
+class Watch:
+    """The events of one watch, each a decoded JSON object (``type``, ``object``).
+
+    Iterate in one thread; :meth:`close` from any thread ends the iteration quietly.
+    Lines that are not JSON objects are skipped.
+    """
+
+    def __init__(self, response: urllib3.BaseHTTPResponse, path: str, server: str) -> None:
+        self._resp = response
+        self._path = path
+        self._server = server
+        self._closed = threading.Event()
+
+    def __iter__(self) -> Iterator[Json]:
+        pending = b""
+        try:
+            for chunk in self._resp.stream(None, decode_content=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    event = _event(line)
+                    if event is not None:
+                        yield event
+                if self._closed.is_set():
+                    return
+            event = _event(pending)
+            if event is not None:
+                yield event
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            if self._closed.is_set():
+                return
+            raise ApiUnreachable("WATCH", self._path, self._server, e) from e
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with contextlib.suppress(Exception):
+            self._resp.shutdown()
+        with contextlib.suppress(Exception):
+            self._resp.release_conn()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _event(line: bytes) -> Json | None:
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        log.debug("watch line is not JSON line=%r", line[:200])
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _encode(body: object) -> bytes | None:
+    if body is None or isinstance(body, bytes):
+        return body
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _ssl_context(creds: Credentials) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=creds.ca_file, cadata=creds.ca_data)
+    if creds.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    cert, key = creds.cert_data or creds.cert_file, creds.key_data or creds.key_file
+    if cert and key:
+        with (
+            _pem_path(creds.cert_data, creds.cert_file) as c,
+            _pem_path(creds.key_data, creds.key_file) as k,
+        ):
+            ctx.load_cert_chain(c, k)
+    return ctx
+
+
+@contextlib.contextmanager
+def _pem_path(data: str | None, path: str | None) -> Iterator[str]:
+    """A file name for PEM ``data`` (``ssl`` loads keys only from files): an anonymous
+    in-memory file where Linux has them, else a private temporary file; removed after."""
+    if data is None:
+        if path is None:
+            raise ValueError("no PEM data and no file")
+        yield path
+        return
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("tranche-pem")
+        try:
+            os.write(fd, data.encode())
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    fd, name = tempfile.mkstemp(prefix="tranche-pem-")
+    try:
+        os.write(fd, data.encode())
+        os.close(fd)
+        yield name
+    finally:
+        Path(name).unlink()

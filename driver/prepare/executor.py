@@ -1,0 +1,625 @@
+"""The prepare/unprepare executor: checkpoint first, two phases, crash-safe.
+
+:class:`DeviceState` turns a claim into a :class:`~driver.prepare.plan.Plan` (pure), then
+under a node-wide file lock:
+
+prepare
+    read the checkpoint; a ``PrepareCompleted`` claim returns its recorded answer
+    (the same every time); a ``PrepareStarted`` claim is rolled back; the guards
+    (exclusivity, and any the caller adds) run; ``PrepareStarted`` is recorded;
+    each step is applied; the CDI spec is written; ``PrepareCompleted`` is recorded.
+unprepare
+    undo the steps in reverse, remove the CDI spec, drop the claim (its
+    allocation record moves to the history). An unknown claim succeeds.
+
+Step kinds are applied by :class:`StepHandler` objects keyed by kind, so a new
+sharing mode adds a handler, not branches here. A plan with a step kind that
+has no handler fails that claim with a clear message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from driver.api import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
+from driver.checkpoint.store import (
+    AllocatedDeviceRecord,
+    AllocationRecord,
+    Checkpoint,
+    CheckpointData,
+    ClaimRecord,
+    LoadStatus,
+    PodRecord,
+    PreparedDeviceRecord,
+)
+from driver.devices.inventory import Inventory
+from driver.errors import (
+    ClaimError,
+    DeviceNotFound,
+    NvmlError,
+    RetryableError,
+    TrancheError,
+    TrustViolation,
+    error_reason,
+)
+from driver.faults import NO_FAULTS, FaultPoints
+from driver.nvml.types import DeviceProbe
+from driver.prepare.cdi import (
+    CdiSpecs,
+    ContainerEdits,
+    claim_devices,
+    claim_edits,
+    device_id,
+    device_name,
+)
+from driver.prepare.claims import ClaimAllocation, parse_claim
+from driver.prepare.plan import (
+    AttachGpu,
+    Plan,
+    PlannedDevice,
+    SetTimeSlice,
+    ShareTarget,
+    Step,
+    build_plan,
+)
+from driver.prepare.trust_check import check_claim, mechanism_of
+from driver.trust.policy import Tenancy
+
+log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT_S = 10.0
+
+
+class GpuControl(Protocol):
+    """The part of the NVML facade (:class:`driver.nvml.facade.Nvml`) the executor uses."""
+
+    def probe(self, uuid: str) -> DeviceProbe: ...
+
+    def set_timeslice(self, uuid: str, level: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What applying a step found out: device UUIDs and extra CDI edits per device."""
+
+    uuids: Mapping[str, str] = field(default_factory=dict)
+    edits: Mapping[str, ContainerEdits] = field(default_factory=dict)
+
+
+class StepHandler(Protocol):
+    """Applies and undoes one kind of step. Both must be safe to repeat.
+
+    ``others`` in :meth:`undo` are the plans of the other claims still recorded,
+    so a per-GPU setting is reset only when no other claim relies on it.
+    """
+
+    def apply(self, step: Step, plan: Plan) -> StepOutcome: ...
+
+    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None: ...
+
+
+@runtime_checkable
+class Reconciler(Protocol):
+    """A handler that also owns state outside the checkpoint (MIG instances, daemons).
+
+    :meth:`DeviceState.recover` calls :meth:`reconcile` after its roll-backs with the
+    plans of the claims still prepared: the handler adopts what they use and removes
+    what nothing uses. It returns one line per thing it changed, for the report.
+    """
+
+    def reconcile(self, plans: Sequence[Plan]) -> Sequence[str]: ...
+
+
+@runtime_checkable
+class SharedSetting(Protocol):
+    """A handler whose step sets something per GPU that several claims rely on.
+
+    Before applying a step the executor asks :meth:`in_effect` with the plans of the
+    other claims prepared in this boot: a setting one of them already put in effect
+    (and that stays until its last user leaves) is not set again. Setting a time
+    slice runs ``nvidia-smi``, so 30 claims time-sliced on one GPU run it once.
+    """
+
+    def in_effect(self, step: Step, others: Sequence[Plan]) -> bool: ...
+
+
+def check_gpu_usable(probe: Callable[[str], DeviceProbe], step: AttachGpu) -> None:
+    """NvmlError naming the device unless the step's GPU answers NVML healthy."""
+    found = probe(step.gpu_uuid)
+    if not found.healthy:
+        raise NvmlError(
+            f"device {step.device}: GPU {step.gpu_uuid} is not usable: {found.detail}",
+            found.code,
+        )
+
+
+class AttachGpuHandler:
+    """Whole GPUs: check the GPU answers NVML; nothing to change, nothing to undo."""
+
+    def __init__(self, nvml: GpuControl) -> None:
+        self._nvml = nvml
+
+    def apply(self, step: Step, plan: Plan) -> StepOutcome:
+        assert isinstance(step, AttachGpu)
+        check_gpu_usable(self._nvml.probe, step)
+        return StepOutcome(uuids={step.device: step.gpu_uuid})
+
+    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+        return None
+
+
+TIMESLICE_LEVELS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+
+
+class TimeSliceHandler:
+    """Set a GPU's time-slice interval; reset it to Default when its last user leaves."""
+
+    def __init__(self, nvml: GpuControl) -> None:
+        self._nvml = nvml
+
+    def apply(self, step: Step, plan: Plan) -> StepOutcome:
+        assert isinstance(step, SetTimeSlice)
+        self._nvml.set_timeslice(step.gpu_uuid, TIMESLICE_LEVELS[step.interval])
+        return StepOutcome()
+
+    def in_effect(self, step: Step, others: Sequence[Plan]) -> bool:
+        assert isinstance(step, SetTimeSlice)
+        return any(
+            isinstance(s, SetTimeSlice)
+            and s.gpu_uuid == step.gpu_uuid
+            and s.interval == step.interval
+            for other in others
+            for s in other.steps
+        )
+
+    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+        assert isinstance(step, SetTimeSlice)
+        still_used = any(
+            isinstance(s, SetTimeSlice) and s.gpu_uuid == step.gpu_uuid
+            for other in others
+            for s in other.steps
+        )
+        if not still_used:
+            self._nvml.set_timeslice(step.gpu_uuid, TIMESLICE_LEVELS["Default"])
+
+
+Guard = Callable[[ClaimAllocation, Plan, CheckpointData], None]
+
+
+def _overlaps(a: PlannedDevice, b: PlannedDevice) -> bool:
+    if a.device == b.device:
+        return True
+    # A whole GPU overlaps every MIG device carved from it.
+    return a.gpu_uuid == b.gpu_uuid and "gpu" in (a.type, b.type)
+
+
+def _may_share(a: PlannedDevice, b: PlannedDevice) -> bool:
+    if a.admin_access or b.admin_access:
+        return True
+    if a.device == b.device and a.share_id and b.share_id:
+        return a.sharing == b.sharing  # consumable capacity: shares, identical config
+    return a.device == b.device and a.sharing.strategy != "Exclusive" and a.sharing == b.sharing
+
+
+def exclusivity_guard(allocation: ClaimAllocation, plan: Plan, state: CheckpointData) -> None:
+    """Refuse a device another claim holds, unless both share it the same way."""
+    for other in state.claims.values():
+        if other.uid == plan.claim_uid:
+            continue
+        for mine in plan.devices:
+            for theirs in other.plan.devices:
+                if _overlaps(mine, theirs) and not _may_share(mine, theirs):
+                    raise ClaimError(
+                        f"claim {allocation.key}: device {mine.device} ({mine.sharing.strategy}) "
+                        f"overlaps {theirs.device} ({theirs.sharing.strategy}) already prepared "
+                        f"for claim {other.namespace}/{other.name} ({other.uid}); the GPU is "
+                        "not shared between them"
+                    )
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What start-up recovery did; the plugin turns ``checkpoint`` problems into Events."""
+
+    checkpoint: LoadStatus
+    rolled_back: tuple[str, ...] = ()
+    revalidated: tuple[str, ...] = ()
+    failed: Mapping[str, str] = field(default_factory=dict)
+    orphan_specs_removed: tuple[str, ...] = ()
+    reconciled: tuple[str, ...] = ()  # what handlers (MIG, MPS) cleaned up or adopted
+
+
+class DeviceState:
+    """Prepares and unprepares claims on this node; safe across threads and processes."""
+
+    def __init__(
+        self,
+        nvml: GpuControl,
+        inventory: Inventory,
+        cdi: CdiSpecs,
+        checkpoint: Checkpoint,
+        *,
+        lock_path: Path,
+        driver_name: str,
+        node_name: str,
+        handlers: Mapping[str, StepHandler] | None = None,
+        guards: Sequence[Guard] = (exclusivity_guard,),
+        faults: FaultPoints = NO_FAULTS,
+        clock: Callable[[], float] = time.time,
+        lock_timeout_s: float = LOCK_TIMEOUT_S,
+        shares: Mapping[str, ShareTarget] | None = None,
+    ) -> None:
+        self.inventory = inventory
+        self.cdi = cdi
+        self.checkpoint = checkpoint
+        self.lock_path = lock_path
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.handlers: dict[str, StepHandler] = {
+            "attach-gpu": AttachGpuHandler(nvml),
+            "set-time-slice": TimeSliceHandler(nvml),
+        }
+        self.handlers.update(handlers or {})
+        self._guards = tuple(guards)
+        self._faults = faults
+        self._clock = clock
+        self._lock_timeout_s = lock_timeout_s
+        self._thread_lock = threading.Lock()
+        self.shares: Mapping[str, ShareTarget] = dict(shares or {})
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The node-wide lock: a thread lock, then ``flock`` on the lock file."""
+        deadline = time.monotonic() + self._lock_timeout_s
+        if not self._thread_lock.acquire(timeout=self._lock_timeout_s):
+            raise RetryableError(f"lock {self.lock_path}: busy for {self._lock_timeout_s}s")
+        try:
+            self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError as e:
+                        if time.monotonic() > deadline:
+                            raise RetryableError(
+                                f"lock {self.lock_path}: held by another process for "
+                                f"{self._lock_timeout_s}s"
+                            ) from e
+                        time.sleep(0.05)
+                yield
+            finally:
+                os.close(fd)
+        finally:
+            self._thread_lock.release()
+
+    def _load(self) -> CheckpointData:
+        state, status = self.checkpoint.load(locked=True)
+        if status.kind == "corrupt":
+            log.error("checkpoint problem kind=%s message=%s", status.kind, status.message)
+        return state
+
+    # prepare ---------------------------------------------------------------
+
+    def prepare(
+        self,
+        claim: Mapping[str, Any],
+        ref: ClaimRef,
+        tenancy: Tenancy | None = None,
+        on_refused: Callable[[TrustViolation], None] | None = None,
+    ) -> PrepareResult:
+        """Prepare one claim (the API object as JSON); errors are the result's ``error``.
+
+        With ``tenancy`` (the claim's namespace resolved by ``driver.trust.policy``), trust
+        levels are checked against every claim on the node (``driver.prepare.trust_check``),
+        before any other guard, and recorded with the claim; a refusal is also
+        handed to ``on_refused`` (called under the lock: it must be quick). A claim
+        already prepared keeps its answer whatever its namespace's level is now.
+        """
+        planned: tuple[ClaimAllocation, Plan] | None = None
+        problem: TrancheError | None = None
+        try:
+            allocation = parse_claim(
+                claim,
+                ref,
+                driver_name=self.driver_name,
+                node_name=self.node_name,
+                device_names=_Names(self.inventory, self.shares),
+            )
+            planned = (allocation, build_plan(allocation, self.inventory, self.shares))
+        except TrancheError as e:
+            problem = e
+        try:
+            with self._locked():
+                return self._prepare_locked(ref, planned, problem, tenancy, on_refused)
+        except (TrancheError, OSError) as e:
+            return PrepareResult(
+                error=f"claim {ref.namespace}/{ref.name}: {e}", reason=error_reason(e)
+            )
+
+    def _prepare_locked(
+        self,
+        ref: ClaimRef,
+        planned: tuple[ClaimAllocation, Plan] | None,
+        problem: TrancheError | None,
+        tenancy: Tenancy | None = None,
+        on_refused: Callable[[TrustViolation], None] | None = None,
+    ) -> PrepareResult:
+        self._faults.reached("prepare:after-lock")
+        state = self._load()
+        record = state.claims.get(ref.uid)
+        if record is not None and record.state == "PrepareCompleted":
+            return _answer(record)
+        if record is not None:
+            self._roll_back(state, record)
+            self._faults.reached("prepare:after-rollback")
+        if planned is None:
+            assert problem is not None
+            return PrepareResult(error=str(problem), reason=error_reason(problem))
+        allocation, plan = planned
+        try:
+            if tenancy is not None:
+                check_claim(allocation, plan, state, tenancy, self.node_name)
+            for guard in self._guards:
+                guard(allocation, plan, state)
+            missing = sorted({s.kind for s in plan.steps if s.kind not in self.handlers})
+            if missing:
+                raise ClaimError(
+                    f"claim {allocation.key}: this node cannot yet do {', '.join(missing)} "
+                    "(no handler); choose another sharing strategy or device"
+                )
+        except TrancheError as e:
+            if isinstance(e, TrustViolation) and on_refused is not None:
+                on_refused(e)
+            return PrepareResult(error=str(e), reason=error_reason(e))
+
+        now = self._clock()
+        record = ClaimRecord(
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            state="PrepareStarted",
+            plan=plan,
+            started_at=now,
+            tenant=tenancy.tenant if tenancy else None,
+            trust_level=tenancy.level.value if tenancy else None,
+            sharing_group=tenancy.sharing_group if tenancy else None,
+        )
+        self.checkpoint.put(record)
+        state.claims[ref.uid] = record
+        self._faults.reached("prepare:after-started")
+        try:
+            done = [
+                c.plan
+                for c in state.claims.values()
+                if c.state == "PrepareCompleted" and c.uid != ref.uid
+            ]
+            devices, uuids = self._apply(ref, plan, done)
+        except (TrancheError, OSError) as e:
+            log.warning("prepare failed claim_uid=%s error=%s; rolling back", ref.uid, e)
+            self._roll_back(state, record)
+            return PrepareResult(error=f"claim {allocation.key}: {e}", reason=error_reason(e))
+        completed_at = self._clock()
+        allocated = _allocation_record(allocation, plan, uuids, completed_at)
+        record = record.model_copy(
+            update={
+                "state": "PrepareCompleted",
+                "completed_at": completed_at,
+                "devices": devices,
+                "device_uuids": uuids,
+                "allocation": allocated.model_copy(update={"tenant": record.tenant}),
+            }
+        )
+        self.checkpoint.put(record)
+        self._faults.reached("prepare:after-completed")
+        log.debug(
+            "prepared claim_uid=%s claim=%s devices=%d", ref.uid, allocation.key, len(devices)
+        )
+        return _answer(record)
+
+    def _apply(
+        self, ref: ClaimRef, plan: Plan, done: Sequence[Plan] = ()
+    ) -> tuple[tuple[PreparedDeviceRecord, ...], dict[str, str]]:
+        """Apply the plan's steps and write its CDI spec; ``done``: the plans of the other
+        claims prepared in this boot, whose per-GPU settings are in effect."""
+        uuids = {d.device: d.uuid for d in plan.devices if d.uuid}
+        extra: dict[str, ContainerEdits] = {}
+        for step in plan.steps:
+            handler = self.handlers[step.kind]
+            if isinstance(handler, SharedSetting) and handler.in_effect(step, done):
+                self._faults.reached("prepare:after-step")
+                continue
+            outcome = handler.apply(step, plan)
+            uuids.update(outcome.uuids)
+            for name, edits in outcome.edits.items():
+                extra[name] = extra.get(name, ContainerEdits()) + edits
+            self._faults.reached("prepare:after-step")
+        self.cdi.write(ref.uid, claim_devices(ref, plan.devices, uuids, extra), claim_edits(ref))
+        self._faults.reached("prepare:after-cdi")
+        devices = tuple(
+            PreparedDeviceRecord(
+                request_names=(d.base_request,),
+                pool_name=d.pool,
+                device_name=d.device,
+                cdi_device_ids=(device_id(device_name(ref.uid, d.device, d.share_id)),),
+                share_id=d.share_id,
+            )
+            for d in plan.devices
+        )
+        return devices, uuids
+
+    def _roll_back(self, state: CheckpointData, record: ClaimRecord) -> None:
+        """Undo a claim's steps, remove its spec and record; keep it if an undo fails."""
+        self._undo(state, record)
+        self.cdi.remove(record.uid)
+        self.checkpoint.remove(record.uid)
+        state.claims.pop(record.uid, None)
+        log.info("rolled back claim_uid=%s state=%s", record.uid, record.state)
+
+    def _undo(self, state: CheckpointData, record: ClaimRecord) -> None:
+        others = [c.plan for uid, c in state.claims.items() if uid != record.uid]
+        for step in reversed(record.plan.steps):
+            handler = self.handlers.get(step.kind)
+            if handler is None:
+                raise ClaimError(
+                    f"claim {record.namespace}/{record.name}: cannot undo step {step.kind} "
+                    "(no handler on this node)"
+                )
+            handler.undo(step, record.plan, others)
+            self._faults.reached("unprepare:after-undo-step")
+
+    # unprepare -------------------------------------------------------------
+
+    def unprepare(self, ref: ClaimRef) -> UnprepareResult:
+        """Unprepare from the checkpoint alone; a claim this node does not hold succeeds."""
+        try:
+            with self._locked():
+                self._faults.reached("unprepare:after-lock")
+                state = self._load()
+                record = state.claims.get(ref.uid)
+                if record is None:
+                    return UnprepareResult()
+                mode = plan_mode(record.plan)
+                self._undo(state, record)
+                self.cdi.remove(ref.uid)
+                self._faults.reached("unprepare:after-cdi-removed")
+                ended = None
+                if record.allocation is not None:
+                    ended = record.allocation.model_copy(update={"unprepared_at": self._clock()})
+                self.checkpoint.remove(ref.uid, ended)
+                self._faults.reached("unprepare:after-removed")
+        except (TrancheError, OSError) as e:
+            return UnprepareResult(
+                error=f"claim {ref.namespace}/{ref.name}: {e}", reason=error_reason(e)
+            )
+        log.debug("unprepared claim_uid=%s claim=%s/%s", ref.uid, ref.namespace, ref.name)
+        return UnprepareResult(mode=mode)
+
+    # start-up --------------------------------------------------------------
+
+    def recover(self) -> RecoveryReport:
+        """Start-up: roll back half-prepared claims, re-validate after a reboot, sweep specs.
+
+        A checkpoint from another boot keeps its claims (the kubelet still counts
+        them as prepared) but every step is applied again and every CDI spec is
+        rewritten: device state and ``/var/run/cdi`` did not survive the reboot.
+        A claim whose devices fail that check stays recorded, so unprepare still
+        works, and is listed in ``failed``.
+        """
+        with self._locked():
+            self.checkpoint.remove_temporaries()
+            state, status = self.checkpoint.load(locked=True)
+            rolled_back, revalidated, failed = [], [], {}
+            for record in list(state.claims.values()):
+                if record.state == "PrepareStarted":
+                    try:
+                        self._roll_back(state, record)
+                        rolled_back.append(record.uid)
+                    except (TrancheError, OSError) as e:
+                        failed[record.uid] = str(e)
+                elif status.kind == "other-boot":
+                    ref = ClaimRef(record.uid, record.namespace, record.name)
+                    try:
+                        _, uuids = self._apply(ref, record.plan)
+                        state.claims[record.uid] = record.model_copy(update={"device_uuids": uuids})
+                        revalidated.append(record.uid)
+                    except (TrancheError, OSError) as e:
+                        failed[record.uid] = str(e)
+                        log.error("re-validation failed claim_uid=%s error=%s", record.uid, e)
+            if status.kind == "other-boot":
+                self.checkpoint.save(state)  # every claim now carries this boot's id
+            reconciled = self._reconcile(state)
+            removed = self.cdi.sweep(
+                uid for uid, r in state.claims.items() if r.state == "PrepareCompleted"
+            )
+        if status.kind not in ("ok", "new"):
+            log.warning("checkpoint recovered kind=%s message=%s", status.kind, status.message)
+        return RecoveryReport(
+            checkpoint=status,
+            rolled_back=tuple(rolled_back),
+            revalidated=tuple(revalidated),
+            failed=failed,
+            orphan_specs_removed=tuple(removed),
+            reconciled=tuple(reconciled),
+        )
+
+    def _reconcile(self, state: CheckpointData) -> list[str]:
+        plans = [r.plan for r in state.claims.values() if r.state == "PrepareCompleted"]
+        done: list[str] = []
+        for handler in {id(h): h for h in self.handlers.values()}.values():
+            if isinstance(handler, Reconciler):
+                done.extend(handler.reconcile(plans))
+        return done
+
+
+class _Names:
+    """Device-name membership backed by the inventory and the published share devices."""
+
+    def __init__(self, inventory: Inventory, shares: Mapping[str, ShareTarget]) -> None:
+        self._inventory = inventory
+        self._shares = shares
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        if name in self._shares:
+            return True
+        try:
+            self._inventory.device(name)
+        except DeviceNotFound:
+            return False
+        return True
+
+
+def plan_mode(plan: Plan) -> str:
+    """The metrics label of a plan: its devices' mechanism, or ``mixed``."""
+    modes = {mechanism_of(d).value for d in plan.devices}
+    return modes.pop() if len(modes) == 1 else ("mixed" if modes else "none")
+
+
+def _answer(record: ClaimRecord) -> PrepareResult:
+    return PrepareResult(
+        mode=plan_mode(record.plan),
+        devices=tuple(
+            PreparedDevice(
+                request_names=d.request_names,
+                pool_name=d.pool_name,
+                device_name=d.device_name,
+                cdi_device_ids=d.cdi_device_ids,
+                share_id=d.share_id,
+            )
+            for d in record.devices
+        ),
+    )
+
+
+def _allocation_record(
+    allocation: ClaimAllocation, plan: Plan, uuids: Mapping[str, str], at: float
+) -> AllocationRecord:
+    return AllocationRecord(
+        claim_uid=allocation.ref.uid,
+        namespace=allocation.ref.namespace,
+        claim=allocation.ref.name,
+        pods=tuple(PodRecord(name=p.name, uid=p.uid) for p in allocation.reserved_for),
+        devices=tuple(
+            AllocatedDeviceRecord(
+                name=d.device,
+                uuid=uuids.get(d.device, d.gpu_uuid),
+                gpu_uuid=d.gpu_uuid,
+                mode=d.sharing.strategy,
+                share_id=d.share_id,
+            )
+            for d in plan.devices
+        ),
+        prepared_at=at,
+    )

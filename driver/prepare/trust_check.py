@@ -1,0 +1,102 @@
+"""Trust levels at prepare: the new claim against every claim the checkpoint holds.
+
+Pure: :func:`check_claim` turns the new claim's plan and every recorded claim into
+:class:`driver.trust.policy.Consumer` values and lets :func:`driver.trust.policy.check_prepare`
+judge them. The executor (:mod:`driver.prepare.executor`) calls it under the node-wide lock,
+before any other guard, whenever the caller passes the claim's tenancy.
+
+How a planned device is held (its :class:`~driver.trust.policy.Mechanism`):
+
+* a share of a multi-allocatable device (the allocation has a ``shareID``):
+  ``mps`` with the MPS strategy, otherwise ``timeslice``: other claims hold the
+  same device at the same time;
+* otherwise a MIG device is ``mig`` and a whole GPU is ``gpu``, whatever the
+  sharing strategy *inside* the claim (time-slicing or MPS between one claim's
+  own pods shares nothing with other tenants; two claims on one such device are
+  judged as two holders of one whole GPU, which only one tenant may be);
+* a device with admin access is not judged: it is a cluster administrator's
+  grant, gated by the API server (``resource.kubernetes.io/admin-access``).
+
+A recorded claim without tenancy (written by an older plugin) or with a level this
+version does not know fails closed: it counts as a ``dedicated`` tenant of its own
+that shares with nobody.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from driver.checkpoint.store import CheckpointData, ClaimRecord
+from driver.prepare.claims import ClaimAllocation
+from driver.prepare.plan import Plan, PlannedDevice
+from driver.trust.policy import (
+    ColocationRefused,
+    Consumer,
+    Mechanism,
+    Tenancy,
+    TrustLevel,
+    check_prepare,
+)
+
+UNRECORDED_PREFIX = "unrecorded:"
+_LEVELS = frozenset(level.value for level in TrustLevel)
+
+
+def mechanism_of(device: PlannedDevice) -> Mechanism:
+    """How ``device`` is held with respect to other claims."""
+    if device.share_id is not None:
+        return Mechanism.MPS if device.sharing.strategy == "MPS" else Mechanism.TIMESLICE
+    return Mechanism.MIG if device.type == "mig" else Mechanism.GPU
+
+
+def recorded_tenancy(record: ClaimRecord) -> Tenancy:
+    """The tenancy a checkpoint record holds; missing or unknown data fails closed."""
+    try:
+        level = TrustLevel(record.trust_level) if record.trust_level is not None else None
+    except ValueError:
+        level = None
+    if record.tenant is None or level is None:
+        return Tenancy(
+            record.namespace, f"{UNRECORDED_PREFIX}{record.namespace}", TrustLevel.DEDICATED, None
+        )
+    return Tenancy(record.namespace, record.tenant, level, record.sharing_group)
+
+
+def consumers(claim: str, tenancy: Tenancy, plan: Plan, node: str) -> Iterator[Consumer]:
+    """One consumer per device of ``plan`` that trust rules judge."""
+    for d in plan.devices:
+        if d.admin_access:
+            continue
+        yield Consumer(claim, tenancy, mechanism_of(d), node, d.gpu_uuid, d.device)
+
+
+def _same_tenant(record: ClaimRecord, tenancy: Tenancy) -> bool:
+    """Whether ``record`` is held by the new claim's tenant, whom no pair rule refuses
+    (:func:`driver.trust.policy.judge_pair`): skipping such records keeps a prepare on a node
+    full of one tenant's claims from judging every one of them. A record whose tenancy
+    fails closed (no tenant, or a level this version does not know: see
+    :func:`recorded_tenancy`) is never the same tenant."""
+    return record.tenant == tenancy.tenant and record.trust_level in _LEVELS
+
+
+def check_claim(
+    allocation: ClaimAllocation, plan: Plan, state: CheckpointData, tenancy: Tenancy, node: str
+) -> None:
+    """Raise :class:`ColocationRefused` (message naming the claim) if trust levels forbid it.
+
+    ``state`` holds every claim prepared or being prepared on the node; the new
+    claim's own record, if any, is ignored.
+    """
+    others = [
+        c
+        for record in state.claims.values()
+        if record.uid != plan.claim_uid and not _same_tenant(record, tenancy)
+        for c in consumers(record.uid, recorded_tenancy(record), record.plan, node)
+    ]
+    for new in consumers(plan.claim_uid, tenancy, plan, node):
+        try:
+            check_prepare(new, others)
+        except ColocationRefused as e:
+            raise ColocationRefused(
+                f"claim {allocation.key}: {e}", e.reason, e.tenant, e.other_tenant
+            ) from e

@@ -1,0 +1,177 @@
+"""Device lookup, rule naming and the cluster listing, without a cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.devices.cluster import render_table, rows
+from controller.devices.lookup import (
+    ClusterDevice,
+    ClusterView,
+    devices_from_slices,
+    find_device,
+    rule_selects,
+)
+from controller.devices.taint import admin_rules, rule_body, rule_name
+from driver.errors import DeviceNotFound
+
+DRIVER = "gpu.tranche.dev"
+
+
+def device(name: str, uuid: str, type_: str = "gpu", parent: str = "") -> dict[str, object]:
+    attrs: dict[str, object] = {"type": {"string": type_}}
+    if uuid:
+        attrs["uuid"] = {"string": uuid}
+    if parent:
+        attrs["parentUUID"] = {"string": parent}
+    return {"name": name, "attributes": attrs}
+
+
+def slice_(node: str, generation: int, devices: list[dict[str, object]]) -> dict[str, object]:
+    return {
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": devices,
+        }
+    }
+
+
+SLICES = [
+    slice_("node-a", 1, [device("gpu-old00000", "GPU-old")]),  # replaced by generation 2
+    slice_(
+        "node-a",
+        2,
+        [
+            device("gpu-1a2b3c4d", "GPU-1a2b3c4d-0000"),
+            device("gpu-1a2b3c4d-mig-1g10gb-0", "", "mig", "GPU-1a2b3c4d-0000"),
+        ],
+    ),
+    slice_("node-b", 1, [device("gpu-9f8e7d6c", "GPU-9f8e7d6c-0000")]),
+    slice_("node-c", 1, [device("gpu-5555aaaa-mig-1g10gb-0", "MIG-1", "mig", "GPU-5555aaaa")]),
+]
+DEVICES = devices_from_slices(SLICES)
+
+
+def test_only_the_newest_pool_generation_counts() -> None:
+    assert [d.label for d in DEVICES] == [
+        "node-a/gpu-1a2b3c4d",
+        "node-a/gpu-1a2b3c4d-mig-1g10gb-0",
+        "node-b/gpu-9f8e7d6c",
+        "node-c/gpu-5555aaaa-mig-1g10gb-0",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("node", "name", "found"),
+    [
+        ("node-a", "gpu-1a2b3c4d", "node-a/gpu-1a2b3c4d"),
+        ("node-b", "GPU-9f8e7d6c-0000", "node-b/gpu-9f8e7d6c"),
+        (None, "GPU-9f8e7d6c-0000", "node-b/gpu-9f8e7d6c"),
+        (None, "MIG-1", "node-c/gpu-5555aaaa-mig-1g10gb-0"),
+        (None, "node-a/gpu-1a2b3c4d-mig-1g10gb-0", "node-a/gpu-1a2b3c4d-mig-1g10gb-0"),
+    ],
+)
+def test_devices_by_name_or_uuid(node: str | None, name: str, found: str) -> None:
+    assert find_device(DEVICES, node, name).label == found
+
+
+@pytest.mark.parametrize(
+    ("node", "name", "message", "matches"),
+    [
+        (
+            "node-a",
+            "gpu-1a2b3c4e",
+            "device 'gpu-1a2b3c4e' does not exist on node 'node-a'",
+            ("gpu-1a2b3c4d",),
+        ),
+        ("node-x", "gpu-1a2b3c4d", "node 'node-x' has no devices", ("node-a", "node-b", "node-c")),
+        (
+            None,
+            "GPU-5555aaaa",
+            "GPU GPU-5555aaaa is not published as a whole device",
+            ("node-c/gpu-5555aaaa-mig-1g10gb-0",),
+        ),
+    ],
+)
+def test_unknown_devices_are_refused_with_close_matches(
+    node: str | None, name: str, message: str, matches: tuple[str, ...]
+) -> None:
+    with pytest.raises(DeviceNotFound, match=message) as err:
+        find_device(DEVICES, node, name)
+    assert set(matches) <= set(err.value.matches)
+
+
+def test_rule_selects_exactly_the_named_device() -> None:
+    target = find_device(DEVICES, "node-a", "gpu-1a2b3c4d")
+    rule = rule_body(target, "NoExecute", "fan failure")
+    assert rule["spec"] == {
+        "deviceSelector": {"driver": DRIVER, "pool": "node-a", "device": "gpu-1a2b3c4d"},
+        "taint": {"key": "gpu.tranche.dev/admin", "effect": "NoExecute"},
+    }
+    assert [d.label for d in DEVICES if rule_selects(rule, d)] == ["node-a/gpu-1a2b3c4d"]
+    assert not any(rule_selects({"spec": {}}, d) for d in DEVICES)
+    assert all(rule_selects({"spec": {"deviceSelector": {}}}, d) for d in DEVICES)
+    assert admin_rules([rule], "node-a", "gpu-1a2b3c4d") == [rule["metadata"]["name"]]
+    assert admin_rules([rule], "node-b", "gpu-1a2b3c4d") == []
+
+
+def test_rule_names_are_valid_and_stable() -> None:
+    assert rule_name("Node_A.example", "gpu-1") == "tranche-node-a.example-gpu-1"
+    long = rule_name("n" * 250, "gpu-1a2b3c4d")
+    assert len(long) <= 253
+    assert long == rule_name("n" * 250, "gpu-1a2b3c4d")
+    assert long != rule_name("n" * 250, "gpu-1a2b3c4e")
+
+
+def test_listing_shows_taints_health_and_holders() -> None:
+    tainted = [
+        {**d, "taints": [{"key": "gpu.tranche.dev/xid", "value": "79", "effect": "NoExecute"}]}
+        for d in SLICES[1]["spec"]["devices"]  # type: ignore[index]
+    ]
+    slices = [slice_("node-a", 2, tainted), SLICES[2]]
+    devices = devices_from_slices(slices)
+    rule = rule_body(find_device(devices, "node-b", "gpu-9f8e7d6c"), "NoSchedule", "maint")
+    claim = {
+        "metadata": {"namespace": "team-a", "name": "train"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "driver": DRIVER,
+                            "pool": "node-b",
+                            "device": "gpu-9f8e7d6c",
+                            "request": "g",
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    table = rows(ClusterView(tuple(devices), (rule,), (claim,)))
+    by_device = {r.device: r for r in table}
+    assert by_device["gpu-1a2b3c4d"].health == "Unhealthy"
+    assert by_device["gpu-1a2b3c4d"].taints == ("gpu.tranche.dev/xid=79:NoExecute",)
+    assert by_device["gpu-9f8e7d6c"].health == "Healthy"
+    assert by_device["gpu-9f8e7d6c"].taints == (
+        "gpu.tranche.dev/admin:NoSchedule [rule tranche-node-b-gpu-9f8e7d6c]",
+    )
+    assert by_device["gpu-9f8e7d6c"].claims == ("team-a/train",)
+    text = render_table(table)
+    assert text.splitlines()[0].split() == [
+        "NODE",
+        "DEVICE",
+        "TYPE",
+        "UUID",
+        "HEALTH",
+        "TAINTS",
+        "CLAIMS",
+    ]
+    assert "team-a/train" in text
+
+
+def test_device_label() -> None:
+    d = ClusterDevice(DRIVER, "p", "n", "gpu-1", "gpu", "GPU-1", "")
+    assert d.label == "n/gpu-1"

@@ -1,0 +1,354 @@
+"""``tranche report``: totals from real metrics endpoints and a Prometheus API peer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import urllib.parse
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.report.chart import render_svg
+from controller.report.cli import ReportSettings, add_arguments, build_report, run
+from controller.report.data import Snapshot, report_from_snapshots
+from driver.metrics import Metrics
+from driver.nvml.sim import SimControl, create_state, open_simulated
+from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
+
+POD_A = "3f1e2c9a-1b2c-4d5e-8f90-123456789abc"
+POD_B = "7d2a0b11-aaaa-4bbb-8ccc-0123456789de"
+POD_C = "c0ffee00-1111-4222-8333-444455556666"
+GIB = 1 << 30
+
+
+def cg(pod: str) -> str:
+    return f"0::/kubepods/burstable/pod{pod}/{'a' * 64}\n"
+
+
+class SimNode:
+    """A simulated H100 node: GPU 0 shared over MPS by two claims, a 3g MIG slice on GPU 1."""
+
+    def __init__(self) -> None:
+        store = create_state("dgx-h100")
+        self.nvml = open_simulated(store)
+        self.control = SimControl(store)
+        gpus = self.nvml.list_gpus()
+        self.gpu = gpus[0].uuid
+        self.nvml.set_mig_mode(gpus[1].uuid, True)
+        profile = next(p for p in self.nvml.gpu(gpus[1].uuid).mig_profiles if p.name == "3g.40gb")
+        self.mig = self.nvml.create_mig_instance(gpus[1].uuid, profile.id, 0).uuid
+        self.records = [
+            ClaimAllocation(
+                "a",
+                "ml",
+                "train",
+                "blue",
+                frozenset({POD_A}),
+                (HeldDevice.mps(self.gpu, "g", 50),),
+                0.0,
+            ),
+            ClaimAllocation(
+                "b",
+                "web",
+                "serve",
+                "green",
+                frozenset({POD_B}),
+                (HeldDevice.mps(self.gpu, "g", 50),),
+                0.0,
+            ),
+            ClaimAllocation(
+                "c",
+                "ml",
+                "eval",
+                "blue",
+                frozenset({POD_C}),
+                (HeldDevice.mig(self.mig, "m", 3),),
+                0.0,
+            ),
+        ]
+
+    def set_mps(self, a_sm: int, b_sm: int, device: int) -> None:
+        self.control.add_process(
+            self.gpu, 10, used_memory_bytes=4 * GIB, sm_util=a_sm, cgroup=cg(POD_A)
+        )
+        self.control.add_process(
+            self.gpu, 20, used_memory_bytes=8 * GIB, sm_util=b_sm, cgroup=cg(POD_B)
+        )
+        self.control.set_utilization(self.gpu, gpu_percent=device)
+
+    def set_mig(self, running: bool) -> None:
+        if running:
+            self.control.add_process(self.mig, 30, used_memory_bytes=2 * GIB, cgroup=cg(POD_C))
+        else:
+            self.control.remove_process(30)
+
+
+@dataclass
+class Plugin:
+    metrics: Metrics
+    registry: CollectorRegistry
+    url: str
+
+
+@pytest.fixture
+def plugin() -> Iterator[Plugin]:
+    """A plugin's metrics served by prometheus-client on 127.0.0.1."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        yield Plugin(metrics, registry, f"http://127.0.0.1:{server.server_port}/metrics")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def counters(registry: CollectorRegistry, name: str) -> dict[str, float]:
+    """Tenant counter values from the plugin's own registry, by tenant."""
+    text = generate_latest(registry).decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name:
+                out[s.labels["tenant"]] = out.get(s.labels["tenant"], 0.0) + s.value
+    return out
+
+
+def test_report_totals_equal_the_metrics_integrals(plugin: Plugin, tmp_path: Path) -> None:
+    registry, url = plugin.registry, plugin.url
+    now = [1000.0]
+    node = SimNode()
+    sampler = UsageSampler(node.nvml, lambda: node.records, plugin.metrics, clock=lambda: now[0])
+    baseline = tmp_path / "baseline.jsonl"
+    settings = ReportSettings(since_s=1200.0, metrics_urls=(url,), baseline=baseline)
+
+    # An earlier run (say, an hourly CronJob) stored a scrape at t=1000.
+    sampler.sample_once()
+    build_report(settings, clock=lambda: now[0])
+
+    node.set_mps(a_sm=30, b_sm=50, device=80)
+    node.set_mig(running=True)
+    now[0] = 1600.0
+    sampler.sample_once()
+    node.set_mps(a_sm=10, b_sm=60, device=70)
+    node.set_mig(running=False)
+    now[0] = 2200.0
+    sampler.sample_once()
+
+    report = build_report(settings, clock=lambda: now[0])
+    assert (report.start, report.end) == (1000.0, 2200.0)
+    rows = {(r.namespace, r.tenant): r for r in report.rows}
+    assert set(rows) == {("ml", "blue"), ("web", "green")}
+    # By hand: a is half the MPS GPU, c a 3/7 MIG slice; measured = device util split by SM
+    # (the MIG slice, 3/7 of a GPU: occupied for the first 600 s).
+    blue, green = rows[("ml", "blue")], rows[("web", "green")]
+    assert blue.allocated_s == pytest.approx(1200 * 0.5 + 1200 * 3 / 7)
+    assert blue.measured_s == pytest.approx(600 * 0.3 + 600 * 0.1 + 600 * 3 / 7)
+    assert green.allocated_s == pytest.approx(1200 * 0.5)
+    assert green.measured_s == pytest.approx(600 * 0.5 + 600 * 0.6)
+    assert green.memory_byte_s == pytest.approx(1200 * 8 * GIB)
+    assert report.devices.idle_s == pytest.approx(600 * 0.2 + 600 * 0.3 + 600 * 3 / 7)
+    # The same totals as the counters the plugin exports.
+    allocated = counters(registry, "tranche_tenant_gpu_allocated_seconds_total")
+    measured = counters(registry, "tranche_tenant_gpu_measured_seconds_total")
+    assert allocated == {"blue": pytest.approx(blue.allocated_s), "green": green.allocated_s}
+    assert measured == {"blue": pytest.approx(blue.measured_s), "green": green.measured_s}
+    # Every run appended its scrape to the baseline.
+    assert len(baseline.read_text().splitlines()) == 2
+    svg = ET.fromstring(render_svg(report))
+    lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 1 + 2 * 2  # the axes, then allocated and measured for two tenants
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, env={})
+    return parser.parse_args(argv)
+
+
+def test_report_cli_prints_csv_and_json(plugin: Plugin, capsys: pytest.CaptureFixture[str]) -> None:
+    url = plugin.url
+    now = [0.0]
+    node = SimNode()
+    node.set_mps(30, 50, 80)
+    node.set_mig(running=True)
+    sampler = UsageSampler(node.nvml, lambda: node.records, plugin.metrics, clock=lambda: now[0])
+    sampler.sample_once()
+    now[0] = 3600.0
+    sampler.sample_once()
+
+    assert run(parse(["--metrics-url", url, "--output", "csv"])) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(",")[:4] == [
+        "namespace",
+        "tenant",
+        "allocated_gpu_hours",
+        "measured_gpu_hours",
+    ]
+    web = next(line.split(",") for line in lines if line.startswith("web,"))
+    assert float(web[2]) == pytest.approx(0.5)
+    assert float(web[3]) == pytest.approx(0.5)
+
+    assert run(parse(["--metrics-url", url, "--output", "json"])) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["start"] == "plugin start"
+    assert doc["total"]["allocated_gpu_hours"] == pytest.approx(0.5 + 0.5 + 3 / 7)
+    assert doc["devices"]["idle_gpu_hours"] == pytest.approx(0.2)
+
+
+def test_report_names_an_unreachable_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(parse(["--metrics-url", "http://127.0.0.1:9/metrics"])) == 1
+    assert "http://127.0.0.1:9/metrics" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--since", "yesterday", "--prometheus", "http://p:9090"], "--since"),
+        (["--prometheus", "http://p:9090", "--metrics-url", "http://n:8080/metrics"], "either"),
+        ([], "either"),
+        (["--metrics-url", "file:///etc/passwd"], "http"),
+    ],
+)
+def test_bad_flags_are_named(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(parse(argv)) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_corrupt_baseline_is_reported_and_left_alone(
+    plugin: Plugin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = plugin.url
+    baseline = tmp_path / "b.jsonl"
+    baseline.write_text('{"time": 1, "series": []}\n{"time": "soon"\n')
+    before = baseline.read_bytes()
+    assert run(parse(["--metrics-url", url, "--baseline", str(baseline)])) == 1
+    assert f"{baseline}:2" in capsys.readouterr().err
+    assert baseline.read_bytes() == before
+
+
+def test_counter_reset_between_snapshots_counts_as_a_fresh_start() -> None:
+    key = ("http://n/metrics", "tranche_tenant_gpu_allocated_seconds_total", (("tenant", "t"),))
+    chain = [Snapshot(0.0, {key: 100.0}), Snapshot(10.0, {key: 130.0}), Snapshot(20.0, {key: 5.0})]
+    (row,) = report_from_snapshots(chain, "test", []).rows
+    assert row.allocated_s == 35.0
+
+
+class PrometheusStub(BaseHTTPRequestHandler):
+    """Answers /api/v1/query_range from a table of increase() values per metric and time."""
+
+    data: dict[str, list[tuple[dict[str, str], dict[float, float]]]] = {}
+    queries: list[dict[str, str]] = []
+
+    def do_GET(self) -> None:
+        parsed = urllib.parse.urlparse(self.path)
+        q = {k: v[0] for k, v in urllib.parse.parse_qs(parsed.query).items()}
+        if parsed.path != "/api/v1/query_range":
+            self.send_error(404)
+            return
+        self.queries.append(q)
+        start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
+        metric = q["query"].split("increase(")[1].split("[")[0]
+        result: list[dict[str, Any]] = []
+        for labels, points in self.data.get(metric, []):
+            times = [t for t in sorted(points) if start <= t <= end]
+            if any((t - start) % step for t in times):
+                self.send_error(400, "evaluation times off the step grid")
+                return
+            result.append({"metric": labels, "values": [[t, str(points[t])] for t in times]})
+        body = json.dumps(
+            {"status": "success", "data": {"resultType": "matrix", "result": result}}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+def test_report_from_prometheus_query_range(tmp_path: Path) -> None:
+    end = 1_800_000_000.0
+    start = end - 3600
+    steps = [start + 60 * i for i in range(1, 61)]
+    PrometheusStub.data = {
+        "tranche_tenant_gpu_allocated_seconds_total": [
+            ({"namespace": "ml", "tenant": "blue"}, dict.fromkeys(steps, 60.0)),
+            ({"namespace": "web", "tenant": "green"}, {t: 30.0 for t in steps[30:]}),
+        ],
+        "tranche_tenant_gpu_measured_seconds_total": [
+            ({"namespace": "ml", "tenant": "blue"}, dict.fromkeys(steps, 15.0)),
+        ],
+        "tranche_device_idle_seconds_total": [({}, dict.fromkeys(steps, 12.0))],
+    }
+    PrometheusStub.queries = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), PrometheusStub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        settings = ReportSettings(
+            since_s=3600.0, prometheus=f"http://127.0.0.1:{server.server_port}"
+        )
+        report = build_report(settings, clock=lambda: end)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert PrometheusStub.queries[0]["query"] == (
+        "sum by (namespace, tenant) (increase(tranche_tenant_gpu_allocated_seconds_total[60s]))"
+    )
+    rows = {r.tenant: r for r in report.rows}
+    assert rows["blue"].allocated_s == 3600.0
+    assert rows["blue"].measured_s == 900.0
+    assert rows["blue"].idle_s == 2700.0
+    assert rows["green"].allocated_s == 900.0
+    assert report.devices.idle_s == 720.0
+    blue_line = [p.allocated_s for p in report.timeline if p.tenant == "blue"]
+    assert blue_line == sorted(blue_line) and blue_line[-1] == 3600.0
+    chart = tmp_path / "chart.svg"
+    chart.write_text(render_svg(report))
+    ET.parse(chart)
+
+
+def test_two_scrapes_an_interval_apart(plugin: Plugin) -> None:
+    now = [0.0]
+    node = SimNode()
+    node.set_mps(30, 50, 80)
+    sampler = UsageSampler(node.nvml, lambda: node.records, plugin.metrics, clock=lambda: now[0])
+    sampler.sample_once()
+    now[0] = 500.0
+    sampler.sample_once()  # usage before the report's window
+
+    def wait(seconds: float) -> None:
+        now[0] += seconds
+        sampler.sample_once()
+
+    settings = ReportSettings(since_s=3600.0, metrics_urls=(plugin.url,), interval_s=60.0)
+    report = build_report(settings, clock=lambda: now[0], sleep=wait)
+    assert (report.start, report.end) == (500.0, 560.0)
+    green = next(r for r in report.rows if r.tenant == "green")
+    assert green.allocated_s == pytest.approx(30.0)
+    assert green.measured_s == pytest.approx(30.0)
+
+
+def test_a_chart_needs_a_window(
+    plugin: Plugin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chart = tmp_path / "c.svg"
+    assert run(parse(["--metrics-url", plugin.url, "--chart", str(chart)])) == 2
+    assert "--chart" in capsys.readouterr().err
+    assert not chart.exists()

@@ -1,0 +1,155 @@
+"""``tranche trust check``: consumers from claims and slices, co-locations, the report."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.trust.audit import colocations, consumers
+from controller.trust.cli import command as trust_command
+from controller.trust.cli import render_json, render_text
+from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, Mechanism, Reason, resolve_tenants
+
+
+def share(name: str, group: str, uuid: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "allowMultipleAllocations": True,
+        "attributes": {
+            "type": {"string": "gpu"},
+            "sharing": {"string": "timeslice"},
+            "sharingGroup": {"string": group},
+            "parentUUID": {"string": uuid},
+        },
+    }
+
+
+SLICES: list[dict[str, Any]] = [
+    {
+        "spec": {
+            "driver": "gpu.tranche.dev",
+            "nodeName": "node-a",
+            "pool": {"name": "node-a"},
+            "devices": [
+                {
+                    "name": "gpu-aaaa",
+                    "attributes": {"type": {"string": "gpu"}, "uuid": {"string": "GPU-A"}},
+                },
+                share("gpu-aaaa-ts-blue", "blue", "GPU-A"),
+                share("gpu-aaaa-ts-red", "red", "GPU-A"),
+                {
+                    "name": "gpu-bbbb-mig-1g10gb-0",
+                    "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": "GPU-B"}},
+                },
+            ],
+        }
+    },
+    {"spec": {"driver": "other.example.com", "nodeName": "node-a", "devices": [{"name": "x"}]}},
+]
+
+
+def claim(ns: str, name: str, device: str, driver: str = "gpu.tranche.dev") -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": ns, "name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": driver, "pool": "node-a", "device": device}
+                    ]
+                }
+            }
+        },
+    }
+
+
+def shared(group: str) -> dict[str, str]:
+    return {LABEL_LEVEL: "shared", LABEL_SHARING_GROUP: group}
+
+
+def test_consumers_take_gpu_and_mechanism_from_the_slices() -> None:
+    res = resolve_tenants({"a": shared("blue")})
+    found = consumers(
+        [claim("a", "c1", "gpu-aaaa-ts-blue"), claim("a", "c2", "x", driver="other.example.com")],
+        SLICES,
+        res,
+        res["a"].tenancy.level,
+    )
+    assert [(c.claim, c.mechanism, c.gpu, c.node) for c in found] == [
+        ("a/c1", Mechanism.TIMESLICE, "GPU-A", "node-a")
+    ]
+
+
+def test_report_flags_a_gpu_shared_across_sharing_groups_and_passes_one_group() -> None:
+    res = resolve_tenants({"a": shared("blue"), "b": shared("blue"), "c": shared("red"), "d": None})
+    claims = [
+        claim("a", "c1", "gpu-aaaa-ts-blue"),
+        claim("b", "c2", "gpu-aaaa-ts-blue"),
+        claim("d", "c4", "gpu-bbbb-mig-1g10gb-0"),  # alone on GPU-B: not a co-location
+    ]
+    found = colocations(consumers(claims, SLICES, res, res["d"].tenancy.level))
+    assert [(co.gpu, co.tenants, co.allowed) for co in found] == [("GPU-A", ("a", "b"), True)]
+
+    claims.append(claim("c", "c3", "gpu-aaaa-ts-red"))
+    found = colocations(consumers(claims, SLICES, res, res["d"].tenancy.level))
+    assert [(co.gpu, co.tenants, co.allowed) for co in found] == [("GPU-A", ("a", "b", "c"), False)]
+    reasons = {v.reason for _, _, v in found[0].verdicts}
+    assert reasons == {Reason.DIFFERENT_SHARING_GROUP}
+
+    text = io.StringIO()
+    render_text(found, res, text)
+    assert "node node-a GPU GPU-A: tenants a, b, c: FORBIDDEN" in text.getvalue()
+    assert "a/c1 + c/c3: DifferentSharingGroup" in text.getvalue()
+    doc = io.StringIO()
+    render_json(found, res, doc)
+    parsed = json.loads(doc.getvalue())
+    assert parsed["colocations"][0]["allowed"] is False
+
+
+def test_report_lists_label_problems() -> None:
+    res = resolve_tenants({"a": {LABEL_LEVEL: "trusted"}})
+    out = io.StringIO()
+    render_text([], res, out)
+    assert (
+        "label problem: namespace a: label gpu.tranche.dev/trust-level='trusted'" in out.getvalue()
+    )
+
+
+def test_dedicated_node_shared_with_another_tenant_is_reported() -> None:
+    res = resolve_tenants({"a": {LABEL_LEVEL: "dedicated"}, "b": None})
+    claims = [claim("a", "c1", "gpu-aaaa"), claim("b", "c2", "gpu-bbbb-mig-1g10gb-0")]
+    found = colocations(consumers(claims, SLICES, res, res["b"].tenancy.level))
+    assert len(found) == 1 and found[0].gpu is None and not found[0].allowed
+    assert {v.reason for _, _, v in found[0].verdicts} == {Reason.DEDICATED_NODE}
+
+
+def test_trust_check_with_the_api_server_down_names_the_request_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    parser = argparse.ArgumentParser()
+    trust_command.add_arguments(parser)
+    args = parser.parse_args(["check", "--kubeconfig", str(kubeconfig)])
+    assert trust_command.run(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tranche trust check: cannot read the cluster: list resourceclaims: ")
+    assert "cannot be reached" in err

@@ -1,0 +1,423 @@
+"""The checkpoint: one file per claim, history, corruption, another boot, crashes,
+conversion of the single-file checkpoint, and a second process's writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.checkpoint.files import digest
+from driver.checkpoint.store import (
+    AllocatedDeviceRecord,
+    AllocationRecord,
+    Checkpoint,
+    CheckpointData,
+    ClaimRecord,
+    PodRecord,
+    PreparedDeviceRecord,
+    read_allocations,
+    read_boot_id,
+)
+from driver.errors import CheckpointError
+from driver.prepare.plan import AttachGpu, Plan, PlannedDevice
+
+REPO = Path(__file__).resolve().parents[4]
+
+
+def record(uid: str = "u1", name: str = "train", prepared_at: float = 100.0) -> ClaimRecord:
+    dev = PlannedDevice(
+        request="gpu", pool="node-a", device="gpu-0000", type="gpu", gpu_uuid="GPU-0",
+        uuid="GPU-0", minor=0,
+    )  # fmt: skip
+    held = AllocatedDeviceRecord(name="gpu-0000", uuid="GPU-0", gpu_uuid="GPU-0", mode="Exclusive")
+    allocation = AllocationRecord(
+        claim_uid=uid,
+        namespace="team-a",
+        claim=name,
+        pods=(PodRecord(name="p0", uid="pod-0"),),
+        devices=(held,),
+        prepared_at=prepared_at,
+    )
+    answer = PreparedDeviceRecord(
+        request_names=("gpu",),
+        pool_name="node-a",
+        device_name="gpu-0000",
+        cdi_device_ids=(f"gpu.tranche.dev/claim={uid}-gpu-0000",),
+    )
+    step = AttachGpu(device="gpu-0000", gpu_uuid="GPU-0")
+    return ClaimRecord(
+        uid=uid,
+        namespace="team-a",
+        name=name,
+        state="PrepareCompleted",
+        plan=Plan(claim_uid=uid, devices=(dev,), steps=(step,)),
+        started_at=prepared_at - 1,
+        completed_at=prepared_at,
+        devices=(answer,),
+        device_uuids={"gpu-0000": "GPU-0"},
+        allocation=allocation,
+    )
+
+
+def sample() -> CheckpointData:
+    return CheckpointData(claims={"u1": record()})
+
+
+def ended(uid: str, at: float) -> AllocationRecord:
+    allocation = record(uid, f"c-{uid}", prepared_at=at).allocation
+    assert allocation is not None
+    return allocation.model_copy(update={"unprepared_at": at + 1})
+
+
+def claim_file(tmp_path: Path, uid: str = "u1") -> Path:
+    return tmp_path / "checkpoint.d" / f"{uid}.json"
+
+
+def legacy_file(path: Path, data: CheckpointData, boot_id: str) -> None:
+    """A checkpoint as plugins before the per-claim layout wrote it (version 1)."""
+    body = data.model_dump(mode="json", by_alias=True)
+    doc: dict[str, Any] = {"version": 1, "bootId": boot_id, "data": body}
+    doc["checksum"] = digest(doc)
+    path.write_text(json.dumps(doc))
+
+
+def test_round_trip_one_file_per_claim(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="boot-1")
+    assert cp.load()[1].kind == "new"
+    cp.put(record("u1"))
+    cp.put(record("u2", "eval"))
+    assert sorted(p.name for p in (tmp_path / "checkpoint.d").glob("*.json")) == [
+        "u1.json",
+        "u2.json",
+    ]
+    state, status = Checkpoint(path, boot_id="boot-1").load()
+    assert status.kind == "ok"
+    assert state.claims == {"u1": record("u1"), "u2": record("u2", "eval")}
+    cp.remove("u2", ended("u2", 100.0))
+    assert not claim_file(tmp_path, "u2").exists()
+    state, _ = Checkpoint(path, boot_id="boot-1").load()
+    assert list(state.claims) == ["u1"]
+    assert [(a.claim, a.unprepared_at) for a in state.history] == [("c-u2", 101.0)]
+    assert [a.claim for a in read_allocations(path)] == ["c-u2", "train"]
+
+
+def test_save_replaces_everything_and_bounds_the_history(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b", history_limit=2)
+    cp.put(record("gone"))
+    state = sample()
+    state.history = [ended(f"h{i}", float(i)) for i in range(5)]
+    cp.save(state)
+    assert not claim_file(tmp_path, "gone").exists()
+    loaded, _ = Checkpoint(tmp_path / "checkpoint.json", boot_id="b", history_limit=2).load()
+    assert [a.claim for a in loaded.history] == ["c-h3", "c-h4"]
+    assert [a.claim for a in loaded.allocations()] == ["c-h3", "c-h4", "train"]
+
+
+def test_history_file_stays_bounded_and_a_retried_unprepare_counts_once(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b", history_limit=3)
+    for i in range(10):
+        cp.put(record(f"u{i}", prepared_at=float(i)))
+        cp.remove(f"u{i}", ended(f"u{i}", float(i)))
+    cp.remove("u9", ended("u9", 9.0))  # the kubelet retried after a crash
+    lines = (tmp_path / "checkpoint.d" / "history.jsonl").read_text().splitlines()
+    assert len(lines) <= 6
+    for fresh in (cp, Checkpoint(path, boot_id="b", history_limit=3)):
+        history = fresh.load()[0].history
+        assert [a.claim for a in history] == ["c-u7", "c-u8", "c-u9"]
+
+
+def test_a_history_line_cut_short_by_a_crash_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b")
+    cp.put(record("u1"))
+    cp.remove("u1", ended("u1", 1.0))
+    history = tmp_path / "checkpoint.d" / "history.jsonl"
+    whole = history.read_bytes()
+    history.write_bytes(whole + whole[: len(whole) // 2])  # died mid-append
+    cp.put(record("u2"))
+    cp.remove("u2", ended("u2", 2.0))
+    assert [a.claim for a in Checkpoint(path, boot_id="b").load()[0].history] == ["c-u1", "c-u2"]
+
+
+def test_a_corrupt_claim_file_is_moved_aside_and_reported(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="boot-1")
+    cp.put(record("u1"))
+    cp.put(record("u2", "eval"))
+    doc = json.loads(claim_file(tmp_path).read_text())
+    doc["claim"]["name"] = "tampered"
+    claim_file(tmp_path).write_text(json.dumps(doc))
+    other = Checkpoint(path, boot_id="boot-1", clock=lambda: 0.0)
+    state, status = other.load()  # without the lock: reported, left alone
+    assert (status.kind, status.moved_to, list(state.claims)) == ("corrupt", None, ["u2"])
+    assert claim_file(tmp_path).exists()
+    state, status = other.load(locked=True)
+    assert status.kind == "corrupt"
+    assert f"{claim_file(tmp_path)} (checksum mismatch" in status.message
+    assert list(state.claims) == ["u2"]
+    assert status.moved_to == claim_file(tmp_path).with_name("u1.json.corrupt-19700101T000000")
+    assert status.moved_to.exists() and not claim_file(tmp_path).exists()
+    assert other.load(locked=True)[1].kind == "ok"  # reported once
+    assert list(cp.load(locked=True)[0].claims) == ["u2"]  # the first process sees it too
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("{not json", "not JSON"),
+        ('{"version": 99}', "version 99 is not 2"),
+        ("[]", "not a JSON object"),
+    ],
+)
+def test_garbage_unknown_version_and_non_objects_are_corrupt(
+    tmp_path: Path, content: str, problem: str
+) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(record("u1"))
+    claim_file(tmp_path).write_text(content)
+    _, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert status.kind == "corrupt" and problem in status.message
+    assert read_allocations(tmp_path / "checkpoint.json") == []
+
+
+def started(uid: str = "u1") -> ClaimRecord:
+    return record(uid).model_copy(update={"state": "PrepareStarted"})
+
+
+def journal(tmp_path: Path) -> Path:
+    return tmp_path / "checkpoint.d" / "started.jsonl"
+
+
+def test_prepare_started_is_a_journal_line_cleared_when_completed(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(started("u1"))
+    cp.put(started("u2"))
+    assert not claim_file(tmp_path).exists()
+    fresh = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    state, _ = fresh.load(locked=True)
+    assert {u: c.state for u, c in state.claims.items()} == {
+        "u1": "PrepareStarted",
+        "u2": "PrepareStarted",
+    }
+    fresh.put(record("u1"))
+    fresh.remove("u2")  # rolled back
+    assert journal(tmp_path).read_bytes() == b""
+    state, _ = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert {u: c.state for u, c in state.claims.items()} == {"u1": "PrepareCompleted"}
+
+
+def test_one_started_claim_cleared_leaves_the_other_in_the_journal(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(started("u1"))
+    cp.put(started("u2"))
+    cp.remove("u1")
+    state, _ = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert {u: c.state for u, c in state.claims.items()} == {"u2": "PrepareStarted"}
+
+
+def test_a_completed_claim_file_wins_over_its_stale_journal_line(tmp_path: Path) -> None:
+    """Killed after PrepareCompleted was written, before its journal line was cleared."""
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(started("u1"))
+    line = journal(tmp_path).read_bytes()
+    cp.put(record("u1"))
+    journal(tmp_path).write_bytes(line)
+    fresh = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    state, status = fresh.load(locked=True)
+    assert (status.kind, state.claims["u1"].state) == ("ok", "PrepareCompleted")
+    assert journal(tmp_path).read_bytes() == b""
+
+
+@pytest.mark.parametrize("damage", ["cut", "empty"])
+def test_a_damaged_journal_line_is_a_lost_prepare_started_not_corruption(
+    tmp_path: Path, damage: str
+) -> None:
+    """The journal is not fsynced; after a machine crash a line may be cut short or gone."""
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(started("u1"))
+    cp.put(record("u2"))
+    raw = journal(tmp_path).read_bytes()
+    journal(tmp_path).write_bytes(raw[: len(raw) // 2] if damage == "cut" else b"")
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert (status.kind, list(state.claims)) == ("ok", ["u2"])
+    cp.put(started("u3"))  # appended after the cut line, and read back
+    state, _ = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert sorted(state.claims) == ["u2", "u3"]
+
+
+def test_an_empty_claim_file_is_a_lost_prepare_started_not_corruption(tmp_path: Path) -> None:
+    """Plugins before the journal wrote PrepareStarted as an unsynced claim file."""
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(record("u2"))
+    claim_file(tmp_path).write_bytes(b"")
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert (status.kind, list(state.claims)) == ("ok", ["u2"])
+    assert not claim_file(tmp_path).exists()
+    assert list(cp.load(locked=True)[0].claims) == ["u2"]
+
+
+def test_a_claim_file_under_another_name_is_corrupt(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(record("u1"))
+    claim_file(tmp_path).rename(claim_file(tmp_path, "u2"))
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert "holds claim u1, not u2" in status.message
+    assert state.claims == {}
+
+
+def test_fields_from_a_newer_plugin_do_not_look_corrupt(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(record("u1"))
+    doc = json.loads(claim_file(tmp_path).read_text())
+    doc["claim"]["futureField"] = {"x": 1}
+    del doc["checksum"]
+    doc["checksum"] = digest(doc)
+    claim_file(tmp_path).write_text(json.dumps(doc))
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert status.kind == "ok"
+    assert state.claims["u1"].name == "train"
+
+
+def test_checkpoint_from_another_boot_keeps_claims(tmp_path: Path) -> None:
+    Checkpoint(tmp_path / "checkpoint.json", boot_id="boot-1").save(sample())
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="boot-2").load()
+    assert status.kind == "other-boot"
+    assert status.previous_boot_id == "boot-1"
+    assert list(state.claims) == ["u1"]
+
+
+def test_a_uid_that_cannot_name_a_file_is_refused(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    with pytest.raises(CheckpointError, match=r"uid '\.\./x' cannot name a checkpoint file"):
+        cp.put(record("../x"))
+    assert cp.load()[0].claims == {}
+
+
+def test_boot_id_is_read_from_the_kernel_file(tmp_path: Path) -> None:
+    f = tmp_path / "boot_id"
+    f.write_text("abc-123\n")
+    assert read_boot_id(f) == "abc-123"
+    assert read_boot_id(tmp_path / "missing") == ""
+
+
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=REPO, capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+
+
+def test_crash_mid_write_keeps_the_previous_record(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    Checkpoint(path, boot_id="b").put(record("u1"))
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from driver.checkpoint.store import Checkpoint\n"
+        "from driver.faults import FaultPoints\n"
+        "from tests.unit.driver.checkpoint.test_store import record\n"
+        "faults = FaultPoints('checkpoint:before-replace')\n"
+        "Checkpoint(Path(sys.argv[1]), boot_id='b', faults=faults).put(record('u1', 'changed'))\n"
+    )
+    assert run_script(script, str(path)).returncode == 137
+    cp = Checkpoint(path, boot_id="b")
+    cp.remove_temporaries()
+    state, status = cp.load(locked=True)
+    assert status.kind == "ok"
+    assert state.claims["u1"].name == "train"
+    assert not list((tmp_path / "checkpoint.d").glob(".*.tmp"))
+
+
+def test_a_second_process_writes_are_seen_by_the_first(tmp_path: Path) -> None:
+    """Two plugin pods of one node (rolling update) take turns under the node lock;
+    each must see the other's changes even though it keeps the claims in memory."""
+    path = tmp_path / "checkpoint.json"
+    first = Checkpoint(path, boot_id="b")
+    first.put(record("mine"))
+    assert list(first.load(locked=True)[0].claims) == ["mine"]
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from driver.checkpoint.store import Checkpoint\n"
+        "from tests.unit.driver.checkpoint.test_store import ended, record\n"
+        "cp = Checkpoint(Path(sys.argv[1]), boot_id='b')\n"
+        "cp.load(locked=True)\n"
+        "cp.put(record('theirs', 'other-pod'))\n"
+        "cp.remove('mine', ended('mine', 100.0))\n"
+    )
+    done = run_script(script, str(path))
+    assert done.returncode == 0, done.stderr
+    state, _ = first.load(locked=True)
+    assert list(state.claims) == ["theirs"]
+    assert [a.claim_uid for a in state.history] == ["mine"]
+    first.put(record("third"))  # and its own write after theirs keeps both
+    assert sorted(Checkpoint(path, boot_id="b").load()[0].claims) == ["theirs", "third"]
+
+
+# the single-file checkpoint of earlier plugins ------------------------------------------
+
+
+def test_a_single_file_checkpoint_is_converted_under_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    old = sample()
+    old.history = [ended("h1", 50.0)]
+    legacy_file(path, old, "boot-1")
+    cp = Checkpoint(path, boot_id="boot-1")
+    state, status = cp.load()  # not under the lock: read, not converted
+    assert (status.kind, list(state.claims)) == ("ok", ["u1"])
+    assert path.is_file()
+    state, status = cp.load(locked=True)
+    assert status.kind == "ok"
+    assert state == old
+    assert path.is_dir() and list(path.iterdir()) == []  # fences off plugins of the old format
+    assert claim_file(tmp_path).exists()
+    assert [a.claim for a in read_allocations(path)] == ["c-h1", "train"]
+    assert Checkpoint(path, boot_id="boot-1").load(locked=True) == (state, status)
+
+
+def test_conversion_keeps_the_boot_id_of_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    legacy_file(path, sample(), "boot-1")
+    state, status = Checkpoint(path, boot_id="boot-2").load(locked=True)
+    assert (status.kind, status.previous_boot_id, list(state.claims)) == (
+        "other-boot",
+        "boot-1",
+        ["u1"],
+    )
+
+
+def test_a_corrupt_single_file_checkpoint_is_moved_aside(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text("garbage")
+    cp = Checkpoint(path, boot_id="b", clock=lambda: 0.0)
+    assert cp.load()[1].kind == "corrupt"
+    state, status = cp.load(locked=True)
+    assert status.kind == "corrupt" and "not JSON" in status.message
+    assert status.moved_to == tmp_path / "checkpoint.json.corrupt-19700101T000000"
+    assert status.moved_to.read_text() == "garbage"
+    assert state.claims == {}
+    assert cp.load(locked=True)[1].kind == "new"
+
+
+def test_a_conversion_killed_midway_is_finished_once(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    old = sample()
+    old.history = [ended("h1", 50.0)]
+    legacy_file(path, old, "b")
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from driver.checkpoint.store import Checkpoint\n"
+        "from driver.faults import FaultPoints\n"
+        "faults = FaultPoints('checkpoint:after-convert')\n"
+        "Checkpoint(Path(sys.argv[1]), boot_id='b', faults=faults).load(locked=True)\n"
+    )
+    assert run_script(script, str(path)).returncode == 137
+    assert path.is_file() and claim_file(tmp_path).exists()
+    state, status = Checkpoint(path, boot_id="b").load(locked=True)
+    assert status.kind == "ok" and path.is_dir()
+    assert state == old

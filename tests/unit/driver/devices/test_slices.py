@@ -1,0 +1,251 @@
+"""ResourceSlice contents: attributes, counters, layout limits, determinism."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from driver.devices.inventory import AdvertiseConfig, build_inventory
+from driver.devices.slices import (
+    MAX_COUNTER_SETS,
+    build_slices,
+    driver_version,
+    full_gpu_consumption,
+    pci_bus_id,
+    quantity,
+    slice_name,
+)
+from driver.errors import ConfigError
+from tests.unit.gpu_values import MIB, SYSTEM, a100, h100, l4
+
+NODE = "node-a"
+
+
+def _devices(slices: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for s in slices:
+        yield from s["spec"].get("devices", [])
+
+
+def _counter_sets(slices: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    return {
+        cs["name"]: {k: _int(v["value"]) for k, v in cs["counters"].items()}
+        for s in slices
+        for cs in s["spec"].get("sharedCounters", [])
+    }
+
+
+def _int(q: str) -> int:
+    mult = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+    return int(q[:-1]) * mult[q[-1]] if q[-1] in mult else int(q)
+
+
+def _consumed(device: dict[str, Any]) -> dict[str, int]:
+    (entry,) = device["consumesCounters"]
+    return {k: _int(v["value"]) for k, v in entry["counters"].items()}
+
+
+def _by_name(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for d in _devices(slices)}
+
+
+@pytest.mark.parametrize(
+    ("n", "expected"),
+    [(0, "0"), (7, "7"), (1000, "1k"), (1500000, "1500k"), (81559 * MIB, str(81559 * MIB))],
+)
+def test_quantities_are_canonical(n: int, expected: str) -> None:
+    assert quantity(n) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("535.104.05", "535.104.5"), ("570.133.20", "570.133.20"), ("550.54", "550.54.0")],
+)
+def test_driver_versions_are_semver(raw: str, expected: str) -> None:
+    assert driver_version(raw) == expected
+
+
+def test_pci_bus_id_has_a_four_digit_domain() -> None:
+    assert pci_bus_id("00000000:1A:00.0") == "0000:1a:00.0"
+    assert pci_bus_id("0000:18:00.0") == "0000:18:00.0"
+
+
+def test_gpu_attributes_match_nvidias_names() -> None:
+    inv = build_inventory([h100(0, peers=(h100(1).uuid,)), h100(1)], SYSTEM)
+    gpu = _by_name(build_slices(inv, NODE))["gpu-00000000"]
+    attrs = gpu["attributes"]
+    assert attrs["type"] == {"string": "gpu"}
+    assert attrs["uuid"] == {"string": h100(0).uuid}
+    assert attrs["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert attrs["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert attrs["driverVersion"] == {"version": "535.104.5"}
+    assert attrs["cudaDriverVersion"] == {"version": "12.2.0"}
+    assert attrs["resource.kubernetes.io/pciBusID"] == {"string": "0000:18:00.0"}
+    assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:15"}
+    assert attrs["resource.kubernetes.io/numaNode"] == {"int": 0}
+    assert attrs["nvlinkDomain"]["string"].startswith("nvl-")
+    assert gpu["capacity"]["memory"] == {"value": quantity(81559 * MIB)}
+    assert set(gpu["capacity"]) == {
+        "memory", "multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines",
+        "ofaEngines",
+    }  # fmt: skip
+
+
+def test_mig_attributes() -> None:
+    inv = build_inventory([h100(0)], SYSTEM)
+    mig = _by_name(build_slices(inv, NODE))["gpu-00000000-mig-2g20gb-2"]
+    attrs = mig["attributes"]
+    assert attrs["type"] == {"string": "mig"}
+    assert attrs["profile"] == {"string": "2g.20gb"}
+    assert attrs["parentUUID"] == {"string": h100(0).uuid}
+    assert "uuid" not in attrs  # a dynamic slot has no UUID before it exists
+    assert "nvlinkDomain" not in attrs  # no NVLink between MIG instances
+    assert mig["capacity"]["memory"] == {"value": quantity(19968 * MIB)}
+    assert _consumed(mig)["memory-slice-2"] == 1 and _consumed(mig)["memory-slice-3"] == 1
+
+
+def test_gpu_without_peers_has_no_nvlink_domain() -> None:
+    gpu = _by_name(build_slices(build_inventory([l4(0)], SYSTEM), NODE))["gpu-00000000"]
+    assert "nvlinkDomain" not in gpu["attributes"]
+    assert "consumesCounters" not in gpu  # no MIG: no counters needed
+
+
+def test_counters_prevent_overlap_by_construction() -> None:
+    """Two devices of one GPU conflict on a counter exactly when NVML could not hold both."""
+    inv = build_inventory([h100(0)], SYSTEM)
+    slices = build_slices(inv, NODE)
+    (capacity,) = _counter_sets(slices).values()
+    devices = list(_devices(slices))
+    whole = devices[0]
+    assert _consumed(whole) == capacity  # the whole GPU takes everything
+
+    def fits(*ds: dict[str, Any]) -> bool:
+        return all(sum(_consumed(d).get(k, 0) for d in ds) <= v for k, v in capacity.items())
+
+    migs = [m for m in inv.migs]
+    by_name = {d["name"]: d for d in devices}
+    for a in migs:
+        assert not fits(whole, by_name[a.name])
+        for b in migs:
+            if a.name >= b.name:
+                continue
+            overlap = bool(set(a.memory_slices) & set(b.memory_slices))
+            both_me = a.profile.name.endswith("+me") and b.profile.name.endswith("+me")
+            assert fits(by_name[a.name], by_name[b.name]) is not (overlap or both_me), (a, b)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["1g.10gb@0", "1g.10gb@1", "1g.10gb@2", "1g.10gb@3", "1g.10gb@4", "1g.10gb@5", "1g.10gb@6"],
+        ["3g.40gb@0", "4g.40gb@0"],
+        ["4g.40gb@0", "3g.40gb@4"],
+        ["2g.20gb@0", "2g.20gb@2", "3g.40gb@4"],
+        ["1g.10gb+me@0", "1g.20gb@2", "1g.20gb@4", "1g.20gb@6"],
+    ],
+)
+def test_layouts(layout: list[str]) -> None:
+    """Layouts NVML accepts fit the counters; the overlapping one does not."""
+    slices = build_slices(build_inventory([h100(0)], SYSTEM), NODE)
+    (capacity,) = _counter_sets(slices).values()
+    by_name = _by_name(slices)
+    ds = [by_name[f"gpu-00000000-mig-{p.replace('.', '').replace('+', '').replace('@', '-')}"]
+          for p in layout]  # fmt: skip
+    total = {k: sum(_consumed(d).get(k, 0) for d in ds) for k in capacity}
+    expect_fit = layout != ["3g.40gb@0", "4g.40gb@0"]
+    assert all(total[k] <= capacity[k] for k in capacity) is expect_fit
+
+
+def test_counter_sets_live_in_their_own_slices() -> None:
+    gpus = [h100(i) for i in range(MAX_COUNTER_SETS + 2)]
+    slices = build_slices(build_inventory(gpus, SYSTEM), NODE)
+    counter_slices = [s for s in slices if "sharedCounters" in s["spec"]]
+    assert [len(s["spec"]["sharedCounters"]) for s in counter_slices] == [MAX_COUNTER_SETS, 2]
+    for s in slices:
+        assert not ("sharedCounters" in s["spec"] and "devices" in s["spec"])
+        assert len(s["spec"].get("devices", [])) <= 64
+        assert s["spec"]["pool"] == {
+            "name": NODE, "generation": 0, "resourceSliceCount": len(slices),
+        }  # fmt: skip
+        assert s["spec"]["nodeName"] == NODE and s["spec"]["driver"] == "gpu.tranche.dev"
+    assert len({s["metadata"]["name"] for s in slices}) == len(slices)
+    # every consumed counter set exists in the pool
+    sets = _counter_sets(slices)
+    for d in _devices(slices):
+        for c in d.get("consumesCounters", []):
+            assert set(c["counters"]) <= set(sets[c["counterSet"]])
+    for d in _devices(slices):
+        assert len(d["attributes"]) + len(d["capacity"]) <= 32
+
+
+def test_slices_are_deterministic() -> None:
+    gpus = [h100(0), h100(1), l4(2)]
+    a = build_slices(build_inventory(gpus, SYSTEM), NODE)
+    b = build_slices(build_inventory(list(reversed(gpus)), SYSTEM), NODE)
+    assert a == b
+
+
+def test_empty_pool_is_one_slice_without_devices() -> None:
+    inv = build_inventory([h100(0)], SYSTEM, AdvertiseConfig.model_validate({"*": []}))
+    (only,) = build_slices(inv, NODE)
+    assert "devices" not in only["spec"] and only["spec"]["pool"]["resourceSliceCount"] == 1
+
+
+def test_ampere_with_mig_on_still_gets_counters() -> None:
+    slices = build_slices(build_inventory([a100(0, mig_enabled=True)], SYSTEM), NODE)
+    assert "gpu-00000000" not in _by_name(slices)
+    assert len(_counter_sets(slices)) == 1
+
+
+def test_taints_go_to_their_devices() -> None:
+    inv = build_inventory([h100(0)], SYSTEM)
+    taint = {"key": "gpu.tranche.dev/xid", "value": "79", "effect": "NoSchedule"}
+    slices = build_slices(inv, NODE, taints={"gpu-00000000-mig-1g10gb-0": [taint]})
+    by_name = _by_name(slices)
+    assert by_name["gpu-00000000-mig-1g10gb-0"]["taints"] == [taint]
+    assert "taints" not in by_name["gpu-00000000"]
+    with pytest.raises(ConfigError, match="gpu-ffffffff"):
+        build_slices(inv, NODE, taints={"gpu-ffffffff": [taint]})
+    with pytest.raises(ConfigError, match="taints"):
+        build_slices(inv, NODE, taints={"gpu-00000000": [taint] * 17})
+
+
+def test_extra_devices_share_the_gpu_counters() -> None:
+    inv = build_inventory([l4(0)], SYSTEM)
+    gpu = inv.gpus[0]
+    shared = {
+        "name": "gpu-00000000-ts",
+        "attributes": {"type": {"string": "timeslice"}},
+        "consumesCounters": full_gpu_consumption(gpu, ()),
+    }
+    slices = build_slices(inv, NODE, extra_devices={gpu.name: [shared]})
+    by_name = _by_name(slices)
+    assert _consumed(by_name["gpu-00000000"]) == _consumed(by_name["gpu-00000000-ts"])
+    assert len(_counter_sets(slices)) == 1
+    with pytest.raises(ConfigError, match="extra_devices"):
+        build_slices(inv, NODE, extra_devices={"gpu-nope": [shared]})
+
+
+def test_many_devices_are_split_at_the_limit() -> None:
+    inv = build_inventory([h100(0)], SYSTEM)
+    extras = [{"name": f"gpu-00000000-x{i}", "attributes": {}} for i in range(60)]
+    slices = build_slices(inv, NODE, extra_devices={"gpu-00000000": extras})
+    device_slices = [s for s in slices if "devices" in s["spec"]]
+    assert len(device_slices) == 2
+    assert all(len(s["spec"]["devices"]) <= 64 for s in device_slices)
+    assert sum(len(s["spec"]["devices"]) for s in device_slices) == 1 + 25 + 60
+
+
+def test_long_node_names_give_valid_slice_names() -> None:
+    name = slice_name("n" * 250, "gpu.tranche.dev", "gpu-00000000")
+    assert len(name) <= 253 and name.endswith("-gpu-00000000")
+
+
+def test_counters_cover_inconsistent_profiles() -> None:
+    """A profile table whose packings exceed the GPU totals still lets every layout fit."""
+    gpu = replace(h100(0), multiprocessors=100)  # 7 x 16 = 112 SMs in seven 1g slots
+    slices = build_slices(build_inventory([gpu], SYSTEM), NODE)
+    (capacity,) = _counter_sets(slices).values()
+    assert capacity["multiprocessors"] >= 112

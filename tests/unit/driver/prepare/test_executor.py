@@ -1,0 +1,306 @@
+"""The prepare/unprepare executor over the simulated dgx-h100 node.
+
+Crash safety: a child process is killed (``os._exit(137)``) at every fault
+point; a fresh DeviceState then recovers and the retry succeeds with nothing
+leaked (CDI files, checkpoint entries, time-slice settings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.api import ClaimRef
+from driver.checkpoint.store import Checkpoint
+from driver.faults import NO_FAULTS, POINTS
+from driver.nvml.sim import SimControl, SimStore, create_state, open_simulated
+from driver.nvml.types import DeviceProbe
+from driver.prepare.executor import DeviceState
+from tests.unit.claim_values import claim, config, ref_of, result
+from tests.unit.state_child import device_state
+
+REPO = Path(__file__).resolve().parents[4]
+TS_LONG = {
+    "apiVersion": "gpu.tranche.dev/v1alpha1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+}
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    create_state("dgx-h100", tmp_path / "sim.json")
+    return tmp_path
+
+
+def gpus(node: Path) -> list[str]:
+    return [g.name for g in device_state(node, NO_FAULTS).inventory.gpus]
+
+
+def new_claim(
+    node: Path, uid: str, devices: list[str], configs: Any = None, **kw: Any
+) -> dict[str, Any]:
+    obj = claim(uid, [result(d) for d in devices], configs, name=f"c-{uid}", **kw)
+    (node / f"claim-{uid}.json").write_text(json.dumps(obj))
+    return obj
+
+
+def cdi_files(node: Path) -> list[str]:
+    d = node / "cdi"
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+def recorded(node: Path) -> dict[str, str]:
+    state, _ = Checkpoint(node / "checkpoint.json", boot_id="boot-1").load()
+    return {uid: c.state for uid, c in state.claims.items()}
+
+
+def test_prepare_is_idempotent_and_unprepare_cleans_up(node: Path) -> None:
+    gpu = gpus(node)[0]
+    obj = new_claim(node, "u1", [gpu])
+    ds = device_state(node, NO_FAULTS)
+    first = ds.prepare(obj, ref_of(obj))
+    assert first.error == ""
+    (dev,) = first.devices
+    assert (dev.device_name, dev.pool_name, dev.request_names) == (gpu, "node-a", ("gpu",))
+    assert dev.cdi_device_ids == (f"gpu.tranche.dev/claim=u1-{gpu}",)
+    spec = json.loads((node / "cdi" / "gpu.tranche.dev-claim_u1.json").read_text())
+    uuid = ds.inventory.gpu_of(gpu).uuid
+    assert spec["devices"][0]["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={uuid}"]
+    # the same answer every time, from this process and from a restarted one
+    assert ds.prepare(obj, ref_of(obj)) == first
+    assert device_state(node, NO_FAULTS).prepare(obj, ref_of(obj)) == first
+    assert ds.unprepare(ref_of(obj)).error == ""
+    assert cdi_files(node) == []
+    assert recorded(node) == {}
+    assert ds.unprepare(ref_of(obj)).error == ""  # unknown claim: success
+    history = Checkpoint(node / "checkpoint.json", boot_id="boot-1").load()[0].history
+    assert [(a.claim, a.devices[0].uuid, a.unprepared_at is not None) for a in history] == [
+        ("c-u1", uuid, True)
+    ]
+
+
+def test_exclusive_gpu_is_refused_to_a_second_claim(node: Path) -> None:
+    gpu, other = gpus(node)[:2]
+    ds = device_state(node, NO_FAULTS)
+    a = new_claim(node, "ua", [gpu])
+    b = new_claim(node, "ub", [gpu, other])
+    assert ds.prepare(a, ref_of(a)).error == ""
+    err = ds.prepare(b, ref_of(b)).error
+    assert "claim team-a/c-ub" in err
+    assert "already prepared for claim team-a/c-ua (ua)" in err
+    assert recorded(node) == {"ua": "PrepareCompleted"}
+    assert cdi_files(node) == ["gpu.tranche.dev-claim_ua.json"]
+    mig = next(m.name for m in ds.inventory.migs if m.parent_name == gpu)
+    c = new_claim(node, "uc", [mig])
+    assert "overlaps" in ds.prepare(c, ref_of(c)).error
+
+
+def test_time_sliced_gpu_is_shared_and_reset_by_its_last_user(node: Path) -> None:
+    gpu = gpus(node)[0]
+    ds = device_state(node, NO_FAULTS)
+    uuid = ds.inventory.gpu_of(gpu).uuid
+    a = new_claim(node, "ua", [gpu], [config(TS_LONG)])
+    b = new_claim(node, "ub", [gpu], [config(TS_LONG)])
+    assert ds.prepare(a, ref_of(a)).error == ""
+    assert ds.prepare(b, ref_of(b)).error == ""
+    sim_nvml = open_simulated(node / "sim.json")
+    assert sim_nvml.timeslice(uuid) == 3
+    ds.unprepare(ref_of(a))
+    assert sim_nvml.timeslice(uuid) == 3
+    ds.unprepare(ref_of(b))
+    assert sim_nvml.timeslice(uuid) == 0
+    excl = new_claim(node, "uc", [gpu])
+    assert ds.prepare(excl, ref_of(excl)).error == ""
+    d = new_claim(node, "ud", [gpu], [config(TS_LONG)])
+    assert "already prepared" in ds.prepare(d, ref_of(d)).error
+
+
+class CountingGpu:
+    """The simulated NVML, counting time-slice changes (each is an ``nvidia-smi`` run)."""
+
+    def __init__(self, node: Path) -> None:
+        self.nvml = open_simulated(node / "sim.json")
+        self.sets: list[tuple[str, int]] = []
+
+    def probe(self, uuid: str) -> DeviceProbe:
+        return self.nvml.probe(uuid)
+
+    def set_timeslice(self, uuid: str, level: int) -> None:
+        self.sets.append((uuid, level))
+        self.nvml.set_timeslice(uuid, level)
+
+
+def test_a_time_slice_in_effect_is_set_once_for_all_its_claims(node: Path) -> None:
+    gpu = gpus(node)[0]
+    base = device_state(node, NO_FAULTS)
+    counting = CountingGpu(node)
+    ds = DeviceState(
+        counting, base.inventory, base.cdi, base.checkpoint, lock_path=base.lock_path,
+        driver_name=base.driver_name, node_name=base.node_name,
+    )  # fmt: skip
+    uuid = base.inventory.gpu_of(gpu).uuid
+    a, b = (new_claim(node, u, [gpu], [config(TS_LONG)]) for u in ("ua", "ub"))
+    assert ds.prepare(a, ref_of(a)).error == "" and ds.prepare(b, ref_of(b)).error == ""
+    assert counting.sets == [(uuid, 3)]
+    assert ds.unprepare(ref_of(a)).error == "" and ds.unprepare(ref_of(b)).error == ""
+    assert counting.sets == [(uuid, 3), (uuid, 0)]
+    assert ds.prepare(a, ref_of(a)).error == ""
+    assert counting.sets == [(uuid, 3), (uuid, 0), (uuid, 3)]
+    assert counting.nvml.timeslice(uuid) == 3
+
+
+def test_bad_claims_fail_alone(node: Path) -> None:
+    gpu = gpus(node)[0]
+    ds = device_state(node, NO_FAULTS)
+    good = new_claim(node, "ok", [gpu])
+    wrong_uid = new_claim(node, "u2", [gpu])
+    bad_cfg = new_claim(
+        node,
+        "u3",
+        [gpu],
+        [config({"apiVersion": "gpu.tranche.dev/v1alpha1", "kind": "GpuConfig", "x": 1})],
+    )
+    unknown = new_claim(node, "u4", ["gpu-ffffffff"])
+    assert "metadata.uid" in ds.prepare(wrong_uid, ClaimRef("other", "team-a", "c-u2")).error
+    assert "config[0].opaque.parameters.x" in ds.prepare(bad_cfg, ref_of(bad_cfg)).error
+    assert "results[0].device 'gpu-ffffffff'" in ds.prepare(unknown, ref_of(unknown)).error
+    assert ds.prepare(good, ref_of(good)).error == ""
+    assert recorded(node) == {"ok": "PrepareCompleted"}
+
+
+def test_unavailable_step_kind_fails_clearly(node: Path) -> None:
+    gpu = gpus(node)[0]
+    mps = {
+        "apiVersion": "gpu.tranche.dev/v1alpha1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS"},
+    }
+    obj = new_claim(node, "u1", [gpu], [config(mps)])
+    err = device_state(node, NO_FAULTS).prepare(obj, ref_of(obj)).error
+    assert "cannot yet do start-mps" in err
+    assert recorded(node) == {}
+
+
+def test_lost_gpu_fails_prepare_and_rolls_back(node: Path) -> None:
+    gpu = gpus(node)[0]
+    ds = device_state(node, NO_FAULTS)
+    uuid = ds.inventory.gpu_of(gpu).uuid
+    SimControl(SimStore(path=node / "sim.json")).lose_gpu(uuid)
+    obj = new_claim(node, "u1", [gpu])
+    err = ds.prepare(obj, ref_of(obj)).error
+    assert f"GPU {uuid} is not usable" in err
+    assert recorded(node) == {}
+    assert cdi_files(node) == []
+
+
+def test_lock_holds_across_processes(node: Path) -> None:
+    gpu = gpus(node)[0]
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('locked', flush=True); sys.stdin.read()", str(node / "pu.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "locked"
+        obj = new_claim(node, "u1", [gpu])
+        err = device_state(node, NO_FAULTS).prepare(obj, ref_of(obj)).error
+        assert "held by another process" in err
+    finally:
+        holder.communicate("")
+    assert device_state(node, NO_FAULTS).prepare(obj, ref_of(obj)).error == ""
+
+
+def run_child(node: Path, op: str, uid: str, fault: str) -> int:
+    env = dict(os.environ, TRANCHE_FAULT_POINT=fault)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.unit.state_child", str(node), op, uid],
+        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return proc.returncode
+
+
+PREPARE_POINTS = [p for p in POINTS if p.startswith("prepare:")] + [
+    "checkpoint:before-replace",
+    "checkpoint:before-started-cleared",
+    "cdi:before-replace",
+]
+
+
+@pytest.mark.parametrize("fault", PREPARE_POINTS)
+def test_prepare_survives_a_crash_at(node: Path, fault: str) -> None:
+    gpu = gpus(node)[1]
+    obj = new_claim(node, "u1", [gpu], [config(TS_LONG)])
+    if fault == "prepare:after-rollback":
+        # needs a claim left PrepareStarted: crash once after recording it
+        assert run_child(node, "prepare", "u1", "prepare:after-started") == 137
+    assert run_child(node, "prepare", "u1", fault) == 137
+    ds = device_state(node, NO_FAULTS)
+    report = ds.recover()
+    assert report.checkpoint.kind in ("ok", "new")
+    retry = ds.prepare(obj, ref_of(obj))
+    assert retry.error == ""
+    assert cdi_files(node) == ["gpu.tranche.dev-claim_u1.json"]
+    assert recorded(node) == {"u1": "PrepareCompleted"}
+    assert ds.unprepare(ref_of(obj)).error == ""
+    assert cdi_files(node) == []
+    assert recorded(node) == {}
+    uuid = ds.inventory.gpu_of(gpu).uuid
+    assert open_simulated(node / "sim.json").timeslice(uuid) == 0
+    for d in (node, node / "cdi", node / "checkpoint.d"):
+        assert not list(d.glob(".*.tmp")), d
+
+
+UNPREPARE_POINTS = [p for p in POINTS if p.startswith("unprepare:")] + ["checkpoint:before-remove"]
+
+
+@pytest.mark.parametrize("fault", UNPREPARE_POINTS)
+def test_unprepare_survives_a_crash_at(node: Path, fault: str) -> None:
+    gpu = gpus(node)[1]
+    obj = new_claim(node, "u1", [gpu], [config(TS_LONG)])
+    assert device_state(node, NO_FAULTS).prepare(obj, ref_of(obj)).error == ""
+    assert run_child(node, "unprepare", "u1", fault) == 137
+    ds = device_state(node, NO_FAULTS)
+    ds.recover()
+    assert ds.unprepare(ref_of(obj)).error == ""
+    assert cdi_files(node) == []
+    assert recorded(node) == {}
+
+
+def test_recover_sweeps_orphans_and_reports_corruption(node: Path) -> None:
+    gpu = gpus(node)[0]
+    ds = device_state(node, NO_FAULTS)
+    obj = new_claim(node, "u1", [gpu])
+    assert ds.prepare(obj, ref_of(obj)).error == ""
+    (node / "cdi" / "gpu.tranche.dev-claim_gone.json").write_text("{}")
+    report = device_state(node, NO_FAULTS).recover()
+    assert report.orphan_specs_removed == ("gone",)
+    assert cdi_files(node) == ["gpu.tranche.dev-claim_u1.json"]
+    (node / "checkpoint.d" / "u1.json").write_text("garbage")
+    report = device_state(node, NO_FAULTS).recover()
+    assert report.checkpoint.kind == "corrupt"
+    assert "u1.json (not JSON" in report.checkpoint.message
+    assert report.orphan_specs_removed == ("u1",)
+    assert list((node / "checkpoint.d").glob("u1.json.corrupt-*"))
+
+
+def test_other_boot_keeps_claims_and_rewrites_specs(node: Path) -> None:
+    gpu = gpus(node)[0]
+    obj = new_claim(node, "u1", [gpu])
+    first = device_state(node, NO_FAULTS).prepare(obj, ref_of(obj))
+    (node / "cdi" / "gpu.tranche.dev-claim_u1.json").unlink()  # /var/run is a tmpfs
+    rebooted = device_state(node, NO_FAULTS, boot_id="boot-2")
+    report = rebooted.recover()
+    assert report.checkpoint.kind == "other-boot"
+    assert report.revalidated == ("u1",)
+    assert cdi_files(node) == ["gpu.tranche.dev-claim_u1.json"]
+    assert rebooted.prepare(obj, ref_of(obj)) == first
+    assert device_state(node, NO_FAULTS, boot_id="boot-2").recover().checkpoint.kind == "ok"

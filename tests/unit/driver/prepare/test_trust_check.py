@@ -1,0 +1,243 @@
+"""Trust levels at prepare: the guard's verdicts, fail-closed records, the executor's record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.api import ClaimRef
+from driver.checkpoint.store import Checkpoint, CheckpointData, ClaimRecord
+from driver.errors import TrustViolation
+from driver.faults import NO_FAULTS
+from driver.nvml.sim import create_state
+from driver.prepare.claims import ClaimAllocation
+from driver.prepare.config import Sharing
+from driver.prepare.plan import Plan, PlannedDevice
+from driver.prepare.trust_check import check_claim
+from driver.trust.policy import ColocationRefused, Reason, Tenancy, TrustLevel
+from driver.usage.records import checkpoint_records
+from tests.unit.claim_values import claim, config, ref_of, result
+from tests.unit.state_child import device_state
+
+NODE = "node-a"
+GPU1, GPU2 = "GPU-1111", "GPU-2222"
+
+
+def tenancy(spec: str) -> Tenancy:
+    """``"tenant:level[:group]"``; the namespace is ``ns-<tenant>``."""
+    tenant, level, *group = spec.split(":")
+    lv = TrustLevel(level)
+    sharing_group = (group[0] if group else tenant) if lv is TrustLevel.SHARED else None
+    return Tenancy(f"ns-{tenant}", tenant, lv, sharing_group)
+
+
+def device(mech: str, gpu: str, slot: int = 0, admin: bool = False) -> PlannedDevice:
+    """A planned device held through ``mech``: gpu, gpu+ts (own time-slicing), mig, ts, mps."""
+    name = f"gpu-{gpu[-4:]}"
+    kind: dict[str, Any] = {"type": "gpu", "device": name}
+    if mech == "mig":
+        kind = {"type": "mig", "device": f"{name}-mig-1g10gb-{slot}"}
+    elif mech == "gpu+ts":
+        kind["sharing"] = Sharing(strategy="TimeSlicing")
+    elif mech in ("ts", "mps"):
+        strategy = "MPS" if mech == "mps" else "TimeSlicing"
+        kind |= {"share_id": f"share-{slot}", "sharing": Sharing(strategy=strategy)}
+    return PlannedDevice(
+        request="gpu", pool=NODE, gpu_uuid=gpu, uuid=gpu, minor=0, admin_access=admin, **kind
+    )
+
+
+def allocation(uid: str, namespace: str) -> ClaimAllocation:
+    return ClaimAllocation(ClaimRef(uid, namespace, f"claim-{uid}"), (), ())
+
+
+def record(uid: str, t: Tenancy | None, dev: PlannedDevice, **fields: Any) -> ClaimRecord:
+    values: dict[str, Any] = {"tenant": t.tenant, "trust_level": t.level.value} if t else {}
+    if t and t.sharing_group:
+        values["sharing_group"] = t.sharing_group
+    values |= fields
+    return ClaimRecord(
+        uid=uid,
+        namespace=t.namespace if t else "ns-old",
+        name=f"secret-name-{uid}",
+        state="PrepareCompleted",
+        plan=Plan(claim_uid=uid, devices=(dev,), steps=()),
+        started_at=1.0,
+        **values,
+    )
+
+
+def judge(new: Tenancy, new_dev: PlannedDevice, *held: ClaimRecord) -> None:
+    state = CheckpointData(claims={r.uid: r for r in held})
+    plan = Plan(claim_uid="new", devices=(new_dev,), steps=())
+    check_claim(allocation("new", new.namespace), plan, state, new, NODE)
+
+
+# (new claim, its device, the claim already prepared, its device) → refusal reason or None
+CASES: dict[str, tuple[str, PlannedDevice, str, PlannedDevice, Reason | None]] = {
+    "isolated GPUs side by side": (
+        "a:isolated", device("gpu", GPU1), "b:isolated", device("gpu", GPU2), None
+    ),
+    "one whole GPU for two tenants": (
+        "a:shared", device("gpu", GPU1), "b:shared", device("gpu", GPU1), Reason.EXCLUSIVE_GPU
+    ),
+    "isolated tenant time-slices its own GPU": (
+        "a:isolated", device("gpu+ts", GPU1), "b:isolated", device("gpu", GPU2), None
+    ),
+    "isolated tenant asks for a time-slice share": (
+        "a:isolated", device("ts", GPU1), "b:isolated", device("gpu", GPU2),
+        Reason.LEVEL_FORBIDS_MECHANISM,
+    ),
+    "isolated tenant asks for MIG": (
+        "a:isolated", device("mig", GPU1), "b:isolated", device("gpu", GPU2),
+        Reason.LEVEL_FORBIDS_MECHANISM,
+    ),
+    "partitioned MIG neighbours": (
+        "a:partitioned", device("mig", GPU1, 0), "b:partitioned", device("mig", GPU1, 1), None
+    ),
+    "shared and partitioned MIG neighbours": (
+        "a:shared", device("mig", GPU1, 0), "b:partitioned", device("mig", GPU1, 1), None
+    ),
+    "MPS share beside a partitioned MIG device": (
+        "a:shared", device("mps", GPU1), "b:partitioned", device("mig", GPU1),
+        Reason.LEVEL_FORBIDS_SHARING,
+    ),
+    "time-slice share beside an isolated whole GPU": (
+        "a:shared", device("ts", GPU1), "b:isolated", device("gpu", GPU1), Reason.EXCLUSIVE_GPU
+    ),
+    "time-slice share beside an isolated tenant's MIG device": (
+        "a:shared", device("ts", GPU1), "b:isolated", device("mig", GPU1), Reason.ISOLATED_GPU
+    ),
+    "time-slice shares of one sharing group": (
+        "a:shared:blue", device("ts", GPU1, 0), "b:shared:blue", device("ts", GPU1, 1), None
+    ),
+    "time-slice shares of two sharing groups": (
+        "a:shared:blue", device("ts", GPU1, 0), "b:shared:red", device("ts", GPU1, 1),
+        Reason.DIFFERENT_SHARING_GROUP,
+    ),
+    "MPS and time-slice shares of one group": (
+        "a:shared:blue", device("mps", GPU1, 0), "b:shared:blue", device("ts", GPU1, 1), None
+    ),
+    "a dedicated tenant's node": (
+        "a:isolated", device("gpu", GPU1), "b:dedicated", device("gpu", GPU2),
+        Reason.DEDICATED_NODE,
+    ),
+    "a dedicated tenant's second GPU": (
+        "b:dedicated", device("gpu", GPU1), "b:dedicated", device("gpu", GPU2), None
+    ),
+    "an admin-access device is not judged": (
+        "a:isolated", device("gpu", GPU1, admin=True), "b:isolated", device("gpu", GPU1), None
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_verdicts(case: str) -> None:
+    new_spec, new_dev, held_spec, held_dev, reason = CASES[case]
+    new, held = tenancy(new_spec), tenancy(held_spec)
+    if reason is None:
+        judge(new, new_dev, record("held", held, held_dev))
+        return
+    with pytest.raises(ColocationRefused) as err:
+        judge(new, new_dev, record("held", held, held_dev))
+    assert err.value.reason is reason
+    assert err.value.tenant == new.tenant
+    message = str(err.value)
+    assert message.startswith(f"claim {new.namespace}/claim-new: ")
+    assert "secret-name-held" not in message
+    if reason is Reason.LEVEL_FORBIDS_MECHANISM:
+        assert f"namespace {new.namespace} has trust level {new.level}" in message
+        assert err.value.other_tenant is None
+    else:
+        assert f"tenant {new.tenant} " in message
+        assert f"tenant {held.tenant} " in message
+        assert err.value.other_tenant == held.tenant
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"tenant": "b", "trust_level": "trusted"}, {"trust_level": "shared"}],
+    ids=["no tenancy recorded", "unknown level recorded", "no tenant recorded"],
+)
+def test_records_without_tenancy_fail_closed(fields: dict[str, Any]) -> None:
+    """An old record counts as a dedicated tenant of its own: nobody else on the node."""
+    old = record("old", None, device("ts", GPU2), **fields)
+    for new in (tenancy("a:shared"), Tenancy("ns-old", "ns-old", TrustLevel.SHARED, "ns-old")):
+        with pytest.raises(ColocationRefused) as err:
+            judge(new, device("gpu", GPU1), old)
+        assert err.value.reason is Reason.DEDICATED_NODE
+        assert err.value.other_tenant == "unrecorded:ns-old"
+
+
+def test_a_record_of_the_same_tenant_with_an_unknown_level_still_fails_closed() -> None:
+    """Records of the new claim's own tenant are skipped, but only when their tenancy is known."""
+    old = record("old", None, device("ts", GPU2), tenant="b", trust_level="trusted")
+    with pytest.raises(ColocationRefused) as err:
+        judge(Tenancy("ns-b", "b", TrustLevel.SHARED, "g"), device("gpu", GPU1), old)
+    assert err.value.other_tenant == "unrecorded:ns-old"
+    held = record("same", tenancy("b:isolated"), device("gpu", GPU1))
+    judge(Tenancy("ns-b", "b", TrustLevel.ISOLATED, None), device("gpu", GPU1), held)
+    with pytest.raises(ColocationRefused):
+        judge(Tenancy("ns-c", "c", TrustLevel.ISOLATED, None), device("gpu", GPU1), held)
+
+
+def test_a_claims_own_record_is_not_its_neighbour() -> None:
+    """A half-prepared attempt of the same claim (rolled back later) never refuses it."""
+    me = tenancy("a:isolated")
+    judge(me, device("gpu", GPU1), record("new", tenancy("b:isolated"), device("gpu", GPU1)))
+
+
+# ---- through the executor, on the simulated node ---------------------------------------
+
+TS = {
+    "apiVersion": "gpu.tranche.dev/v1alpha1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing"},
+}
+
+
+def test_executor_records_tenancy_and_refuses_another_group(tmp_path: Path) -> None:
+    create_state("dgx-h100", tmp_path / "sim.json")
+    ds = device_state(tmp_path, NO_FAULTS)
+    gpu = ds.inventory.gpus[0].name
+    blue = Tenancy("team-a", "acme", TrustLevel.SHARED, "blue")
+    red = Tenancy("team-r", "rival", TrustLevel.SHARED, "red")
+
+    def share(uid: str, namespace: str) -> dict[str, Any]:
+        return claim(
+            uid, [result(gpu, shareID=f"s-{uid}")], [config(TS)], name=f"c-{uid}",
+            namespace=namespace,
+        )  # fmt: skip
+
+    a, b = share("ua", "team-a"), share("ub", "team-r")
+    refused: list[TrustViolation] = []
+    assert ds.prepare(a, ref_of(a), blue, refused.append).error == ""
+    error = ds.prepare(b, ref_of(b), red, refused.append).error
+    assert error.startswith("claim team-r/c-ub: trust levels forbid tenant rival")
+    assert "tenant acme (trust level shared, sharing group blue)" in error
+    assert "c-ua" not in error
+    (refusal,) = refused
+    assert isinstance(refusal, ColocationRefused)
+    assert (refusal.reason, refusal.tenant, refusal.other_tenant) == (
+        Reason.DIFFERENT_SHARING_GROUP, "rival", "acme"
+    )  # fmt: skip
+
+    state, _ = Checkpoint(tmp_path / "checkpoint.json", boot_id="boot-1").load()
+    (kept,) = state.claims.values()
+    assert (kept.uid, kept.tenant, kept.trust_level, kept.sharing_group) == (
+        "ua", "acme", "shared", "blue"
+    )  # fmt: skip
+    assert kept.allocation is not None and kept.allocation.tenant == "acme"
+    assert not (tmp_path / "cdi" / "gpu.tranche.dev-claim_ub.json").exists()
+
+    # Without a tenancy (callers that know no tenants) the executor checks no trust,
+    # and attribution falls back to the namespace mapping for that record.
+    assert ds.prepare(b, ref_of(b)).error == ""
+    records = checkpoint_records(tmp_path / "checkpoint.json", lambda ns: f"mapped-{ns}")()
+    assert {r.name: r.tenant for r in records} == {"c-ua": "acme", "c-ub": "mapped-team-r"}
+
+    # The level applies to new claims: the prepared claim keeps its answer.
+    isolated = Tenancy("team-a", "acme", TrustLevel.ISOLATED, None)
+    assert ds.prepare(a, ref_of(a), isolated).error == ""

@@ -1,0 +1,210 @@
+"""Dynamic and static MIG over the simulated dgx-h100 (Hopper: MIG mode toggles without a
+reset) and dgx-a100 (Ampere): the simulated GPU's instances and MIG mode after each step,
+the CDI spec, and crashes around the NVML create."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.checkpoint.store import Checkpoint
+from driver.devices.inventory import MigDevice, build_inventory
+from driver.nvml.sim import create_state, open_simulated
+from tests.unit.claim_values import claim, ref_of, result
+from tests.unit.sharing_node import sharing_state
+
+REPO = Path(__file__).resolve().parents[4]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    create_state("dgx-h100", tmp_path / "sim.json")
+    return tmp_path
+
+
+def slot(node: Path, gpu: int = 0, index: int = 0) -> MigDevice:
+    state, _, _ = sharing_state(node)
+    name = state.inventory.gpus[gpu].name
+    return state.inventory.migs_of(name)[index]
+
+
+def new_claim(node: Path, uid: str, device: str) -> dict[str, Any]:
+    obj = claim(uid, [result(device, request="mig")], name=f"c-{uid}")
+    (node / f"claim-{uid}.json").write_text(json.dumps(obj))
+    return obj
+
+
+def spec(node: Path, uid: str) -> dict[str, Any]:
+    path = node / "cdi" / f"gpu.tranche.dev-claim_{uid}.json"
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def journal(node: Path) -> dict[str, Any]:
+    path = node / "state" / "mig-journal.json"
+    return dict(json.loads(path.read_text())["entries"]) if path.exists() else {}
+
+
+def test_dynamic_mig_is_created_handed_out_and_destroyed(node: Path) -> None:
+    mig = slot(node, index=2)
+    state, _, nvml = sharing_state(node)
+    assert not nvml.gpu(mig.parent.uuid).mig_enabled
+    obj = new_claim(node, "m1", mig.name)
+    res = state.prepare(obj, ref_of(obj))
+    assert res.error == ""
+    gpu = nvml.gpu(mig.parent.uuid)
+    assert gpu.mig_enabled  # switched on: Hopper needs no reset
+    (inst,) = gpu.mig_instances
+    assert (inst.placement, inst.profile_name) == ((mig.start, mig.size), mig.profile.name)
+    edits = spec(node, "m1")["devices"][0]["containerEdits"]
+    assert edits["env"] == [f"NVIDIA_VISIBLE_DEVICES={inst.uuid}"]
+    minor = gpu.minor
+    gi_minor = 3 + minor * 135 + inst.gi_id * 9
+    assert [n["path"] for n in edits["deviceNodes"]] == [
+        f"/dev/nvidia{minor}",
+        f"/dev/nvidia-caps/nvidia-cap{gi_minor}",
+        f"/dev/nvidia-caps/nvidia-cap{gi_minor + 1 + inst.ci_id}",
+    ]
+    (entry,) = journal(node).values()
+    assert entry["uuid"] == inst.uuid
+    assert state.prepare(obj, ref_of(obj)) == res  # idempotent: no second instance
+    assert len(nvml.gpu(mig.parent.uuid).mig_instances) == 1
+
+    assert state.unprepare(ref_of(obj)).error == ""
+    gpu = nvml.gpu(mig.parent.uuid)
+    assert gpu.mig_instances == ()
+    assert not gpu.mig_enabled  # nothing left: MIG mode off again
+    assert journal(node) == {}
+
+
+def test_mig_mode_stays_on_while_another_claim_holds_a_mig_device(node: Path) -> None:
+    a, b = slot(node, index=0), slot(node, index=4)
+    assert a.parent.uuid == b.parent.uuid and not set(a.memory_slices) & set(b.memory_slices)
+    state, _, nvml = sharing_state(node)
+    for uid, mig in (("a", a), ("b", b)):
+        obj = new_claim(node, uid, mig.name)
+        assert state.prepare(obj, ref_of(obj)).error == ""
+    assert len(nvml.gpu(a.parent.uuid).mig_instances) == 2
+    assert state.unprepare(ref_of(new_claim(node, "a", a.name))).error == ""
+    gpu = nvml.gpu(a.parent.uuid)
+    assert gpu.mig_enabled and len(gpu.mig_instances) == 1
+
+
+def test_failed_create_leaves_no_instance_and_other_claims_work(node: Path) -> None:
+    mig = slot(node, index=0)
+    state, _, nvml = sharing_state(node)
+    # An out-of-band instance on the same memory slice appears after the inventory was built.
+    nvml.set_mig_mode(mig.parent.uuid, True)
+    other = next(p for p in nvml.gpu(mig.parent.uuid).mig_profiles if p.name == "7g.80gb")
+    outsider = nvml.create_mig_instance(mig.parent.uuid, other.id, 0)
+    obj = new_claim(node, "m1", mig.name)
+    res = state.prepare(obj, ref_of(obj))
+    assert "creating MIG 1g.10gb at memory slice 0" in res.error
+    assert res.error.startswith("claim team-a/c-m1: ")
+    assert [i.uuid for i in nvml.gpu(mig.parent.uuid).mig_instances] == [outsider.uuid]
+    assert journal(node) == {}
+    free = slot(node, gpu=1, index=0)
+    ok = new_claim(node, "m2", free.name)
+    assert state.prepare(ok, ref_of(ok)).error == ""
+
+
+def test_a_whole_gpu_in_mig_mode_is_switched_back_or_refused(node: Path) -> None:
+    state, _, nvml = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    nvml.set_mig_mode(gpu.uuid, True)  # by an administrator, after the plugin started
+    whole = claim("w1", [result(gpu.name)], name="c-w1")
+    assert state.prepare(whole, ref_of(whole)).error == ""
+    assert not nvml.gpu(gpu.uuid).mig_enabled, "MIG mode off again: CUDA sees the whole GPU"
+    assert state.unprepare(ref_of(whole)).error == ""
+    nvml.set_mig_mode(gpu.uuid, True)
+    profile = next(p for p in nvml.gpu(gpu.uuid).mig_profiles if p.name == "1g.10gb")
+    nvml.create_mig_instance(gpu.uuid, profile.id, 0)
+    other = claim("w2", [result(gpu.name)], name="c-w2")
+    error = state.prepare(other, ref_of(other)).error
+    assert f"GPU {gpu.uuid} is in MIG mode with 1 MIG device(s); it cannot be used whole" in error
+    assert nvml.gpu(gpu.uuid).mig_enabled
+
+
+def test_ampere_with_mig_off_advertises_no_dynamic_slots(tmp_path: Path) -> None:
+    create_state("dgx-a100", tmp_path / "sim.json")
+    nvml = open_simulated(tmp_path / "sim.json")
+    inventory = build_inventory(nvml.list_gpus(), nvml.system_info())
+    assert inventory.migs == ()
+    assert all(g.advertised for g in inventory.gpus)
+
+
+def test_static_mig_is_attached_without_creating_anything(node: Path) -> None:
+    nvml = open_simulated(node / "sim.json")
+    parent = nvml.list_gpus()[0]
+    nvml.set_mig_mode(parent.uuid, True)
+    profile = next(p for p in parent.mig_profiles if p.name == "3g.40gb")
+    admin = nvml.create_mig_instance(parent.uuid, profile.id, 4)
+    state, _, _ = sharing_state(node)
+    static = next(m for m in state.inventory.migs if m.static)
+    assert static.uuid == admin.uuid
+    obj = new_claim(node, "s1", static.name)
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    assert spec(node, "s1")["devices"][0]["containerEdits"]["env"] == [
+        f"NVIDIA_VISIBLE_DEVICES={admin.uuid}"
+    ]
+    assert state.unprepare(ref_of(obj)).error == ""
+    assert [i.uuid for i in nvml.gpu(parent.uuid).mig_instances] == [admin.uuid]
+    assert state.recover().reconciled == ()  # an administrator's instance is never touched
+    assert [i.uuid for i in nvml.gpu(parent.uuid).mig_instances] == [admin.uuid]
+
+
+def test_recovery_adopts_owned_and_destroys_unowned_instances(node: Path) -> None:
+    a, b = slot(node, index=0), slot(node, gpu=1, index=0)
+    state, _, nvml = sharing_state(node)
+    for uid, mig in (("a", a), ("b", b)):
+        obj = new_claim(node, uid, mig.name)
+        assert state.prepare(obj, ref_of(obj)).error == ""
+    # claim b's checkpoint entry is lost (a hand-edited or replaced checkpoint)
+    cp = Checkpoint(node / "checkpoint.json", boot_id="boot-1")
+    data, _ = cp.load()
+    del data.claims["b"]
+    cp.save(data)
+    report = sharing_state(node)[0].recover()
+    assert len(report.reconciled) == 1 and b.name in report.reconciled[0]
+    assert len(nvml.gpu(a.parent.uuid).mig_instances) == 1
+    assert nvml.gpu(b.parent.uuid).mig_instances == ()
+
+
+def run_child(node: Path, op: str, uid: str, fault: str = "") -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"TRANCHE_FAULT_POINT": fault}
+    return subprocess.run(
+        [sys.executable, "-m", "tests.unit.sharing_node", str(node), op, uid],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "fault", ["mig:after-intent", "mig:after-create", "prepare:after-step", "prepare:after-cdi"]
+)
+def test_crash_around_mig_create_is_rolled_back(node: Path, fault: str) -> None:
+    mig = slot(node, index=0)
+    new_claim(node, "c1", mig.name)
+    done = run_child(node, "prepare", "c1", fault)
+    assert done.returncode == 137, done.stderr
+    nvml = open_simulated(node / "sim.json")
+    state, _, _ = sharing_state(node)
+    # the half-made instance is the driver's, not a static one: its slot stays dynamic
+    assert not any(m.static for m in state.inventory.migs)
+    report = state.recover()
+    assert report.rolled_back == ("c1",)
+    assert nvml.gpu(mig.parent.uuid).mig_instances == ()
+    assert journal(node) == {}
+    obj = new_claim(node, "c1", mig.name)
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    assert len(nvml.gpu(mig.parent.uuid).mig_instances) == 1

@@ -1,0 +1,225 @@
+"""MPS over the simulated dgx-h100 with a stand-in control daemon
+(``tests/fixtures/fake-mps-control``): the daemon's processes, what it was told, the GPU's
+compute mode, the CDI contents; shares of one GPU, a dying daemon, a crash mid-start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.checkpoint.store import Checkpoint
+from driver.nvml.sim import create_state, open_simulated
+from driver.sharing import SharingNode
+from driver.sharing.mps import MpsDaemons
+from tests.unit.claim_values import claim, config, ref_of, result
+from tests.unit.sharing_node import sharing_state
+from tests.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[4]
+MPS = {
+    "apiVersion": "gpu.tranche.dev/v1alpha1",
+    "kind": "GpuConfig",
+    "sharing": {
+        "strategy": "MPS",
+        "mpsConfig": {
+            "defaultActiveThreadPercentage": 50,
+            "defaultPinnedDeviceMemoryLimit": "10Gi",
+        },
+    },
+}
+TIMESLICE = {
+    "apiVersion": "gpu.tranche.dev/v1alpha1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+}
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Path]:
+    create_state("dgx-h100", tmp_path / "sim.json")
+    yield tmp_path
+    # never leave a daemon behind, whatever the test did
+    _, sharing, _ = sharing_state(tmp_path)
+    sharing.daemons.sweep(set())
+
+
+def new_claim(node: Path, uid: str, results: list[dict[str, Any]], configs: Any = None) -> Any:
+    obj = claim(uid, results, configs, name=f"c-{uid}")
+    (node / f"claim-{uid}.json").write_text(json.dumps(obj))
+    return obj
+
+
+def edits(node: Path, uid: str) -> dict[str, Any]:
+    spec = json.loads((node / "cdi" / f"gpu.tranche.dev-claim_{uid}.json").read_text())
+    out: dict[str, Any] = spec["devices"][0]["containerEdits"]
+    return out
+
+
+def log_lines(daemons: MpsDaemons, key: str, name: str) -> list[str]:
+    path = daemons.log_dir(key) / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_mps_on_a_whole_gpu(node: Path) -> None:
+    state, sharing, nvml = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    obj = new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    daemons = sharing.daemons
+    (pid,) = daemons.processes(gpu.uuid)
+    assert log_lines(daemons, gpu.uuid, "starts.log") == [f"pid={pid} devices={gpu.uuid}"]
+    assert log_lines(daemons, gpu.uuid, "commands.log") == [
+        "set_default_active_thread_percentage 50",
+        "set_default_device_pinned_mem_limit 0 10240M",
+    ]
+    assert nvml.compute_mode(gpu.uuid) == "ExclusiveProcess"
+    e = edits(node, "p1")
+    assert e["env"] == [
+        f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}",
+        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+        "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
+    ]
+    assert [(m["hostPath"], m["containerPath"]) for m in e["mounts"]] == [
+        (str(daemons.pipe_dir(gpu.uuid)), "/tmp/nvidia-mps"),
+        (str(daemons.log_dir(gpu.uuid)), "/var/log/nvidia-mps"),
+    ]
+
+    assert state.unprepare(ref_of(obj)).error == ""
+    assert daemons.processes() == []
+    assert nvml.compute_mode(gpu.uuid) == "Default"
+    assert not daemons.dir(gpu.uuid).exists()
+
+
+def share(device: str, share_id: str, memory: str, shares: str) -> dict[str, Any]:
+    return result(device, shareID=share_id, consumedCapacity={"memory": memory, "shares": shares})
+
+
+def test_mps_shares_of_one_gpu_share_one_daemon_with_their_own_limits(node: Path) -> None:
+    state, sharing, _ = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    device = f"{gpu.name}-mps-blue"
+    a = new_claim(node, "a", [share(device, "s-a", "20Gi", "2")])
+    b = new_claim(node, "b", [share(device, "s-b", "10Gi", "1")])
+    assert state.prepare(a, ref_of(a)).error == ""
+    assert state.prepare(b, ref_of(b)).error == ""
+    assert len(sharing.daemons.processes(gpu.uuid)) == 1
+    assert len(log_lines(sharing.daemons, gpu.uuid, "starts.log")) == 1
+    # shared daemon: no daemon-wide defaults, each claim's limits go to its own clients
+    assert log_lines(sharing.daemons, gpu.uuid, "commands.log") == []
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in edits(node, "a")["env"]
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in edits(node, "a")["env"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=13" in edits(node, "b")["env"]
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M" in edits(node, "b")["env"]
+
+    assert state.unprepare(ref_of(a)).error == ""
+    assert len(sharing.daemons.processes(gpu.uuid)) == 1  # b still uses it
+    assert state.unprepare(ref_of(b)).error == ""
+    assert sharing.daemons.processes() == []
+
+
+def test_mps_on_a_time_sliced_gpu_fails_naming_the_field(node: Path) -> None:
+    state, sharing, nvml = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    ts = new_claim(node, "ts", [result(gpu.name)], [config(TIMESLICE)])
+    assert state.prepare(ts, ref_of(ts)).error == ""
+    # the same GPU, allocated again to a claim that wants MPS: refused, naming the field
+    mps = new_claim(node, "mps", [result(gpu.name)], [config(MPS)])
+    error = state.prepare(mps, ref_of(mps)).error
+    assert error.startswith("claim team-a/c-mps: ")
+    assert "status.allocation.devices.config[0].opaque.parameters.sharing.strategy" in error
+    assert "time-sliced" in error
+    assert sharing.daemons.processes() == []
+    assert nvml.timeslice(gpu.uuid) == 3  # the time-sliced claim is untouched
+    other = new_claim(node, "other", [result(state.inventory.gpus[1].name)], [config(MPS)])
+    assert state.prepare(other, ref_of(other)).error == ""
+
+
+def test_a_daemon_that_dies_is_restarted_and_its_claims_stay_prepared(node: Path) -> None:
+    state, sharing, _ = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    obj = new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    before = edits(node, "p1")
+    (pid,) = sharing.daemons.processes(gpu.uuid)
+    sharing.start()
+    try:
+        os.kill(pid, signal.SIGKILL)
+        wait_for(
+            "a restarted daemon",
+            lambda: sharing.daemons.processes(gpu.uuid) not in ([], [pid]),
+            interval_s=0.1,
+        )
+    finally:
+        sharing.stop()
+    assert sharing.daemons.restarts == 1
+    # the restarted daemon got the defaults again
+    assert log_lines(sharing.daemons, gpu.uuid, "commands.log")[-2:] == [
+        "set_default_active_thread_percentage 50",
+        "set_default_device_pinned_mem_limit 0 10240M",
+    ]
+    data, _ = Checkpoint(node / "checkpoint.json", boot_id="boot-1").load()
+    assert data.claims["p1"].state == "PrepareCompleted"
+    assert edits(node, "p1") == before
+
+
+def test_a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing(
+    node: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_MPS_FAIL_START", "1")
+    state, sharing, nvml = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    obj = new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
+    error = state.prepare(obj, ref_of(obj)).error
+    assert "exited with 1" in error and "start refused" in error
+    assert sharing.daemons.records() == {}
+    assert nvml.compute_mode(gpu.uuid) == "Default"
+    assert not (node / "cdi" / "gpu.tranche.dev-claim_p1.json").exists()
+
+
+@pytest.mark.parametrize("fault", ["mps:after-spawn", "prepare:after-cdi"])
+def test_crash_during_mps_start_leaks_no_daemon(node: Path, fault: str) -> None:
+    state, sharing, nvml = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.unit.sharing_node", str(node), "prepare", "p1"],
+        cwd=REPO,
+        env=os.environ | {"TRANCHE_FAULT_POINT": fault},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 137, done.stderr
+    assert list(sharing.daemons.records()) == [gpu.uuid]  # left behind by the crash
+    report = sharing_state(node)[0].recover()
+    assert report.rolled_back == ("p1",)
+    assert sharing.daemons.processes() == []
+    assert sharing.daemons.records() == {}
+    assert nvml.compute_mode(gpu.uuid) == "Default"
+    obj = new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    assert len(sharing.daemons.processes(gpu.uuid)) == 1
+
+
+def test_recovery_stops_daemons_no_claim_uses(node: Path) -> None:
+    state, _, _ = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    obj = new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    (node / "checkpoint.d" / "p1.json").unlink()  # the claim is gone from the node's records
+    fresh: SharingNode = sharing_state(node)[1]
+    report = sharing_state(node)[0].recover()
+    assert report.reconciled == (f"stopped MPS daemon {gpu.uuid}",)
+    assert fresh.daemons.processes() == []
+    assert open_simulated(node / "sim.json").compute_mode(gpu.uuid) == "Default"

@@ -1,0 +1,134 @@
+"""Metrics: usage counters, retention of ended claims, operational series."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from driver.errors import (
+    ApiUnavailable,
+    ConfigError,
+    DeviceNotFound,
+    NvmlError,
+    TrustViolation,
+    error_reason,
+)
+from driver.metrics import Metrics
+from driver.usage.attribution import ClaimIncrement, DeviceIncrement, IntervalUsage
+
+GPU = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def inc(
+    uid: str, ns: str, tenant: str, alloc: float, meas: float, mem: float, unmeasured: float = 0.0
+) -> ClaimIncrement:
+    return ClaimIncrement(uid, ns, f"claim-{uid}", tenant, alloc, meas, mem, unmeasured)
+
+
+def test_usage_counters_accumulate_per_claim_and_per_tenant() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.add_usage(
+        IntervalUsage(
+            0.0,
+            10.0,
+            (inc("a", "ml", "blue", 10.0, 3.0, 100.0), inc("b", "ml", "blue", 5.0, 5.0, 50.0)),
+            (DeviceIncrement(GPU, 10.0, 2.0, 0.0, 0.2),),
+        )
+    )
+    metrics.add_usage(
+        IntervalUsage(
+            10.0,
+            20.0,
+            (inc("a", "ml", "blue", 10.0, 4.0, 100.0), inc("b", "ml", "blue", 5.0, 0.0, 0.0, 5.0)),
+            (DeviceIncrement(GPU, 10.0, 6.0, 0.0, 0.6),),
+        )
+    )
+    got = samples(registry)
+    a = (("claim", "claim-a"), ("namespace", "ml"), ("tenant", "blue"))
+    assert got[("tranche_claim_gpu_allocated_seconds_total", a)] == 20.0
+    assert got[("tranche_claim_gpu_measured_seconds_total", a)] == 7.0
+    assert got[("tranche_claim_gpu_memory_byte_seconds_total", a)] == 200.0
+    t = (("namespace", "ml"), ("tenant", "blue"))
+    assert got[("tranche_tenant_gpu_allocated_seconds_total", t)] == 30.0
+    assert got[("tranche_tenant_gpu_measured_seconds_total", t)] == 12.0
+    assert got[("tranche_tenant_gpu_unmeasured_seconds_total", t)] == 5.0
+    d = (("uuid", GPU),)
+    assert got[("tranche_device_held_seconds_total", d)] == 20.0
+    assert got[("tranche_device_idle_seconds_total", d)] == 8.0
+    assert got[("tranche_device_idle_ratio", d)] == 0.6
+
+
+def test_ended_claim_series_leave_after_retention_but_tenant_totals_stay() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, claim_retention_s=60.0)
+    metrics.add_usage(IntervalUsage(0.0, 10.0, (inc("a", "ml", "blue", 10.0, 1.0, 0.0),)))
+    claim_key = (
+        "tranche_claim_gpu_allocated_seconds_total",
+        (("claim", "claim-a"), ("namespace", "ml"), ("tenant", "blue")),
+    )
+    tenant_key = (
+        "tranche_tenant_gpu_allocated_seconds_total",
+        (("namespace", "ml"), ("tenant", "blue")),
+    )
+    metrics.add_usage(IntervalUsage(10.0, 70.0))
+    assert samples(registry)[claim_key] == 10.0  # still inside the retention window
+    metrics.add_usage(IntervalUsage(70.0, 71.0))
+    got = samples(registry)
+    assert claim_key not in got
+    assert got[tenant_key] == 10.0
+
+
+def test_operational_metrics_and_bounded_error_reasons() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.observe_prepare("mps", 0.3)
+    metrics.observe_prepare("mps", 3.0)
+    metrics.observe_unprepare("exclusive", 0.02)
+    metrics.count_exception(TrustViolation("x"))
+    metrics.count_error("something-unbounded-like-a-claim-uid")
+    metrics.set_prepared_claims(4)
+    metrics.set_published_devices(9)
+    metrics.nvml_call("nvmlDeviceGetUtilizationRates", 0.002)
+    got = samples(registry)
+    assert got[("tranche_prepare_seconds_count", (("mode", "mps"),))] == 2
+    assert got[("tranche_prepare_seconds_bucket", (("le", "0.5"), ("mode", "mps")))] == 1
+    assert got[("tranche_unprepare_seconds_count", (("mode", "exclusive"),))] == 1
+    assert got[("tranche_errors_total", (("reason", "trust"),))] == 1
+    assert got[("tranche_errors_total", (("reason", "internal"),))] == 1
+    assert got[("tranche_prepared_claims", ())] == 4
+    assert got[("tranche_published_devices", ())] == 9
+    nvml = (("call", "nvmlDeviceGetUtilizationRates"),)
+    assert got[("tranche_nvml_call_seconds_count", nvml)] == 1
+
+
+@pytest.mark.parametrize(
+    ("err", "reason"),
+    [
+        (ConfigError("x"), "config"),
+        (DeviceNotFound("x"), "device-not-found"),
+        (ApiUnavailable("x"), "api-unavailable"),
+        (NvmlError("x", 15), "nvml"),
+        (RuntimeError("x"), "internal"),
+    ],
+)
+def test_error_reason(err: BaseException, reason: str) -> None:
+    assert error_reason(err) == reason
+
+
+def test_two_plugins_in_one_process_do_not_share_a_registry() -> None:
+    first, second = CollectorRegistry(), CollectorRegistry()
+    Metrics(first).set_prepared_claims(1)
+    Metrics(second).set_prepared_claims(2)
+    assert samples(first)[("tranche_prepared_claims", ())] == 1
+    assert samples(second)[("tranche_prepared_claims", ())] == 2

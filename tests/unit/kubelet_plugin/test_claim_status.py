@@ -1,0 +1,158 @@
+"""status.devices entries of a prepared claim: contents, merging with other drivers',
+and writes that give way to the kubelet's calls."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from driver.api import ClaimRef, PrepareResult, UnprepareResult
+from driver.checkpoint.store import Checkpoint, CheckpointData, ClaimRecord
+from driver.nvml.sim import create_state
+from driver.prepare.plan import Plan
+from kubelet_plugin.claim_status import (
+    ClaimStatusWriter,
+    StatusWritingDriver,
+    device_statuses,
+    merge_devices,
+)
+from tests.unit.claim_values import DRIVER, claim, ref_of, result
+from tests.unit.sharing_node import sharing_state
+
+
+def test_entries_name_the_device_mode_and_limits_and_keep_other_drivers(tmp_path: Path) -> None:
+    create_state("dgx-h100", tmp_path / "sim.json")
+    state, _, nvml = sharing_state(tmp_path)
+    gpu = state.inventory.gpus[0]
+    mig = state.inventory.migs_of(state.inventory.gpus[1].name)[0]
+    share = result(
+        f"{gpu.name}-mps-blue", shareID="s-1", consumedCapacity={"memory": "8Gi", "shares": "4"}
+    )
+    obj = claim("u1", [share, result(mig.name, request="mig")])
+    (tmp_path / "claim-u1.json").write_text(json.dumps(obj))
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    try:
+        record = Checkpoint(tmp_path / "checkpoint.json", boot_id="boot-1").load()[0].claims["u1"]
+        now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+        mps, mig_entry = device_statuses(record, DRIVER, now)
+        assert mps["shareID"] == "s-1" and mps["pool"] == "node-a"
+        assert mps["data"] == {
+            "uuid": gpu.uuid,
+            "gpuUUID": gpu.uuid,
+            "mode": "MPS",
+            "mps": {"activeThreadPercentage": 50, "pinnedDeviceMemoryLimitBytes": 8 << 30},
+        }
+        assert mps["conditions"] == [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Prepared",
+                "message": "prepared on node node-a",
+                "lastTransitionTime": "2026-01-02T03:04:05Z",
+            }
+        ]
+        (inst,) = nvml.gpu(mig.parent.uuid).mig_instances
+        assert mig_entry["data"] == {
+            "uuid": inst.uuid,
+            "gpuUUID": mig.parent.uuid,
+            "mode": "MIG",
+            "migProfile": mig.profile.name,
+            "migPlacementStart": mig.start,
+        }
+        assert "shareID" not in mig_entry
+        other = {"driver": "net.example.com", "pool": "p", "device": "nic0"}
+        stale = {"driver": DRIVER, "pool": "node-a", "device": "gone"}
+        live = {"status": {"devices": [other, stale]}}
+        assert merge_devices(live, [mps, mig_entry], DRIVER) == [other, mps, mig_entry]
+    finally:
+        state.unprepare(ref_of(obj))
+
+
+class BlockingDriver:
+    """A DraDriver whose prepare of claim ``slow`` waits until released."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        if claims[0].uid == "slow":
+            self.entered.set()
+            self.release.wait(30)
+        return {c.uid: PrepareResult() for c in claims}
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
+        return {c.uid: UnprepareResult() for c in claims}
+
+
+class RecordingWriter:
+    def __init__(self) -> None:
+        self.written: queue.Queue[str] = queue.Queue()
+
+    def write(self, ref: ClaimRef, record: ClaimRecord) -> bool:
+        self.written.put(ref.uid)
+        return True
+
+
+def status_driver(
+    inner: BlockingDriver, writer: RecordingWriter, yield_s: float, quiet_s: float = 0.0
+) -> Any:
+    record = ClaimRecord(
+        uid="fast", namespace="ns", name="f", state="PrepareCompleted",
+        plan=Plan(claim_uid="fast", devices=(), steps=()), started_at=0.0,
+    )  # fmt: skip
+    state = CheckpointData(claims={"fast": record})
+    return StatusWritingDriver(
+        inner, cast(ClaimStatusWriter, writer), lambda: state, yield_s=yield_s, quiet_s=quiet_s
+    )
+
+
+def test_status_writes_give_way_to_the_kubelets_calls_in_flight() -> None:
+    inner, writer = BlockingDriver(), RecordingWriter()
+    driver = status_driver(inner, writer, yield_s=60.0)
+    slow = threading.Thread(target=driver.prepare, args=([ClaimRef("slow", "ns", "s")],))
+    slow.start()
+    try:
+        assert inner.entered.wait(30)
+        driver.prepare([ClaimRef("fast", "ns", "f")])
+        with pytest.raises(queue.Empty):
+            writer.written.get(timeout=0.5)  # a call is still in flight
+    finally:
+        inner.release.set()
+        slow.join()
+    assert writer.written.get(timeout=30) == "fast"
+    driver.close()
+
+
+def test_a_status_write_waits_no_longer_than_its_limit() -> None:
+    inner, writer = BlockingDriver(), RecordingWriter()
+    driver = status_driver(inner, writer, yield_s=0.1)
+    slow = threading.Thread(target=driver.prepare, args=([ClaimRef("slow", "ns", "s")],))
+    slow.start()
+    try:
+        assert inner.entered.wait(30)
+        driver.prepare([ClaimRef("fast", "ns", "f")])
+        assert writer.written.get(timeout=30) == "fast"  # written while "slow" still runs
+        assert slow.is_alive()
+    finally:
+        inner.release.set()
+        slow.join()
+    driver.close()
+
+
+def test_a_status_write_waits_for_a_quiet_moment_after_the_last_call() -> None:
+    inner, writer = BlockingDriver(), RecordingWriter()
+    driver = status_driver(inner, writer, yield_s=60.0, quiet_s=1.0)
+    driver.prepare([ClaimRef("fast", "ns", "f")])
+    driver.unprepare([ClaimRef("other", "ns", "o")])  # the kubelet is still busy
+    with pytest.raises(queue.Empty):
+        writer.written.get(timeout=0.3)
+    assert writer.written.get(timeout=30) == "fast"
+    driver.close()
