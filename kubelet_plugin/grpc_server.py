@@ -31,7 +31,7 @@ import grpc
 from driver.api import DraDriver, HealthSource
 from driver.errors import ConfigError
 from kubelet_plugin.grpc_dra import add_dra_services
-from kubelet_plugin.health_service import add_health_services
+from kubelet_plugin.health_service import RESEND_SECONDS, add_health_services
 from kubelet_plugin.registration import RegistrationServicer, RegistrationState
 from proto.gen.pluginregistration import api_pb2_grpc as reg_grpc
 
@@ -129,6 +129,7 @@ class PluginServer:
         health: HealthSource | None = None,
         rolling_update_uid: str | None = None,
         max_workers: int = 16,
+        health_resend_seconds: float = RESEND_SECONDS,
     ) -> None:
         root = Path(kubelet_root).absolute()
         registry_dir = root / "plugins_registry"
@@ -141,6 +142,7 @@ class PluginServer:
         self._dra = dra
         self._health = health
         self._max_workers = max_workers
+        self._health_resend = health_resend_seconds
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._sockets: list[_Socket] = []
@@ -168,7 +170,12 @@ class PluginServer:
             )
             versions = add_dra_services(dra_server, self._dra)
             if self._health is not None:
-                versions += add_health_services(dra_server, self._health, self._stopping)
+                versions += add_health_services(
+                    dra_server,
+                    self._health,
+                    self._stopping,
+                    resend_seconds=self._health_resend,
+                )
             self.supported_versions = tuple(versions)
             dra_socket = _Socket(self._dra_path, dra_server)
             dra_socket.start()

@@ -29,7 +29,7 @@ from driver.health.watch import HealthWatcher
 from driver.kube.http import KubeClient
 from driver.metrics import Metrics
 from driver.nvml.facade import Nvml
-from driver.prepare.cdi import CdiSpecs
+from driver.prepare.cdi import CdiSpecs, DeviceNumbers
 from driver.prepare.executor import DeviceState, RecoveryReport
 from driver.prepare.plan import CreateMigDevice
 from driver.sharing import SharingNode
@@ -62,6 +62,15 @@ def managed_mig_uuids(state: CheckpointData) -> set[str]:
             if isinstance(step, CreateMigDevice) and step.device in record.device_uuids:
                 created.add(record.device_uuids[step.device])
     return created
+
+
+def _device_numbers(settings: PluginSettings) -> DeviceNumbers | None:
+    """Device node numbers for CDI specs on a simulated node; a real node names host paths."""
+    if settings.nvml != "simulated":
+        return None
+    from driver.nvml.sim import PROC_DEVICES  # noqa: PLC0415 (no simulation on a real node)
+
+    return DeviceNumbers.from_proc_devices(PROC_DEVICES)
 
 
 class NodePlugin:
@@ -106,7 +115,7 @@ class NodePlugin:
         self.state = DeviceState(
             nvml,
             self.inventory,
-            CdiSpecs(settings.cdi_root, faults=faults),
+            CdiSpecs(settings.cdi_root, faults=faults, numbers=_device_numbers(settings)),
             self.checkpoint,
             lock_path=data_dir / LOCK_FILE,
             driver_name=settings.driver_name,

@@ -5,6 +5,12 @@ kind ``gpu.tranche.dev/claim``, one CDI device per allocated device named
 ``<claim uid>-<device>[-<share id>]``. The container runtime resolves the IDs
 ``gpu.tranche.dev/claim=<name>`` the plugin returns to the kubelet. The spec
 declares the lowest ``cdiVersion`` its fields need, so older runtimes accept it.
+
+Device nodes are named by path. On a real node the runtime stats each path on the host
+and copies its type and numbers. A simulated node has no ``/dev/nvidia*``, so there the
+spec also carries ``type: c`` with the NVIDIA majors and minors (:class:`DeviceNumbers`):
+the runtime creates the node in the container from the numbers alone (containerd would
+otherwise fail the container with "failed to stat CDI host device").
 """
 
 from __future__ import annotations
@@ -31,6 +37,52 @@ DEFAULT_CDI_DIR = Path("/var/run/cdi")
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 _SPEC_FILE = re.compile(rf"^{re.escape(VENDOR)}-{CLASS}_(?P<uid>[A-Za-z0-9-]+)\.json$")
 _NAME_OK = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+NVIDIA_MAJOR = 195  # nvidia-frontend: /dev/nvidia<N> is 195:N, /dev/nvidiactl 195:255
+_GPU_NODE = re.compile(r"^/dev/nvidia(?P<minor>\d+)$")
+_CAP_NODE = re.compile(r"^/dev/nvidia-caps/nvidia-cap(?P<minor>\d+)$")
+
+
+@dataclass(frozen=True)
+class DeviceNumbers:
+    """Character-device numbers of the NVIDIA device nodes, for nodes the host lacks.
+
+    The fixed ones are the driver's (``nvidia-frontend`` 195: ``nvidia<N>`` is minor N,
+    ``nvidiactl`` 255, ``nvidia-modeset`` 254); ``nvidia-uvm`` (minor 0, ``-tools`` 1)
+    and ``nvidia-caps`` take a major the kernel assigns, read from ``/proc/devices``.
+    """
+
+    uvm_major: int | None = None
+    caps_major: int | None = None
+
+    @classmethod
+    def from_proc_devices(cls, text: str) -> DeviceNumbers:
+        """Majors from a ``/proc/devices`` listing (``510 nvidia-uvm``)."""
+        majors: dict[str, int] = {}
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0].isdigit():
+                majors.setdefault(parts[1], int(parts[0]))
+        return cls(uvm_major=majors.get("nvidia-uvm"), caps_major=majors.get("nvidia-caps"))
+
+    def lookup(self, path: str) -> tuple[int, int] | None:
+        """``(major, minor)`` of a device node path; None for a node these do not describe."""
+        fixed = {"/dev/nvidiactl": (NVIDIA_MAJOR, 255), "/dev/nvidia-modeset": (NVIDIA_MAJOR, 254)}
+        if path in fixed:
+            return fixed[path]
+        if m := _GPU_NODE.match(path):
+            return NVIDIA_MAJOR, int(m.group("minor"))
+        if self.uvm_major is not None and path in ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
+            return self.uvm_major, 0 if path == "/dev/nvidia-uvm" else 1
+        if self.caps_major is not None and (m := _CAP_NODE.match(path)):
+            return self.caps_major, int(m.group("minor"))
+        return None
+
+    def node(self, path: str) -> dict[str, Any]:
+        """The CDI ``deviceNodes`` entry of ``path``: with numbers when these know them."""
+        numbers = self.lookup(path)
+        if numbers is None:
+            return {"path": path}
+        return {"path": path, "type": "c", "major": numbers[0], "minor": numbers[1]}
 
 
 @dataclass(frozen=True)
@@ -55,12 +107,15 @@ class ContainerEdits:
             mounts=self.mounts + other.mounts,
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, numbers: DeviceNumbers | None = None) -> dict[str, Any]:
+        """CDI ``containerEdits``; device nodes with ``numbers`` when given (simulated nodes)."""
         out: dict[str, Any] = {}
         if self.env:
             out["env"] = list(self.env)
         if self.device_nodes:
-            out["deviceNodes"] = [{"path": p} for p in self.device_nodes]
+            out["deviceNodes"] = [
+                numbers.node(p) if numbers else {"path": p} for p in self.device_nodes
+            ]
         if self.mounts:
             out["mounts"] = [
                 {"hostPath": m.host_path, "containerPath": m.container_path}
@@ -148,28 +203,40 @@ def claim_edits(ref: ClaimRef) -> ContainerEdits:
     )
 
 
-def build_spec(devices: Sequence[CdiDevice], common: ContainerEdits) -> dict[str, Any]:
+def build_spec(
+    devices: Sequence[CdiDevice], common: ContainerEdits, numbers: DeviceNumbers | None = None
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "kind": KIND,
-        "devices": [{"name": d.name, "containerEdits": d.edits.to_json()} for d in devices],
-        "containerEdits": common.to_json(),
+        "devices": [{"name": d.name, "containerEdits": d.edits.to_json(numbers)} for d in devices],
+        "containerEdits": common.to_json(numbers),
     }
     return {"cdiVersion": minimum_version(spec)} | spec
 
 
 class CdiSpecs:
-    """The claim spec files in one CDI directory."""
+    """The claim spec files in one CDI directory.
 
-    def __init__(self, cdi_dir: Path = DEFAULT_CDI_DIR, faults: FaultPoints = NO_FAULTS) -> None:
+    ``numbers`` describe device nodes by type and numbers (a simulated node, whose host
+    has no NVIDIA device nodes); None names them by path only (a real node).
+    """
+
+    def __init__(
+        self,
+        cdi_dir: Path = DEFAULT_CDI_DIR,
+        faults: FaultPoints = NO_FAULTS,
+        numbers: DeviceNumbers | None = None,
+    ) -> None:
         self.dir = cdi_dir
         self._faults = faults
+        self._numbers = numbers
 
     def path(self, claim_uid: str) -> Path:
         return self.dir / f"{VENDOR}-{CLASS}_{claim_uid}.json"
 
     def write(self, claim_uid: str, devices: Sequence[CdiDevice], common: ContainerEdits) -> Path:
         path = self.path(claim_uid)
-        data = json.dumps(build_spec(devices, common), indent=2).encode() + b"\n"
+        data = json.dumps(build_spec(devices, common, self._numbers), indent=2).encode() + b"\n"
         # Not fsynced: the spec is whole for the runtime at once (page cache), and after a
         # machine crash start-up recovery rewrites the spec of every prepared claim (its
         # directory is a tmpfs on most nodes anyway).

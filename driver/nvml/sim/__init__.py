@@ -17,6 +17,7 @@ from driver.nvml.sim.profiles import NodeProfile, load_profile, shipped_profiles
 from driver.nvml.sim.state import SimState, SimStore, state_from_profile
 
 __all__ = [
+    "PROC_DEVICES",
     "NodeProfile",
     "SimControl",
     "SimState",
@@ -27,6 +28,16 @@ __all__ = [
     "open_simulated",
     "shipped_profiles",
 ]
+
+# The character-device majors of a simulated node, as its /proc/devices would list them:
+# 195 is fixed by the NVIDIA driver; the kernel assigns nvidia-uvm's and nvidia-caps' (these
+# are the numbers seen on a typical node).
+PROC_DEVICES = """Character devices:
+195 nvidia-frontend
+195 nvidia
+234 nvidia-caps
+510 nvidia-uvm
+"""
 
 
 def create_state(profile: str, path: Path | None = None) -> SimStore:

@@ -390,6 +390,26 @@ def test_health_stream_delivers_full_device_list_on_every_change(
     assert latest[0].last_updated_time > 0
 
 
+def test_health_stream_resends_an_unchanged_list_before_the_kubelet_times_it_out(
+    root: Path, driver: RecordingDriver, health: SettableHealth, sims: list[KubeletSimulator]
+) -> None:
+    # The kubelet turns a device Unknown when no message named it within its timeout
+    # (30 s by default): a list sent only on change went Unknown a minute after start.
+    srv = PluginServer(DRIVER, root, driver, health=health, health_resend_seconds=0.2)
+    srv.start()
+    try:
+        sim = _sim(root, "1.37")
+        sims.append(sim)
+        _registered(sim)
+        assert sim.wait_for(lambda: len(sim.health_updates) >= 3)
+        for update in sim.health_updates[:3]:
+            assert [(d.device_name, d.health) for d in update.devices] == [("gpu-0", "Healthy")]
+            # a declared timeout, longer than the re-send period
+            assert update.devices[0].timeout_seconds == 60
+    finally:
+        srv.stop(0)
+
+
 def test_kubelet_137_opens_no_health_stream_unless_advertised(
     root: Path, driver: RecordingDriver, sims: list[KubeletSimulator]
 ) -> None:

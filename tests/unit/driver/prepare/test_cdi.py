@@ -15,6 +15,7 @@ from driver.prepare.cdi import (
     CdiDevice,
     CdiSpecs,
     ContainerEdits,
+    DeviceNumbers,
     Mount,
     build_spec,
     claim_devices,
@@ -54,6 +55,38 @@ def test_claim_spec_contents() -> None:
     ]  # fmt: skip
     assert f"TRANCHE_CLAIM_UID={REF.uid}" in common["env"]
     assert not any("=all" in e for d in spec["devices"] for e in d["containerEdits"]["env"])
+
+
+PROC_DEVICES = "Character devices:\n  1 mem\n195 nvidia-frontend\n234 nvidia-caps\n510 nvidia-uvm\n"
+
+
+def test_simulated_node_spec_describes_device_nodes_by_type_and_numbers(tmp_path: Path) -> None:
+    # A simulated node has no /dev/nvidia*: containerd stats a path-only node on the host
+    # and fails the container, so the spec carries the numbers the runtime creates it from.
+    numbers = DeviceNumbers.from_proc_devices(PROC_DEVICES)
+    mig = ContainerEdits(device_nodes=("/dev/nvidia-caps/nvidia-cap21",))
+    devices = claim_devices(REF, [planned("gpu-b", 3)], {"gpu-b": "GPU-bbb"}, {"gpu-b": mig})
+    path = CdiSpecs(tmp_path, numbers=numbers).write(REF.uid, devices, claim_edits(REF))
+    spec = json.loads(path.read_text())
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3},
+        {"path": "/dev/nvidia-caps/nvidia-cap21", "type": "c", "major": 234, "minor": 21},
+    ]
+    assert spec["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255},
+        {"path": "/dev/nvidia-uvm", "type": "c", "major": 510, "minor": 0},
+        {"path": "/dev/nvidia-uvm-tools", "type": "c", "major": 510, "minor": 1},
+    ]
+
+
+def test_real_node_spec_names_host_device_nodes_by_path_alone(tmp_path: Path) -> None:
+    devices = claim_devices(REF, [planned("gpu-b", 3)], {"gpu-b": "GPU-bbb"})
+    spec = json.loads(CdiSpecs(tmp_path).write(REF.uid, devices, claim_edits(REF)).read_text())
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia3"}]
+    # a /proc/devices without the dynamic majors describes only the fixed nodes
+    partial = DeviceNumbers.from_proc_devices("Character devices:\n195 nvidia-frontend\n")
+    assert partial.node("/dev/nvidia-uvm") == {"path": "/dev/nvidia-uvm"}
+    assert partial.node("/dev/nvidiactl")["minor"] == 255
 
 
 def test_extra_edits_and_share_ids() -> None:
