@@ -26,7 +26,6 @@ from driver.kube.http import KubeClient
 from driver.logs import configure
 from driver.metrics import Metrics
 from driver.nvml.facade import Nvml
-from driver.nvml.sim import create_state, open_simulated
 from kubelet_plugin.liveness import HealthEndpoint, probe_sockets
 from kubelet_plugin.node import NodePlugin
 from kubelet_plugin.settings import (
@@ -46,6 +45,9 @@ def open_nvml(settings: PluginSettings, on_call: Callable[[str, float], None]) -
         nvml = Nvml(pynvml, on_call=on_call)
         nvml.init()
         return nvml
+    # Imported here: a real node never loads the simulation (about 140 ms and several MiB).
+    from driver.nvml.sim import create_state, open_simulated  # noqa: PLC0415
+
     path = settings.sim_state
     if path is not None and path.exists():
         return open_simulated(path, on_call=on_call)
