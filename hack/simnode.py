@@ -50,7 +50,7 @@ class SimNode:
         for d in (self.kubelet_root, self.cdi_root):
             d.mkdir(parents=True, exist_ok=True)
         if not self.sim_state.exists():
-            create_state(config.profile, self.sim_state)
+            create_state(config.profile, self.sim_state, node=config.node_name)
 
     @property
     def data_dir(self) -> Path:

@@ -51,7 +51,8 @@ def open_nvml(settings: PluginSettings, on_call: Callable[[str, float], None]) -
     path = settings.sim_state
     if path is not None and path.exists():
         return open_simulated(path, on_call=on_call)
-    return open_simulated(create_state(settings.profile, path), on_call=on_call)
+    store = create_state(settings.profile, path, node=settings.node_name)
+    return open_simulated(store, on_call=on_call)
 
 
 def serve(settings: PluginSettings, stop: threading.Event) -> int:

@@ -109,7 +109,7 @@ def _open(settings: DevicesSettings) -> Nvml:
         if not settings.sim_state.is_file():
             raise TrancheError(f"--sim-state {settings.sim_state}: no such file")
         return open_simulated(settings.sim_state)
-    return open_simulated(create_state(settings.profile))
+    return open_simulated(create_state(settings.profile, node=settings.node_name))
 
 
 def _taints(settings: DevicesSettings, inventory: Inventory) -> dict[str, list[dict[str, str]]]:

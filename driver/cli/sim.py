@@ -45,6 +45,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help=f"a shipped profile ({', '.join(shipped_profiles())}) or a profile file path",
     )
+    add_flag(
+        p,
+        "--node-name",
+        "the node the GPUs belong to: their UUIDs are derived from it (unique per node); "
+        "empty: from the profile alone",
+        default="",
+    )
     action("show", "print the simulated GPUs, MIG devices and processes as JSON")
     p = action("inject-xid", "raise an XID critical-error event on a GPU")
     p.add_argument("--gpu", required=True, help="GPU index or UUID (or a MIG UUID)")
@@ -111,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
     path = Path(args.state)
     try:
         if args.sim_action == "init":
-            store = create_state(args.profile, path)
+            store = create_state(args.profile, path, node=args.node_name or None)
             count = store.read(lambda s: len(s.gpus))
             print(f"simulated node {args.profile}: {count} GPUs in {path}")
             return 0

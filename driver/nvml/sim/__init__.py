@@ -40,9 +40,13 @@ PROC_DEVICES = """Character devices:
 """
 
 
-def create_state(profile: str, path: Path | None = None) -> SimStore:
-    """Fresh simulated hardware from a profile name or file, optionally backed by ``path``."""
-    return SimStore(state_from_profile(load_profile(profile)), path)
+def create_state(profile: str, path: Path | None = None, *, node: str | None = None) -> SimStore:
+    """Fresh simulated hardware from a profile name or file, optionally backed by ``path``.
+
+    ``node`` makes the GPU UUIDs the node's own (two nodes of one profile differ); without
+    it they depend on the profile alone.
+    """
+    return SimStore(state_from_profile(load_profile(profile), node), path)
 
 
 def open_simulated(store: SimStore | Path, *, on_call: OnCall | None = None) -> Nvml:

@@ -146,10 +146,13 @@ class NodeProfile(_Frozen):
     models: dict[str, ModelSpec]
     gpus: tuple[SlotSpec, ...]
 
-    def gpu_uuid(self, slot: SlotSpec) -> str:
+    def gpu_uuid(self, slot: SlotSpec, node: str | None = None) -> str:
+        """The slot's UUID: its own, else derived from the node (when named), the profile
+        and the bus id, so two simulated nodes of one profile never share a GPU UUID."""
         if slot.uuid:
             return slot.uuid
-        return "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{self.name}/{slot.pci_bus_id}"))
+        seed = f"{self.name}/{slot.pci_bus_id}"
+        return "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{node}/{seed}" if node else seed))
 
 
 def shipped_profiles() -> list[str]:

@@ -112,11 +112,11 @@ class SimState(_Model):
         del self.events[:-MAX_EVENTS]
 
 
-def state_from_profile(profile: NodeProfile) -> SimState:
+def state_from_profile(profile: NodeProfile, node: str | None = None) -> SimState:
     gpus = [
         SimGpu(
             index=i,
-            uuid=profile.gpu_uuid(slot),
+            uuid=profile.gpu_uuid(slot, node),
             minor=i,
             model=profile.models[slot.model],
             slot=slot,

@@ -35,7 +35,7 @@ def test_yaml_is_what_the_plugin_publishes(
         capsys,
     )
     assert code == 0
-    nvml = open_simulated(create_state(profile))
+    nvml = open_simulated(create_state(profile, node="n1"))  # GPU UUIDs are the node's own
     expected = build_slices(build_inventory(nvml.list_gpus(), nvml.system_info()), "n1")
     assert list(yaml.safe_load_all(out)) == expected
 
@@ -71,7 +71,7 @@ def test_static_mig_and_advertise(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_taints_from_the_health_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    nvml = open_simulated(create_state("l4-x4"))
+    nvml = open_simulated(create_state("l4-x4", node="n1"))
     uuid = nvml.list_gpus()[0].uuid
     path = tmp_path / "health.json"
     HealthStateFile(path).save(
@@ -86,8 +86,10 @@ def test_taints_from_the_health_state(tmp_path: Path, capsys: pytest.CaptureFixt
         }
     )  # fmt: skip
     code, out, _ = _run(
-        ["--nvml", "simulated", "--profile", "l4-x4", "--health-state", str(path)], capsys
-    )
+        ["--nvml", "simulated", "--profile", "l4-x4", "--node-name", "n1",
+         "--health-state", str(path)],
+        capsys,
+    )  # fmt: skip
     assert code == 0
     tainted = [line for line in out.splitlines() if "gpu.tranche.dev/xid=79:NoExecute" in line]
     assert len(tainted) == 1

@@ -78,6 +78,16 @@ def test_uuids_are_stable_across_loads() -> None:
     assert not set(first) & set(other)
 
 
+def test_two_nodes_of_one_profile_have_their_own_gpu_uuids() -> None:
+    # Attribution and selectors on `uuid` need a UUID to name one GPU in the cluster.
+    a = [g.uuid for g in open_simulated(create_state("dgx-h100", node="node-a")).list_gpus()]
+    b = [g.uuid for g in open_simulated(create_state("dgx-h100", node="node-b")).list_gpus()]
+    again = [g.uuid for g in open_simulated(create_state("dgx-h100", node="node-a")).list_gpus()]
+    assert len(set(a)) == len(a) == 8
+    assert not set(a) & set(b)
+    assert a == again
+
+
 def test_h100_mig_profiles_and_placements(nvml: Nvml) -> None:
     g = nvml.list_gpus()[0]
     table = {p.name: (p.id, p.slice_count, p.instance_count, p.placements) for p in g.mig_profiles}
