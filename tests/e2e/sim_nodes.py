@@ -23,6 +23,8 @@ import pytest
 import yaml
 from kubernetes import client
 
+from driver.nvml.sim.profiles import load_profile
+from driver.nvml.sim.state import state_from_profile
 from hack.devcluster.nodes import add_node
 from hack.kubeletsim import KubeletSimulator
 from hack.simnode import SimNode, SimNodeConfig
@@ -122,12 +124,24 @@ def plugin_node(
         shutil.rmtree(root, ignore_errors=True)
 
 
+def fresh_node_name(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"
+
+
+def sim_gpu_uuids(profile: str, node: str) -> list[str]:
+    """The GPU UUIDs a simulated node ``node`` of ``profile`` will have (in index order)."""
+    return [g.uuid for g in state_from_profile(load_profile(profile), node).gpus]
+
+
 @contextlib.contextmanager
-def node_with_plugin(cluster: Cluster, prefix: str, **plugin: Any) -> Iterator[PluginNode]:
+def node_with_plugin(
+    cluster: Cluster, prefix: str, *, name: str | None = None, **plugin: Any
+) -> Iterator[PluginNode]:
     """A fresh Ready Node running the real plugin (``plugin_node`` arguments), for a whole
-    test module; the pods bound to it and the Node are deleted afterwards."""
+    test module; the pods bound to it and the Node are deleted afterwards. ``name`` (from
+    :func:`fresh_node_name`) when the caller needs it before the plugin starts."""
     kubectl(cluster, "apply", "--server-side", "-f", str(DEVICE_CLASSES))
-    name = f"{prefix}-{secrets.token_hex(3)}"
+    name = name or fresh_node_name(prefix)
     with cluster.api_client() as api:
         add_node(api, name)
         try:

@@ -28,8 +28,7 @@ import yaml
 from kubernetes import client
 
 from driver.checkpoint.store import Checkpoint
-from driver.nvml.sim.profiles import load_profile
-from driver.nvml.sim.state import SimGpu, SimStore, state_from_profile
+from driver.nvml.sim.state import SimGpu, SimStore
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import unschedulable
@@ -39,8 +38,10 @@ from tests.e2e.sim_nodes import (
     PluginNode,
     apply_example,
     delete_pod,
+    fresh_node_name,
     kubectl,
     node_with_plugin,
+    sim_gpu_uuids,
 )
 from tests.waiting import wait_for
 
@@ -66,17 +67,14 @@ class ShareNode:
         return self.pn.name
 
 
-def _uuids(profile: str) -> list[str]:
-    return [g.uuid for g in state_from_profile(load_profile(profile)).gpus]
-
-
 @pytest.fixture(scope="module")
 def node(cluster: Cluster) -> Iterator[ShareNode]:
-    gpus = _uuids("mixed")  # H100, H100, L4, L4
+    name = fresh_node_name("share")
+    gpus = sim_gpu_uuids("mixed", name)  # H100, H100, L4, L4
     advertise = {"*": [], gpus[0]: ["mig"], gpus[2]: ["gpu"]}
     sharing = {"groups": ["blue"], "mpsControl": str(FAKE_MPS)}
     args = ("--advertise", json.dumps(advertise), "--sharing", json.dumps(sharing))
-    with node_with_plugin(cluster, "share", profile="mixed", extra_args=args) as pn:
+    with node_with_plugin(cluster, "share", name=name, profile="mixed", extra_args=args) as pn:
         yield ShareNode(pn, gpus[0], gpus[2])
 
 

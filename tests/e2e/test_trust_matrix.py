@@ -29,13 +29,19 @@ from collections.abc import Callable, Iterator
 import pytest
 from kubernetes import client
 
-from driver.nvml.sim.profiles import load_profile
-from driver.nvml.sim.state import state_from_profile
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import unschedulable
-from tests.e2e.sim_nodes import REPO, PluginNode, apply_example, delete_pod, node_with_plugin
+from tests.e2e.sim_nodes import (
+    REPO,
+    PluginNode,
+    apply_example,
+    delete_pod,
+    fresh_node_name,
+    node_with_plugin,
+    sim_gpu_uuids,
+)
 from tests.e2e.trust_policy import RESOURCE, Obj, claim_object, create_claim, exactly
 from tests.e2e.trust_policy import group_selector as group
 from tests.waiting import wait_for
@@ -69,11 +75,12 @@ class MatrixNode:
 
 @pytest.fixture(scope="module")
 def node(cluster: Cluster, trust_policy: client.ApiClient) -> Iterator[MatrixNode]:
-    uuids = [g.uuid for g in state_from_profile(load_profile("mixed")).gpus]
+    name = fresh_node_name("trust")
+    uuids = sim_gpu_uuids("mixed", name)
     advertise = {uuids[0]: ["mig"], uuids[1]: ["gpu", "mig"], "*": ["gpu"]}
     sharing = {"groups": ["blue", "red"], "mpsControl": str(FAKE_MPS)}
     args = ("--advertise", json.dumps(advertise), "--sharing", json.dumps(sharing))
-    with node_with_plugin(cluster, "trust", profile="mixed", extra_args=args) as pn:
+    with node_with_plugin(cluster, "trust", name=name, profile="mixed", extra_args=args) as pn:
         yield MatrixNode(cluster, pn, uuids)
 
 
@@ -303,7 +310,10 @@ def test_isolated(node: MatrixNode, tenant: Callable[..., str]) -> None:
     }, row
     assert "does not allow mechanism mig" in row["mig"][1]
     assert "(ExclusiveGpu)" in row["another tenant's share of its GPU"][1]
-    _release(m, (ns, "gpu"), (ns, "timeslice-a"), (ns, "timeslice-b"))
+    # The pod placed by hand goes first: once the isolated tenant's pods are gone, the
+    # kubelet's next retry would prepare the other tenant's share, rightly (no one left to
+    # co-locate with), and its CDI spec would outlive this test.
+    _release(m, (blue, "work"), (ns, "gpu"), (ns, "timeslice-a"), (ns, "timeslice-b"))
 
 
 def test_partitioned(node: MatrixNode, tenant: Callable[..., str]) -> None:
@@ -336,7 +346,7 @@ def test_partitioned(node: MatrixNode, tenant: Callable[..., str]) -> None:
     }, row
     assert "(LevelForbidsMechanism)" in row["a time-slice share of its own, admission bypassed"][1]
     assert "(LevelForbidsSharing)" in row["another tenant's share of its GPU"][1]
-    _release(m, (ns, "gpu"), (ns, "mig"), (neighbour, "mig"))
+    _release(m, (blue, "work"), (ns, "forced"), (ns, "gpu"), (ns, "mig"), (neighbour, "mig"))
 
 
 def test_shared(node: MatrixNode, tenant: Callable[..., str]) -> None:
@@ -375,4 +385,4 @@ def test_shared(node: MatrixNode, tenant: Callable[..., str]) -> None:
     )
     assert 'sharingGroup == "blue"' in row["another group's share"][1]
     assert "(DifferentSharingGroup)" in row["another group's share of its GPU, placed by hand"][1]
-    _release(m, (ns, "gpu"), (ns, "mig"), (ns, "ts"), (ns, "mps"), (friend, "ts"))
+    _release(m, (red, "forced"), (ns, "gpu"), (ns, "mig"), (ns, "ts"), (ns, "mps"), (friend, "ts"))
