@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(shell find proto -name '*.proto' 2>/dev/null)
 
-.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins helm-bin clean
+.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins node-bins helm-bin clean
 
 all: check
 
@@ -20,6 +20,9 @@ venv: $(STAMP)
 
 k8s-bins:
 	hack/build-k8s.sh >/dev/null
+
+node-bins:
+	hack/build-node.sh >/dev/null
 
 helm-bin:
 	hack/build-helm.sh >/dev/null
