@@ -66,6 +66,7 @@ def apiserver(config: ClusterConfig, layout: Layout, ports: Ports, pki: Pki) -> 
             # node's kubelet accepts clients with certificates from the cluster CA.
             f"--kubelet-client-certificate={pki.admin_cert}",
             f"--kubelet-client-key={pki.admin_key}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
             "--enable-priority-and-fairness=false",

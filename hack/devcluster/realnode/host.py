@@ -290,6 +290,6 @@ def delete_bridge(name: str) -> list[str]:
         )
         if done.returncode == 0:
             deleted.append(link)
-        else:
+        elif link_exists(link):  # a veth goes away by itself when its pod netns does
             log.warning("cannot delete link name=%s error=%s", link, done.stderr.strip())
     return deleted

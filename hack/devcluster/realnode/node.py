@@ -328,7 +328,8 @@ class RealNodes:
             done += self.remove(name, api=api)
         with self._locked():
             done += host.restore_machine(self.machine_record)
-        shutil.rmtree(self.images_dir, ignore_errors=True)
+        if not self.names():
+            shutil.rmtree(self.dir, ignore_errors=True)
         return done
 
     def _teardown(self, name: str) -> list[str]:

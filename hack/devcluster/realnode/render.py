@@ -306,14 +306,16 @@ def kubelet_config(
 ) -> dict[str, Any]:
     """KubeletConfiguration (v1beta1) of one node.
 
-    The kubelet serves on 127.0.0.1 (the Node's Hostname address resolves there) on its
-    own ports; only clients with a certificate from the cluster CA (the API server) may
-    call it. ``makeIPTablesUtilChains: false`` keeps it out of the host's iptables.
+    The kubelet serves on all addresses on its own ports: the API server reaches it at the
+    Node's InternalIP (the machine's address; a loopback node IP is refused, and the
+    Hostname address is the node name, which does not resolve). Only clients with a
+    certificate from the cluster CA (the API server) may call it.
+    ``makeIPTablesUtilChains: false`` keeps it out of the host's iptables.
     """
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": "127.0.0.1",
+        "address": "0.0.0.0",
         "port": settings.kubelet_port,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
