@@ -49,6 +49,7 @@ _COMPONENTS = ("kubelet", "containerd")  # stop order
 @dataclass(frozen=True)
 class RealNodeInfo:
     name: str
+    node_dir: Path
     kubelet_root: Path
     cdi_root: Path
     containerd_socket: Path
@@ -56,6 +57,8 @@ class RealNodeInfo:
     containerd_log: Path
     cgroup_root: str
     bridge: str
+    node_cert: Path
+    node_key: Path
 
 
 class RealNodes:
@@ -91,6 +94,7 @@ class RealNodes:
         settings = NodeSettings.from_json(layout.settings_file.read_text())
         return RealNodeInfo(
             name=name,
+            node_dir=layout.root,
             kubelet_root=layout.kubelet_root,
             cdi_root=layout.cdi_root,
             containerd_socket=layout.containerd_socket,
@@ -98,6 +102,8 @@ class RealNodes:
             containerd_log=render.node_log(self.state_dir, name, "containerd"),
             cgroup_root=settings.cgroup_root,
             bridge=settings.bridge,
+            node_cert=layout.node_cert,
+            node_key=layout.node_key,
         )
 
     def running(self, name: str) -> dict[str, int | None]:
@@ -208,6 +214,10 @@ class RealNodes:
             json.dumps(render.cni_conflist(settings, layout), indent=2)
         )
         cert, key = node_client_cert(pki, settings.name)
+        layout.node_cert.write_bytes(cert)
+        fd = os.open(layout.node_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as kf:
+            kf.write(key)
         kubeconfig = render.kubelet_kubeconfig(
             server, pki.ca_cert.read_bytes(), cert, key, settings.name
         )
