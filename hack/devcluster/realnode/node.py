@@ -61,6 +61,11 @@ class RealNodeInfo:
     node_key: Path
 
 
+# Started children by (node dir, component): kept so a Popen is never collected while its
+# process runs, and reaped on teardown.
+_CHILDREN: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
+
+
 class RealNodes:
     """The real nodes of the cluster whose state directory is ``state_dir``."""
 
@@ -111,6 +116,10 @@ class RealNodes:
         marker = str(layout.root)
         result: dict[str, int | None] = {}
         for c in _COMPONENTS:
+            child = _CHILDREN.get((marker, c))
+            if child is not None and child.poll() is None:
+                result[c] = child.pid  # ours for certain, even before exec fills cmdline
+                continue
             pid = read_pid(layout.pid_file(c))
             result[c] = pid if pid is not None and owned(pid, marker) else None
         return result
@@ -243,6 +252,7 @@ class RealNodes:
             env=env,
         )
         proc = start(ctd, die_with_parent=die_with_parent)
+        _CHILDREN[(str(layout.root), "containerd")] = proc
         self._wait(ctd, proc, lambda: self._ctr(layout, "version").returncode == 0, timeout_s)
         log.info("containerd ready node=%s seconds=%.2f", settings.name, time.monotonic() - t0)
 
@@ -269,6 +279,7 @@ class RealNodes:
             env=env,
         )
         proc = start(kubelet, die_with_parent=die_with_parent)
+        _CHILDREN[(str(layout.root), "kubelet")] = proc
         with api_client(server, pki) as api:
             core = client.CoreV1Api(api)
             self._wait(kubelet, proc, lambda: _node_ready(core, settings.name), timeout_s)
@@ -365,6 +376,11 @@ class RealNodes:
         if pids["containerd"] is not None:
             stop_group(pids["containerd"], timeout_s=10)
             done.append(f"stopped containerd pid={pids['containerd']}")
+        for c in _COMPONENTS:
+            child = _CHILDREN.pop((marker, c), None)
+            if child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=5)
         leftovers = host.kill_marked(marker)
         if leftovers:
             done.append(f"killed {len(leftovers)} other processes naming {marker}")
