@@ -72,11 +72,10 @@ def sweep_stale_runs() -> list[str]:
     states = {p.parents[2] for p in base.glob("pytest-of-*/pytest-*/*/n/*/node.json")}
     states |= {p.parent.parent for p in base.glob("pytest-of-*/pytest-*/*/n/host.json")}
     for state in sorted(states):
-        nodes = RealNodes(state)
-        if any(pid for name in nodes.names() for pid in nodes.running(name).values()):
-            continue  # a live run (maybe another session): not ours to touch
-        items = nodes.remove_all()
-        log.warning("swept stale real nodes state_dir=%s undone=%r", state, items)
+        # A live run (maybe another session) is left alone.
+        items = RealNodes(state).remove_stale()
+        if items:
+            log.warning("swept stale real nodes state_dir=%s undone=%r", state, items)
         done += items
     return done
 

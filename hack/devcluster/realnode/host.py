@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -26,7 +28,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -75,45 +77,107 @@ def read_sysctls(names: Iterable[str] = WATCHED_SYSCTLS) -> dict[str, str]:
     return values
 
 
+# Clusters (state dirs) with real nodes on this machine, one file each; the first records
+# the machine's original state, later ones copy it, the last one out restores it. On tmpfs:
+# a reboot resets sysctls and /run alike.
+REGISTRY = Path("/run/tranche-real-nodes")
+
+
+@contextlib.contextmanager
+def _machine_lock() -> Iterator[None]:
+    # flock on /run itself: serialises clusters without leaving a lock file behind.
+    fd = os.open("/run", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _entry(record_file: Path) -> Path:
+    return REGISTRY / (hashlib.sha256(str(record_file).encode()).hexdigest()[:16] + ".json")
+
+
+def _live_others(record_file: Path) -> list[Path]:
+    """Record files of other clusters that still have real nodes (stale entries dropped)."""
+    live = []
+    for entry in sorted(REGISTRY.glob("*.json")) if REGISTRY.is_dir() else []:
+        try:
+            other = Path(json.loads(entry.read_text())["record"])
+        except (OSError, ValueError, KeyError):
+            entry.unlink(missing_ok=True)
+            continue
+        if other == record_file:
+            continue
+        if other.exists():
+            live.append(other)
+        else:
+            entry.unlink(missing_ok=True)
+    return live
+
+
 def record_machine(record_file: Path) -> None:
-    """Write the machine record unless one exists (a running node already wrote it)."""
-    if record_file.exists():
-        return
-    record = {
-        "sysctls": read_sysctls(),
-        "absent_paths": [p for p in WATCHED_PATHS if not os.path.lexists(p)],
-    }
-    record_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = record_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
-    tmp.replace(record_file)
-    log.info("recorded host state file=%s", record_file)
+    """Write this cluster's machine record unless it exists (a running node wrote it).
+
+    When another cluster on the machine already runs real nodes, its record (the state
+    before any of them) is copied: the current values are already changed.
+    """
+    with _machine_lock():
+        if record_file.exists():
+            return
+        others = _live_others(record_file)
+        if others:
+            record = json.loads(others[0].read_text())
+        else:
+            record = {
+                "sysctls": read_sysctls(),
+                "absent_paths": [p for p in WATCHED_PATHS if not os.path.lexists(p)],
+            }
+        record_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+        tmp.replace(record_file)
+        REGISTRY.mkdir(exist_ok=True)
+        _entry(record_file).write_text(json.dumps({"record": str(record_file)}))
+        log.info("recorded host state file=%s copied_from=%s", record_file, others[:1])
 
 
 def restore_machine(record_file: Path) -> list[str]:
-    """Undo the machine-wide effects in ``record_file``, then delete it; returns what changed."""
-    try:
-        record = json.loads(record_file.read_text())
-    except FileNotFoundError:
-        return []
-    undone = []
-    for name, value in record.get("sysctls", {}).items():
-        path = _SYSCTL_ROOT / name
+    """Undo the machine-wide effects in ``record_file`` and delete it; returns what changed.
+
+    While another cluster still runs real nodes, only this cluster's record goes: the last
+    cluster out restores the machine.
+    """
+    with _machine_lock():
         try:
-            if path.read_text().strip() != value:
-                path.write_text(value)
-                undone.append(f"sysctl {name.replace('/', '.')}={value}")
-        except OSError as e:
-            log.warning("cannot restore sysctl name=%s value=%s error=%s", name, value, e)
-    for p in record.get("absent_paths", []):
-        if os.path.lexists(p):
-            unmount_under(Path(p))
-            shutil.rmtree(p, ignore_errors=True)
-            undone.append(f"removed {p}")
-    record_file.unlink(missing_ok=True)
-    for item in undone:
-        log.info("host restored what=%r", item)
-    return undone
+            record = json.loads(record_file.read_text())
+        except FileNotFoundError:
+            return []
+        record_file.unlink()
+        _entry(record_file).unlink(missing_ok=True)
+        others = _live_others(record_file)
+        if others:
+            log.info("host restore left to another cluster record=%s", others[0])
+            return []
+        undone = []
+        for name, value in record.get("sysctls", {}).items():
+            path = _SYSCTL_ROOT / name
+            try:
+                if path.read_text().strip() != value:
+                    path.write_text(value)
+                    undone.append(f"sysctl {name.replace('/', '.')}={value}")
+            except OSError as e:
+                log.warning("cannot restore sysctl name=%s value=%s error=%s", name, value, e)
+        for p in record.get("absent_paths", []):
+            if os.path.lexists(p):
+                unmount_under(Path(p))
+                shutil.rmtree(p, ignore_errors=True)
+                undone.append(f"removed {p}")
+        with contextlib.suppress(OSError):
+            REGISTRY.rmdir()
+        for item in undone:
+            log.info("host restored what=%r", item)
+        return undone
 
 
 # --- mounts --------------------------------------------------------------------------------

@@ -353,6 +353,20 @@ class RealNodes:
             shutil.rmtree(self.dir, ignore_errors=True)
         return done
 
+    def remove_stale(self) -> list[str]:
+        """Tear everything down if no node of this cluster has a live kubelet or containerd
+        (a killed run); checked under the cluster's lock, so a node being added is safe."""
+        with self._locked():
+            if any(pid for n in self.names() for pid in self.running(n).values()):
+                return []
+            done: list[str] = []
+            for name in self.names():
+                done += self._teardown(name)
+            done += host.restore_machine(self.machine_record)
+        if not self.names():
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return done
+
     def _teardown(self, name: str) -> list[str]:
         layout = NodeLayout.of(self.state_dir, name)
         try:
