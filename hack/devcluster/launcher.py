@@ -149,7 +149,14 @@ class DevCluster:
     def _stop_all(self) -> list[str]:
         # Real nodes first: their kubelets would otherwise retry a vanished API server,
         # and what they did to the host is undone here even after a killed test.
-        stopped = [f"real node: {item}" for item in RealNodes(self.layout.root).remove_all()]
+        nodes = RealNodes(self.layout.root)
+        info = self.info() if nodes.names() else None
+        if info is not None:  # the API server still runs: delete their Node objects too
+            with api_client(info.server, Pki(self.layout.pki_dir)) as api:
+                undone = nodes.remove_all(api=api)
+        else:
+            undone = nodes.remove_all()
+        stopped = [f"real node: {item}" for item in undone]
         for name in reversed(COMPONENTS):
             pid_file = self.layout.pid_file(name)
             pid = read_pid(pid_file)

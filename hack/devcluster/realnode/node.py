@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import urllib3
 import yaml
 from kubernetes import client
 
@@ -173,6 +174,8 @@ class RealNodes:
             except BaseException:
                 self._dump_logs(name)
                 self._teardown(name)
+                if not self.names():
+                    host.restore_machine(self.machine_record)
                 raise
 
     def _settings(self, name: str) -> NodeSettings:
@@ -337,8 +340,9 @@ class RealNodes:
         with self._locked():
             done = self._teardown(name)
             if api is not None:
-                with contextlib.suppress(client.ApiException):
-                    client.CoreV1Api(api).delete_node(name)
+                # A Node left behind would stay Ready forever (no node-lifecycle controller).
+                with contextlib.suppress(client.ApiException, urllib3.exceptions.HTTPError):
+                    client.CoreV1Api(api).delete_node(name, _request_timeout=10)
             if not self.names():
                 done += host.restore_machine(self.machine_record)
             return done
