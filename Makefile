@@ -5,6 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(shell find proto -name '*.proto' 2>/dev/null)
+# Real nodes need root (and apt for their packages): only root builds their binaries up front.
+NODE_BINS := $(if $(filter 0,$(shell id -u)),node-bins,)
 
 .PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins node-bins helm-bin clean
 
@@ -48,10 +50,10 @@ check: lint typecheck contracts check-generated
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-e2e: $(STAMP) k8s-bins helm-bin
+e2e: $(STAMP) k8s-bins $(NODE_BINS) helm-bin
 	$(BIN)/pytest tests/e2e
 
-test: $(STAMP) k8s-bins helm-bin check
+test: $(STAMP) k8s-bins $(NODE_BINS) helm-bin check
 	$(BIN)/pytest
 
 bench: $(STAMP) k8s-bins
