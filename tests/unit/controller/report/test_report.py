@@ -309,7 +309,8 @@ def test_report_from_prometheus_query_range(tmp_path: Path) -> None:
         server.server_close()
         thread.join(timeout=5)
     assert PrometheusStub.queries[0]["query"] == (
-        "sum by (namespace, tenant) (increase(tranche_tenant_gpu_allocated_seconds_total[60s]))"
+        "sum by (instance, namespace, tenant) "
+        "(increase(tranche_tenant_gpu_allocated_seconds_total[60s]))"
     )
     rows = {r.tenant: r for r in report.rows}
     assert rows["blue"].allocated_s == 3600.0
