@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(shell find proto -name '*.proto' 2>/dev/null)
 
-.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins helm-bin clean
+.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins helm-bin chromium clean
 
 all: check
 
@@ -23,6 +23,13 @@ k8s-bins:
 
 helm-bin:
 	hack/build-helm.sh >/dev/null
+
+# Headless Chromium for the showback page's test (tests/e2e/test_report_html.py): Debian's
+# package, installed when missing (CI runs as root on a fresh machine).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
 generate: $(STAMP)
 	$(BIN)/python hack/generate_proto.py
@@ -45,10 +52,10 @@ check: lint typecheck contracts check-generated
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-e2e: $(STAMP) k8s-bins helm-bin
+e2e: $(STAMP) k8s-bins helm-bin chromium
 	$(BIN)/pytest tests/e2e
 
-test: $(STAMP) k8s-bins helm-bin check
+test: $(STAMP) k8s-bins helm-bin chromium check
 	$(BIN)/pytest
 
 bench: $(STAMP) k8s-bins
