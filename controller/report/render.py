@@ -207,8 +207,8 @@ def render_table(report: Report, cost: CostReport | None = None) -> str:
     if cost is not None:
         lines += [
             "",
-            f"Idle: {cost.idle} {cost.currency} for held GPU time no claim kept busy "
-            f"(idle policy {cost.policy}: {POLICY_TEXT[cost.policy]})",
+            f"Idle: {cost.idle} {cost.currency} for {report.devices.idle_s / HOUR:.3f} GPU-h held "
+            f"and not busy (idle policy {cost.policy}: {POLICY_TEXT[cost.policy]})",
             f"Platform: {cost.platform} {cost.currency} (unattributed busy time "
             f"{cost.unattributed}, idle {cost.platform_idle})",
             f"Not charged: {cost.not_charged} {cost.currency}",

@@ -10,10 +10,12 @@ import pytest
 
 from controller.report.catalog import DeviceInfo
 from controller.report.cost import (
+    CENT,
     CostReport,
     IdlePolicy,
     PricingError,
     allocate,
+    device_rate,
     largest_remainder,
 )
 from controller.report.data import (
@@ -237,3 +239,49 @@ def test_prices_are_decimals_as_written(tmp_path: Path) -> None:
 def test_a_missing_price_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(PriceFileError, match=r"nope\.yaml"):
         load_prices(tmp_path / "nope.yaml")
+
+
+WORKED_PRICES = parse_prices(
+    f"currency: EUR\nproducts:\n  {H100}:\n    gpu_hour: 3.00\n    mig:\n      1g.10gb: 0.50\n",
+    "prices.yaml",
+)
+
+
+def worked_example() -> Report:
+    """The worked example of docs/metrics.md: two H100s held for 10 hours on one node."""
+    values: dict[SeriesKey, float] = {}
+    for uuid, held, idle, other in (("GPU-1", 10, 4, 0), ("GPU-2", 10, 2, 1)):
+        for name, hours in ((DEVICE_HELD, held), (DEVICE_IDLE, idle), (DEVICE_UNATTRIBUTED, other)):
+            values[(NODE, name, (("uuid", uuid),))] = hours * 3600
+    for ns, tenant, allocated, measured in (("ml", "blue", 15, 9), ("web", "green", 5, 4)):
+        labels = (("namespace", ns), ("tenant", tenant))
+        values[(NODE, TENANT_ALLOCATED, labels)] = allocated * 3600
+        values[(NODE, TENANT_MEASURED, labels)] = measured * 3600
+    return report_from_snapshots([Snapshot(0.0, values)], "test", [])
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        (
+            "proportional",
+            {"blue": "27.00+13.50", "green": "12.00+4.50", "platform": "3.00+0.00"},
+        ),
+        ("owner", {"blue": "27.00+0.00", "green": "12.00+0.00", "platform": "3.00+18.00"}),
+        ("none", {"blue": "27.00+0.00", "green": "12.00+0.00", "platform": "3.00+0.00"}),
+    ],
+)
+def test_the_worked_example_of_the_docs(policy: IdlePolicy, expected: dict[str, str]) -> None:
+    cost = allocate(worked_example(), CATALOG, WORKED_PRICES, policy)
+    got = money(cost)
+    assert {k: got[k] for k in expected} == expected
+    assert (cost.held, cost.idle) == (Decimal("60.00"), Decimal("18.00"))
+    assert cost.not_charged == Decimal("18.00" if policy == "none" else "0.00")
+    assert cost.reconciles()
+
+
+def test_mig_prices_of_the_docs() -> None:
+    three = DeviceInfo("M3", H100, "3g.40gb", Fraction(4, 8))
+    one = DeviceInfo("M1", H100, "1g.10gb", Fraction(1, 8))
+    assert (device_rate(three, WORKED_PRICES, NODE) * 3 / 7).quantize(CENT) == Decimal("1.50")
+    assert (device_rate(one, WORKED_PRICES, NODE) / 7).quantize(CENT) == Decimal("0.50")

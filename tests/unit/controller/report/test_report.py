@@ -429,7 +429,7 @@ def test_report_table_shows_cost_idle_and_reconciliation(
     assert code == 0
     out = capsys.readouterr().out
     assert "COST USD" in out
-    assert "Idle: 0.42 USD" in out
+    assert "Idle: 0.42 USD for 0.200 GPU-h held and not busy" in out
     assert "Platform: 0.42 USD" in out
     assert "Reconciliation: tenants 2.58 + platform 0.42 + not charged 0.00 = held 3.00 USD" in out
 
