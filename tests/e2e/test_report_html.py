@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator, Mapping
@@ -19,6 +20,7 @@ from fractions import Fraction
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
@@ -115,6 +117,7 @@ def browse(page: Path, *flags: str) -> subprocess.CompletedProcess[str]:
             "--disable-gpu",
             "--no-first-run",
             "--disable-extensions",
+            "--disable-background-networking",
             "--host-resolver-rules=MAP * ~NOTFOUND",
             "--enable-logging=stderr",
             "--v=0",
@@ -128,12 +131,23 @@ def browse(page: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+# Chromium's own services (update checks, clock, accounts), not asked for by the page.
+BROWSER_HOSTS = ("google.com", "googleapis.com", "gvt1.com")
+
+
+def page_requests(net_log: Path) -> list[str]:
+    """URLs outside file:// that Chromium's net log (``--log-net-log``) saw requested."""
+    urls = set(re.findall(r'"url":"([^"]+)"', net_log.read_text()))
+    return sorted(
+        u
+        for u in urls
+        if not u.startswith("file:") and not (urlsplit(u).hostname or "").endswith(BROWSER_HOSTS)
+    )
+
+
 def console_errors(stderr: str) -> list[str]:
-    return [
-        line
-        for line in stderr.splitlines()
-        if "CONSOLE" in line and ("Uncaught" in line or "Error" in line or ":ERROR:" in line)
-    ]
+    """Every console message Chromium logged: the page logs none, so any is an error."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
 
 
 class Dom(HTMLParser):
@@ -249,10 +263,17 @@ def test_showback_page_in_chromium(
     assert "<link" not in html and "@import" not in html and "url(" not in html
     assert "src=" not in html and "href=" not in html
 
-    shot = tmp_path / "showback.png"
-    result = browse(page, f"--screenshot={shot}", "--window-size=1200,1900", "--hide-scrollbars")
+    shot, net_log = tmp_path / "showback.png", tmp_path / "net-log.json"
+    result = browse(
+        page,
+        f"--screenshot={shot}",
+        "--window-size=1200,1900",
+        "--hide-scrollbars",
+        f"--log-net-log={net_log}",
+    )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{browser} wrote no screenshot"
     assert console_errors(result.stderr) == []
+    assert page_requests(net_log) == []
 
     dumped = browse(page, "--dump-dom")
     assert console_errors(dumped.stderr) == []
@@ -308,3 +329,21 @@ def test_showback_page_in_chromium(
     ascending = sorted_dom.stdout.split('data-ascending="')[1].split('"')[0].split()
     assert ascending == sorted(ascending, key=float)
     assert 'aria-sort="descending"' in sorted_dom.stdout
+
+
+def test_the_console_check_sees_errors(tmp_path: Path) -> None:
+    """The checks above would see a failing script, a console.error and network requests."""
+    page, net_log = tmp_path / "bad.html", tmp_path / "net-log.json"
+    page.write_text(
+        "<!DOCTYPE html><html><body><img src='http://example.invalid/x.png'>"
+        "<script src='https://cdn.example.com/x.js'></script>"
+        "<script>console.error('boom'); notDefined();</script></body></html>"
+    )
+    result = browse(page, "--dump-dom", f"--log-net-log={net_log}")
+    errors = "\n".join(console_errors(result.stderr))
+    assert "boom" in errors
+    assert "Uncaught ReferenceError" in errors
+    assert page_requests(net_log) == [
+        "http://example.invalid/x.png",
+        "https://cdn.example.com/x.js",
+    ]
