@@ -1,11 +1,13 @@
-"""``tranche report --html``: the showback page in headless Chromium.
+"""``tranche report --html`` in headless Chromium, and ``--prices`` on the real API server.
 
 A simulated H100 node serves its plugin metrics; the report runs twice (a
 baseline, then the window) through the command, with a price file. The page is
 opened in Debian's ``chromium`` (``make chromium`` installs it): no console
 error, no network, the numbers in the rendered DOM are those of the JSON output,
 a click on a column header sorts, and a screenshot is kept under the test's tmp
-directory (``docs/img/showback.png`` is one).
+directory (``docs/img/showback.png`` is one). A last test prices the same node
+with the products read from the ResourceSlices the node publishes to the test
+control plane, through ``--kubeconfig`` as a user would.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import secrets
 import shutil
 import subprocess
 from collections.abc import Iterator, Mapping
@@ -27,10 +30,13 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from controller.report.catalog import DeviceInfo
 from controller.report.cli import ReportSettings, add_arguments, run
+from driver.devices.inventory import build_inventory
 from driver.metrics import Metrics
 from driver.nvml.sim import SimControl, create_state, open_simulated
 from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
 from tests.conftest import unavailable
+from tests.e2e.conftest import Cluster
+from tests.e2e.dra_objects import publishing
 
 GIB = 1 << 30
 H100 = "NVIDIA H100 80GB HBM3"
@@ -347,3 +353,41 @@ def test_the_console_check_sees_errors(tmp_path: Path) -> None:
         "http://example.invalid/x.png",
         "https://cdn.example.com/x.js",
     ]
+
+
+def test_prices_from_the_clusters_resource_slices(
+    cluster: Cluster,
+    make_node: Any,
+    tmp_path: Path,
+    plugin: tuple[Metrics, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    metrics, url = plugin
+    node = Node()
+    name = make_node(f"report-{secrets.token_hex(3)}")
+    inventory = build_inventory(node.nvml.list_gpus(), node.nvml.system_info())
+    now = [1_796_000_000.0]
+    sampler = UsageSampler(node.nvml, lambda: node.records, metrics, clock=lambda: now[0])
+    sampler.sample_once()
+    node.load(0)
+    now[0] += 3600
+    sampler.sample_once()
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(PRICES + "    mig:\n      3g.40gb: 1.00\n")
+    argv = ["--metrics-url", url, "--prices", str(prices), "--output", "json"]
+    argv += ["--kubeconfig", cluster.kubeconfig, "--idle-policy", "owner"]
+    with cluster.api_client() as api, publishing(api, name, inventory):
+        assert run(args(argv), clock=lambda: now[0]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    cost = doc["cost"]
+    priced = {d["uuid"]: (d["product"], d["profile"], d["held_cost"]) for d in cost["devices"]}
+    # Four H100s held an hour at 3.20, but GPU 1 is MIG-enabled: only its 3g.40gb instance
+    # (at its explicit 1.00 an hour) was held.
+    assert priced == {
+        node.gpus[0]: (H100, None, "3.20"),
+        node.mig: (H100, "3g.40gb", "1.00"),
+        node.gpus[2]: (H100, None, "3.20"),
+        node.gpus[3]: (H100, None, "3.20"),
+    }
+    assert cost["held"] == "10.60"
+    assert cost["reconciliation"]["balanced"] is True
