@@ -29,7 +29,7 @@ from controller.report.cost import IDLE_POLICIES, CostReport, IdlePolicy, alloca
 from controller.report.data import Report, report_from_snapshots
 from controller.report.html import render_html
 from controller.report.prices import Prices, load_prices
-from controller.report.render import RENDERERS
+from controller.report.render import RENDERERS, reconciliation
 from controller.report.sources import (
     BaselineFile,
     choose_chain,
@@ -249,8 +249,8 @@ def price_report(
     settings: ReportSettings, prices: Prices, report: Report, catalog: Catalog
 ) -> CostReport:
     cost = allocate(report, catalog(settings), prices, settings.idle_policy)
-    if not cost.reconciles():
-        raise TrancheError(f"the cost does not reconcile: {cost}")
+    if not cost.reconciles():  # by construction it does; a bill that does not is never printed
+        raise TrancheError(f"internal error: the cost does not reconcile: {reconciliation(cost)}")
     return cost
 
 

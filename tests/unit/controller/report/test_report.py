@@ -9,6 +9,7 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from fractions import Fraction
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,7 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.report.catalog import DeviceInfo
 from controller.report.chart import render_svg
 from controller.report.cli import ReportSettings, add_arguments, build_report, run
+from controller.report.cost import allocate
 from controller.report.data import Snapshot, report_from_snapshots
+from controller.report.html import render_html
+from controller.report.prices import parse_prices
 from driver.metrics import Metrics
 from driver.nvml.sim import SimControl, create_state, open_simulated
 from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
@@ -507,3 +511,64 @@ def test_html_without_prices(plugin: Plugin, tmp_path: Path) -> None:
     html = page.read_text()
     assert 'id="tenants"' in html and 'id="cost"' not in html
     assert "src=" not in html and "href=" not in html
+
+
+def test_prometheus_keeps_nodes_apart_so_each_is_priced_at_its_own_rate() -> None:
+    end = 1_800_000_000.0
+    steps = [end - 3600 + 60 * i for i in range(1, 61)]
+    a, b = {"instance": "node-a:9400"}, {"instance": "node-b:9400"}
+    PrometheusStub.data = {
+        "tranche_tenant_gpu_allocated_seconds_total": [
+            ({**a, "namespace": "ml", "tenant": "blue"}, dict.fromkeys(steps, 60.0)),
+            ({**b, "namespace": "web", "tenant": "green"}, dict.fromkeys(steps, 60.0)),
+        ],
+        "tranche_tenant_gpu_measured_seconds_total": [
+            ({**a, "namespace": "ml", "tenant": "blue"}, dict.fromkeys(steps, 30.0)),
+            ({**b, "namespace": "web", "tenant": "green"}, dict.fromkeys(steps, 60.0)),
+        ],
+        "tranche_claim_gpu_allocated_seconds_total": [
+            ({"namespace": "ml", "claim": "train", "tenant": "blue"}, dict.fromkeys(steps, 60.0)),
+        ],
+        "tranche_device_held_seconds_total": [
+            ({**a, "uuid": "GPU-A"}, dict.fromkeys(steps, 60.0)),
+            ({**b, "uuid": "GPU-H"}, dict.fromkeys(steps, 60.0)),
+        ],
+        "tranche_device_idle_seconds_total": [({**a, "uuid": "GPU-A"}, dict.fromkeys(steps, 30.0))],
+    }
+    server = ThreadingHTTPServer(("127.0.0.1", 0), PrometheusStub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        settings = ReportSettings(
+            since_s=3600.0, prometheus=f"http://127.0.0.1:{server.server_port}"
+        )
+        report = build_report(settings, clock=lambda: end)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert [(d.instance, d.uuid, d.held_s) for d in report.device_rows] == [
+        ("node-a:9400", "GPU-A", 3600.0),
+        ("node-b:9400", "GPU-H", 3600.0),
+    ]
+    assert [(c.claim, c.allocated_s) for c in report.claims] == [("train", 3600.0)]
+    prices = parse_prices(
+        f"currency: EUR\nproducts:\n  A100:\n    gpu_hour: 1.00\n  {H100}:\n    gpu_hour: 2.00\n",
+        "p.yaml",
+    )
+    catalog = {"GPU-A": DeviceInfo("GPU-A", "A100"), "GPU-H": DeviceInfo("GPU-H", H100)}
+    cost = allocate(report, catalog, prices, "proportional")
+    assert {t.tenant: (str(t.used), str(t.idle)) for t in cost.tenants} == {
+        "blue": ("0.50", "0.50"),
+        "green": ("2.00", "0.00"),
+    }
+    assert cost.held == Decimal("3.00") and cost.notes == ()
+
+
+def test_the_page_escapes_what_it_shows() -> None:
+    key = ("http://n/metrics", "tranche_tenant_gpu_allocated_seconds_total")
+    labels = (("namespace", "ns"), ("tenant", "<img src=x onerror=alert(1)>"))
+    report = report_from_snapshots([Snapshot(0.0, {(*key, labels): 60.0})], "<b>src</b>", [])
+    page = render_html(report)
+    assert "<img src=x" not in page and "<b>src</b>" not in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
