@@ -70,6 +70,10 @@ thead th[aria-sort="ascending"]::after { content: " \\25B2"; opacity: 1; }
 thead th[aria-sort="descending"]::after { content: " \\25BC"; opacity: 1; }
 tbody tr:hover { background: var(--band); }
 tfoot td { font-weight: 650; border-top: 2px solid var(--line); border-bottom: 0; }
+.split { display: grid; grid-template-columns: 1fr 1fr; gap: 12px 40px; }
+h3 { font-size: 13px; color: var(--muted); font-weight: 600; margin: 0 0 8px; }
+.policy { color: var(--muted); margin: 10px 0 0; }
+.lines dd[data-line="held"] { font-weight: 700; }
 .lines { display: grid; grid-template-columns: max-content max-content 1fr; gap: 4px 18px;
          margin: 0; }
 .lines dt { font-weight: 600; }
@@ -266,6 +270,19 @@ def _legend(cost: CostReport | None) -> str:
     )
 
 
+def _lines(lines: Sequence[tuple[str, str, Decimal, str]]) -> str:
+    """A list of money lines: name, amount (``data-line`` marks it for tests) and why."""
+    return (
+        '<dl class="lines">'
+        + "".join(
+            f'<dt>{escape(title)}</dt><dd data-line="{key}">{amount:,.2f}</dd>'
+            f'<dd class="why">{escape(why)}</dd>'
+            for key, title, amount, why in lines
+        )
+        + "</dl>"
+    )
+
+
 def _card(label: str, value: str, unit: str, card_id: str) -> str:
     return (
         f'<div class="card" id="{card_id}"><div class="label">{escape(label)}</div>'
@@ -375,21 +392,24 @@ def render_html(report: Report, cost: CostReport | None = None) -> str:
 
     cost_html = ""
     if cost is not None:
+        used = sum((t.used for t in cost.tenants), Decimal(0))
+        held_lines = [
+            ("used", "Used by claims", used, "measured GPU-hours at each device's price"),
+            ("unattributed", "Unattributed", cost.unattributed, "busy time outside every claim"),
+            ("idle", "Idle", cost.idle, "held GPU time no claim kept busy"),
+            ("held", "Held", cost.held, f"every GPU-hour held, in {cost.currency}"),
+        ]
+        payer_lines = [
+            ("tenants", "Tenants", cost.tenants_total, "their use, plus idle charged to them"),
+            ("platform", "Platform", cost.platform, "unattributed, plus idle charged to it"),
+            ("not_charged", "Not charged", cost.not_charged, "idle nobody pays"),
+        ]
         cost_html = (
-            '<section id="cost"><h2>Cost</h2><dl class="lines">'
-            f'<dt>Tenants</dt><dd data-line="tenants">{cost.tenants_total:,.2f}</dd>'
-            '<dd class="why">measured use at each device\'s price, plus idle charged</dd>'
-            f'<dt>Idle</dt><dd data-line="idle">{cost.idle:,.2f}</dd>'
-            f'<dd class="why">held GPU time no claim kept busy: {POLICY_TEXT[cost.policy]} '
-            f"(idle policy <b>{cost.policy}</b>)</dd>"
-            f'<dt>Platform</dt><dd data-line="platform">{cost.platform:,.2f}</dd>'
-            f'<dd class="why">busy time of processes outside every claim '
-            f"({cost.unattributed:,.2f}) and idle charged to the platform "
-            f"({cost.platform_idle:,.2f})</dd>"
-            f'<dt>Not charged</dt><dd data-line="not_charged">{cost.not_charged:,.2f}</dd>'
-            '<dd class="why">idle nobody pays</dd>'
-            f'<dt>Held</dt><dd data-line="held">{cost.held:,.2f}</dd>'
-            f'<dd class="why">the price of every GPU-hour held, in {cost.currency}</dd></dl>'
+            '<section id="cost"><h2>Cost</h2><div class="split">'
+            f"<div><h3>What the held GPUs cost</h3>{_lines(held_lines)}</div>"
+            f"<div><h3>Who pays</h3>{_lines(payer_lines)}"
+            f'<p class="policy">Idle policy <b>{cost.policy}</b>: idle is '
+            f"{POLICY_TEXT[cost.policy]}.</p></div></div>"
             f'<div class="reconcile" id="reconciliation">Reconciliation: '
             f"{escape(reconciliation(cost))}</div></section>"
         )
