@@ -205,6 +205,12 @@ def allocate(
         if d.held_s > 0:
             node_rates.setdefault(d.instance, set()).add(rate)
 
+    unpriced = sorted({n.instance for n in report.node_rows if n.allocated_s > 0} - set(node_price))
+    if unpriced:
+        raise PricingError(
+            f"{', '.join(i or 'a node' for i in unpriced)}: tenant usage but no device series "
+            "(tranche_device_held_seconds_total) in the window, so the devices cannot be priced"
+        )
     exact = _Exact(used={}, idle={})
     for r in report.rows:
         exact.used[(r.namespace, r.tenant)] = Decimal(0)

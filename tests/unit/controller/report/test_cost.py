@@ -191,6 +191,11 @@ def test_largest_remainder(values: list[str], total: str, expected: list[str]) -
     assert [str(g) for g in got] == expected
 
 
+def test_tenant_usage_without_device_series_is_refused() -> None:
+    with pytest.raises(PricingError, match="no device series"):
+        allocate(usage([], [("a", 1, 1)]), CATALOG, PRICES, "owner")
+
+
 @pytest.mark.parametrize(
     ("uuid", "needle"),
     [
