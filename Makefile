@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(shell find proto -name '*.proto' 2>/dev/null)
 
-.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins helm-bin chromium clean
+.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins helm-bin clean
 
 all: check
 
@@ -23,13 +23,6 @@ k8s-bins:
 
 helm-bin:
 	hack/build-helm.sh >/dev/null
-
-# Headless Chromium for the showback page's test (tests/e2e/test_report_html.py): Debian's
-# package, installed when missing (CI runs as root on a fresh machine).
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-chromium:
-	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
 generate: $(STAMP)
 	$(BIN)/python hack/generate_proto.py
@@ -52,10 +45,10 @@ check: lint typecheck contracts check-generated
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-e2e: $(STAMP) k8s-bins helm-bin chromium
+e2e: $(STAMP) k8s-bins helm-bin
 	$(BIN)/pytest tests/e2e
 
-test: $(STAMP) k8s-bins helm-bin chromium check
+test: $(STAMP) k8s-bins helm-bin check
 	$(BIN)/pytest
 
 bench: $(STAMP) k8s-bins
@@ -66,3 +59,14 @@ demo: $(STAMP) k8s-bins
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# Headless Chromium for the showback page's test (tests/e2e/test_report_html.py): Debian's
+# package, installed when missing (CI runs as root on a fresh machine). `make e2e` and
+# `make test` depend on it.
+.PHONY: chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
+e2e test: chromium
