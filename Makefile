@@ -64,3 +64,14 @@ demo: $(STAMP) k8s-bins
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# Headless Chromium for the showback page's test (tests/e2e/test_report_html.py): Debian's
+# package, installed when missing (CI runs as root on a fresh machine). `make e2e` and
+# `make test` depend on it.
+.PHONY: chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
+e2e test: chromium

@@ -2,5 +2,8 @@
 
 Public: :mod:`controller.report.cli` (the command). Inside: :mod:`controller.report.sources`
 (plugin endpoints or Prometheus), :mod:`controller.report.data` (rows and totals),
-:mod:`controller.report.render` (table, CSV, JSON) and :mod:`controller.report.chart` (SVG).
+:mod:`controller.report.prices` (the price file), :mod:`controller.report.catalog` (what each
+device UUID is, from the ResourceSlices), :mod:`controller.report.cost` (cost allocation,
+pure), :mod:`controller.report.render` (table, CSV, JSON), :mod:`controller.report.html` (the
+showback page) and :mod:`controller.report.chart` (SVG).
 """

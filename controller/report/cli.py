@@ -2,7 +2,9 @@
 
 Reads the plugins' metrics endpoints (``--metrics-url``, repeated) or a
 Prometheus server (``--prometheus``) and prints allocated, measured and idle
-GPU-hours over the last ``--since``. See ``docs/metrics.md``.
+GPU-hours over the last ``--since``. With ``--prices`` it adds what they cost
+(devices' products from the cluster's ResourceSlices, ``--kubeconfig``), split
+by ``--idle-policy``; ``--html`` writes a showback page. See ``docs/metrics.md``.
 """
 
 from __future__ import annotations
@@ -14,14 +16,20 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from controller.kube_client import add_kubeconfig_flag
+from controller.report.catalog import DeviceInfo, read_catalog
 from controller.report.chart import render_svg
+from controller.report.cost import IDLE_POLICIES, CostReport, IdlePolicy, allocate
 from controller.report.data import Report, report_from_snapshots
-from controller.report.render import RENDERERS
+from controller.report.html import render_html
+from controller.report.prices import Prices, load_prices
+from controller.report.render import RENDERERS, reconciliation
 from controller.report.sources import (
     BaselineFile,
     choose_chain,
@@ -32,6 +40,7 @@ from controller.report.sources import (
 from driver.cli import Command
 from driver.errors import ConfigError, TrancheError
 from driver.flags import add_flag, env_name
+from driver.kube.client import api_client
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +69,10 @@ class ReportSettings(BaseModel):
     output: Literal["table", "csv", "json"] = "table"
     chart: Path | None = None
     timeout_s: float = Field(default=10.0, gt=0)
+    prices: Path | None = None
+    idle_policy: IdlePolicy = "proportional"
+    html: Path | None = None
+    kubeconfig: str | None = None
 
     @field_validator("metrics_urls")
     @classmethod
@@ -115,6 +128,25 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     )
     add_flag(parser, "--chart", "Also write an SVG chart of GPU-hours per tenant here.", env=env)
     add_flag(parser, "--timeout", "HTTP timeout per request, seconds.", default="10", env=env)
+    add_flag(
+        parser,
+        "--prices",
+        "YAML price file (currency; price per GPU-hour by product name, MIG profiles by "
+        "memory slices or explicitly): adds cost columns. Products come from the cluster's "
+        "ResourceSlices (--kubeconfig).",
+        env=env,
+    )
+    add_flag(
+        parser,
+        "--idle-policy",
+        "Who pays for held GPU time no claim kept busy: proportional (the tenants, by "
+        "allocation), owner (the platform line) or none (not charged).",
+        default="proportional",
+        choices=IDLE_POLICIES,
+        env=env,
+    )
+    add_flag(parser, "--html", "Also write a self-contained showback page (HTML) here.", env=env)
+    add_kubeconfig_flag(parser, env)
 
 
 def settings_from(args: argparse.Namespace) -> ReportSettings:
@@ -138,6 +170,10 @@ def settings_from(args: argparse.Namespace) -> ReportSettings:
             output=args.output,
             chart=Path(args.chart) if args.chart else None,
             timeout_s=float(args.timeout),
+            prices=Path(args.prices) if args.prices else None,
+            idle_policy=args.idle_policy,
+            html=Path(args.html) if args.html else None,
+            kubeconfig=args.kubeconfig,
         )
     except (ValidationError, ValueError) as err:
         raise ConfigError(f"tranche report flags: {err}") from err
@@ -178,23 +214,76 @@ def build_report(
     )
 
 
-def run(args: argparse.Namespace) -> int:
+class EmptyWindow(TrancheError):
+    """The sources returned no usage series at all: a report of zeros would be wrong."""
+
+
+Catalog = Callable[[ReportSettings], Mapping[str, DeviceInfo]]
+
+
+def cluster_catalog(settings: ReportSettings) -> Mapping[str, DeviceInfo]:
+    """The devices' products from the cluster's ResourceSlices and claim statuses."""
+    return read_catalog(api_client(settings.kubeconfig))
+
+
+def check_report(report: Report) -> list[str]:
+    """Refuse a window with no data; warnings (returned) for what the reader must know."""
+    if report.series == 0:
+        raise EmptyWindow(
+            f"{report.source} returned no Tranche usage series for the window: nothing was "
+            "ever prepared there, or the source does not scrape the plugins. No report."
+        )
+    warnings = []
+    for namespace, tenants in report.tenant_changes().items():
+        warnings.append(
+            f"namespace {namespace} changed tenant inside the window ({', '.join(tenants)}): "
+            "each claim's usage stays with the tenant it was prepared under, so the namespace "
+            "appears under each"
+        )
+    if report.start is not None and report.end <= report.start:
+        raise EmptyWindow("the window is empty (its start is its end): no report")
+    return warnings
+
+
+def price_report(
+    settings: ReportSettings, prices: Prices, report: Report, catalog: Catalog
+) -> CostReport:
+    cost = allocate(report, catalog(settings), prices, settings.idle_policy)
+    if not cost.reconciles():  # by construction it does; a bill that does not is never printed
+        raise TrancheError(f"internal error: the cost does not reconcile: {reconciliation(cost)}")
+    return cost
+
+
+def run(
+    args: argparse.Namespace,
+    catalog: Catalog = cluster_catalog,
+    clock: Callable[[], float] = time.time,
+) -> int:
     try:
         settings = settings_from(args)
-        report = build_report(settings)
+        prices = load_prices(settings.prices) if settings.prices is not None else None
+        report = build_report(settings, clock=clock)
+        if settings.chart is not None and report.start is None:
+            raise ConfigError("--chart needs a window: use --baseline, --interval or --prometheus")
+        warnings = check_report(report)
+        for warning in warnings:
+            print(f"tranche report: warning: {warning}", file=sys.stderr)
+        report = replace(report, notes=(*report.notes, *warnings))
+        cost = price_report(settings, prices, report, catalog) if prices is not None else None
         if settings.chart is not None:
-            if report.start is None:
-                raise ConfigError(
-                    "--chart needs a window: use --baseline, --interval or --prometheus"
-                )
             settings.chart.write_text(render_svg(report), encoding="utf-8")
+        if settings.html is not None:
+            settings.html.write_text(render_html(report, cost), encoding="utf-8")
     except ConfigError as err:
         print(f"tranche report: {err}", file=sys.stderr)
         return 2
     except TrancheError as err:
         print(f"tranche report: {err}", file=sys.stderr)
         return 1
-    sys.stdout.write(RENDERERS[settings.output](report))
+    except OSError as err:
+        print(f"tranche report: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
+        return 1
+    sys.stdout.write(RENDERERS[settings.output](report, cost))
     return 0
 
 

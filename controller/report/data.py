@@ -12,6 +12,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+CLAIM_ALLOCATED = "tranche_claim_gpu_allocated_seconds_total"
+CLAIM_MEASURED = "tranche_claim_gpu_measured_seconds_total"
 TENANT_ALLOCATED = "tranche_tenant_gpu_allocated_seconds_total"
 TENANT_MEASURED = "tranche_tenant_gpu_measured_seconds_total"
 TENANT_MEMORY = "tranche_tenant_gpu_memory_byte_seconds_total"
@@ -19,6 +21,8 @@ DEVICE_HELD = "tranche_device_held_seconds_total"
 DEVICE_IDLE = "tranche_device_idle_seconds_total"
 DEVICE_UNATTRIBUTED = "tranche_device_unattributed_seconds_total"
 REPORTED = (
+    CLAIM_ALLOCATED,
+    CLAIM_MEASURED,
     TENANT_ALLOCATED,
     TENANT_MEASURED,
     TENANT_MEMORY,
@@ -54,6 +58,44 @@ class TenantUsage:
 
 
 @dataclass(frozen=True)
+class NodeTenantUsage:
+    """A tenant's usage on one node (``instance``: the metrics URL or Prometheus's label).
+
+    Tenant series are exported per node, not per device: pricing reads them per node.
+    """
+
+    instance: str
+    namespace: str
+    tenant: str
+    allocated_s: float = 0.0
+    measured_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClaimUsage:
+    namespace: str
+    claim: str
+    tenant: str
+    allocated_s: float = 0.0
+    measured_s: float = 0.0
+
+    @property
+    def idle_s(self) -> float:
+        return max(self.allocated_s - self.measured_s, 0.0)
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """One device (GPU or MIG UUID) on one node, in GPU-seconds."""
+
+    instance: str
+    uuid: str
+    held_s: float = 0.0
+    idle_s: float = 0.0
+    unattributed_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Point:
     """Cumulative GPU-seconds of one tenant from the window's start up to ``time``."""
 
@@ -79,6 +121,18 @@ class Report:
     devices: DeviceTotals
     timeline: tuple[Point, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    claims: tuple[ClaimUsage, ...] = ()
+    device_rows: tuple[DeviceUsage, ...] = ()
+    node_rows: tuple[NodeTenantUsage, ...] = ()
+    series: int = 0  # usage series the sources returned (0: nothing to report on)
+
+    def tenant_changes(self) -> dict[str, tuple[str, ...]]:
+        """Namespaces whose usage in the window is under more than one tenant label."""
+        tenants: dict[str, set[str]] = {}
+        for r in self.rows:
+            if r.allocated_s > 0 or r.measured_s > 0:
+                tenants.setdefault(r.namespace, set()).add(r.tenant)
+        return {ns: tuple(sorted(t)) for ns, t in sorted(tenants.items()) if len(t) > 1}
 
     def total(self) -> TenantUsage:
         return TenantUsage(
@@ -95,19 +149,31 @@ class UsageBuilder:
 
     def __init__(self) -> None:
         self._rows: dict[tuple[str, str], list[float]] = {}
-        self._devices = [0.0, 0.0, 0.0]
+        self._nodes: dict[tuple[str, str, str], list[float]] = {}
+        self._claims: dict[tuple[str, str, str], list[float]] = {}
+        self._devices: dict[tuple[str, str], list[float]] = {}
         self._timeline: list[Point] = []
         self._by_tenant: dict[str, list[float]] = {}
+        self._series: set[tuple[str, str, Labels]] = set()
 
-    def add(self, name: str, labels: dict[str, str], increase: float) -> None:
+    def add(self, name: str, labels: dict[str, str], increase: float, instance: str = "") -> None:
+        """Add one series' increase; ``instance`` is the node (metrics URL or Prometheus label)."""
+        instance = labels.get("instance", instance)
+        self._series.add((instance, name, tuple(sorted(labels.items()))))
         if name in (TENANT_ALLOCATED, TENANT_MEASURED, TENANT_MEMORY):
             key = (labels.get("namespace", ""), labels.get("tenant", ""))
             column = (TENANT_ALLOCATED, TENANT_MEASURED, TENANT_MEMORY).index(name)
             self._rows.setdefault(key, [0.0, 0.0, 0.0])[column] += increase
             if column < 2:
                 self._by_tenant.setdefault(key[1], [0.0, 0.0])[column] += increase
+                node = self._nodes.setdefault((instance, *key), [0.0, 0.0])
+                node[column] += increase
+        elif name in (CLAIM_ALLOCATED, CLAIM_MEASURED):
+            claim = (labels.get("namespace", ""), labels.get("claim", ""), labels.get("tenant", ""))
+            self._claims.setdefault(claim, [0.0, 0.0])[name == CLAIM_MEASURED] += increase
         elif name in (DEVICE_HELD, DEVICE_IDLE, DEVICE_UNATTRIBUTED):
-            self._devices[(DEVICE_HELD, DEVICE_IDLE, DEVICE_UNATTRIBUTED).index(name)] += increase
+            device = self._devices.setdefault((instance, labels.get("uuid", "")), [0.0, 0.0, 0.0])
+            device[(DEVICE_HELD, DEVICE_IDLE, DEVICE_UNATTRIBUTED).index(name)] += increase
 
     def mark(self, time: float) -> None:
         """Record every tenant's cumulative usage so far at ``time``."""
@@ -118,14 +184,23 @@ class UsageBuilder:
         rows = tuple(
             TenantUsage(ns, tenant, *values) for (ns, tenant), values in sorted(self._rows.items())
         )
+        devices = tuple(DeviceUsage(i, u, *v) for (i, u), v in sorted(self._devices.items()))
         return Report(
             start=start,
             end=end,
             source=source,
             rows=rows,
-            devices=DeviceTotals(*self._devices),
+            devices=DeviceTotals(
+                held_s=sum(d.held_s for d in devices),
+                idle_s=sum(d.idle_s for d in devices),
+                unattributed_s=sum(d.unattributed_s for d in devices),
+            ),
             timeline=tuple(self._timeline),
             notes=tuple(notes),
+            claims=tuple(ClaimUsage(*k, *v) for k, v in sorted(self._claims.items())),
+            device_rows=devices,
+            node_rows=tuple(NodeTenantUsage(*k, *v) for k, v in sorted(self._nodes.items())),
+            series=len(self._series),
         )
 
 
@@ -145,14 +220,14 @@ def report_from_snapshots(chain: Iterable[Snapshot], source: str, notes: Sequenc
         raise ValueError("a report needs at least one snapshot")
     if len(snapshots) == 1:
         builder = UsageBuilder()
-        for (_, name, labels), value in snapshots[0].values.items():
-            builder.add(name, dict(labels), value)
+        for (instance, name, labels), value in snapshots[0].values.items():
+            builder.add(name, dict(labels), value, instance)
         return builder.build(None, snapshots[0].time, source, notes)
     builder = UsageBuilder()
     builder.mark(snapshots[0].time)
     for before, after in itertools.pairwise(snapshots):
         for key, value in after.values.items():
-            _, name, labels = key
-            builder.add(name, dict(labels), _increase(before.values.get(key), value))
+            instance, name, labels = key
+            builder.add(name, dict(labels), _increase(before.values.get(key), value), instance)
         builder.mark(after.time)
     return builder.build(snapshots[0].time, snapshots[-1].time, source, notes)

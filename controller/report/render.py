@@ -1,13 +1,21 @@
-"""The showback report as a table, CSV or JSON (hours: GPU-hours; memory: GiB-hours)."""
+"""The showback report as a table, CSV or JSON (hours: GPU-hours; memory: GiB-hours).
+
+With a :class:`~controller.report.cost.CostReport` every format adds the cost
+columns, the idle line, the platform line and the reconciliation; money is
+printed as written (two decimals), never through a float.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
+from decimal import Decimal
 
-from controller.report.data import Report, TenantUsage
+from controller.report.cost import CostReport, TenantCost
+from controller.report.data import ClaimUsage, DeviceUsage, Report, TenantUsage
 
 HOUR = 3600.0
 GIB_HOUR = float(1 << 30) * HOUR
@@ -21,7 +29,15 @@ COLUMNS = (
 )
 
 
-def _when(t: float | None) -> str:
+COST_COLUMNS = ("used_cost", "idle_cost", "cost")
+POLICY_TEXT = {
+    "proportional": "charged to the tenants in proportion to their allocation",
+    "owner": "charged to the platform",
+    "none": "not charged",
+}
+
+
+def when(t: float | None) -> str:
     if t is None:
         return "plugin start"
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -36,14 +52,77 @@ def _numbers(row: TenantUsage) -> list[float]:
     ]
 
 
-def render_json(report: Report) -> str:
+def tenant_costs(cost: CostReport | None) -> dict[tuple[str, str], TenantCost]:
+    return {} if cost is None else {(t.namespace, t.tenant): t for t in cost.tenants}
+
+
+def top_claims(report: Report, n: int = 10) -> list[ClaimUsage]:
+    return sorted(report.claims, key=lambda c: (-c.allocated_s, c.namespace, c.claim))[:n]
+
+
+def idlest_devices(report: Report, n: int = 10) -> list[DeviceUsage]:
+    return sorted(report.device_rows, key=lambda d: (-d.idle_s, d.instance, d.uuid))[:n]
+
+
+def reconciliation(cost: CostReport) -> str:
+    return (
+        f"tenants {cost.tenants_total} + platform {cost.platform} + not charged "
+        f"{cost.not_charged} = held {cost.held} {cost.currency}"
+    )
+
+
+def cost_json(cost: CostReport) -> dict[str, object]:
+    return {
+        "currency": cost.currency,
+        "idle_policy": cost.policy,
+        "rows": [
+            {
+                "namespace": t.namespace,
+                "tenant": t.tenant,
+                "used_cost": str(t.used),
+                "idle_cost": str(t.idle),
+                "cost": str(t.total),
+            }
+            for t in cost.tenants
+        ],
+        "idle": str(cost.idle),
+        "platform": {
+            "unattributed": str(cost.unattributed),
+            "idle": str(cost.platform_idle),
+            "total": str(cost.platform),
+        },
+        "not_charged": str(cost.not_charged),
+        "held": str(cost.held),
+        "reconciliation": {
+            "tenants": str(cost.tenants_total),
+            "platform": str(cost.platform),
+            "not_charged": str(cost.not_charged),
+            "held": str(cost.held),
+            "balanced": cost.reconciles(),
+        },
+        "devices": [
+            {
+                "instance": d.instance,
+                "uuid": d.uuid,
+                "product": d.product,
+                "profile": d.profile,
+                "held_cost": str(d.held),
+                "idle_cost": str(d.idle),
+            }
+            for d in cost.devices
+        ],
+        "notes": list(cost.notes),
+    }
+
+
+def render_json(report: Report, cost: CostReport | None = None) -> str:
     def row(r: TenantUsage) -> dict[str, object]:
         return dict(zip(COLUMNS, [r.namespace, r.tenant, *_numbers(r)], strict=True))
 
     total = dict(zip(COLUMNS[2:], _numbers(report.total()), strict=True))
     doc = {
-        "start": _when(report.start),
-        "end": _when(report.end),
+        "start": when(report.start),
+        "end": when(report.end),
         "source": report.source,
         "rows": [row(r) for r in report.rows],
         "total": total,
@@ -52,24 +131,62 @@ def render_json(report: Report) -> str:
             "idle_gpu_hours": report.devices.idle_s / HOUR,
             "unattributed_gpu_hours": report.devices.unattributed_s / HOUR,
         },
+        "claims": [
+            {
+                "namespace": c.namespace,
+                "claim": c.claim,
+                "tenant": c.tenant,
+                "allocated_gpu_hours": c.allocated_s / HOUR,
+                "measured_gpu_hours": c.measured_s / HOUR,
+                "idle_gpu_hours": c.idle_s / HOUR,
+            }
+            for c in top_claims(report, len(report.claims))
+        ],
+        "device_rows": [
+            {
+                "instance": d.instance,
+                "uuid": d.uuid,
+                "held_gpu_hours": d.held_s / HOUR,
+                "idle_gpu_hours": d.idle_s / HOUR,
+                "unattributed_gpu_hours": d.unattributed_s / HOUR,
+            }
+            for d in idlest_devices(report, len(report.device_rows))
+        ],
         "notes": list(report.notes),
     }
+    if cost is not None:
+        doc["cost"] = cost_json(cost)
     return json.dumps(doc, indent=2) + "\n"
 
 
-def render_csv(report: Report) -> str:
+def render_csv(report: Report, cost: CostReport | None = None) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    costs = tenant_costs(cost)
+    writer.writerow([*COLUMNS, *((*COST_COLUMNS, "currency") if cost else ())])
     for r in report.rows:
-        writer.writerow([r.namespace, r.tenant, *(f"{n:.6f}" for n in _numbers(r))])
+        line = [r.namespace, r.tenant, *(f"{n:.6f}" for n in _numbers(r))]
+        if cost is not None:
+            t = costs.get((r.namespace, r.tenant))
+            money = (t.used, t.idle, t.total) if t else (Decimal("0.00"),) * 3
+            line += [*(str(m) for m in money), cost.currency]
+        writer.writerow(line)
     return out.getvalue()
 
 
-def render_table(report: Report) -> str:
+def render_table(report: Report, cost: CostReport | None = None) -> str:
     header = ["NAMESPACE", "TENANT", "ALLOCATED GPU-h", "MEASURED GPU-h", "IDLE GPU-h", "MEM GiB-h"]
     body = [[r.namespace, r.tenant or "-", *(f"{n:.3f}" for n in _numbers(r))] for r in report.rows]
     body.append(["TOTAL", "", *(f"{n:.3f}" for n in _numbers(report.total()))])
+    if cost is not None:
+        costs = tenant_costs(cost)
+        header += [f"USED {cost.currency}", f"IDLE {cost.currency}", f"COST {cost.currency}"]
+        for r, line in zip(report.rows, body, strict=False):
+            t = costs.get((r.namespace, r.tenant))
+            line += [str(m) for m in ((t.used, t.idle, t.total) if t else (Decimal("0.00"),) * 3)]
+        used = sum((t.used for t in cost.tenants), Decimal(0))
+        idle = sum((t.idle for t in cost.tenants), Decimal(0))
+        body[-1] += [str(used), str(idle), str(cost.tenants_total)]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
 
     def fmt(cells: list[str]) -> str:
@@ -78,7 +195,7 @@ def render_table(report: Report) -> str:
         return "  ".join(left + right).rstrip()
 
     lines = [
-        f"GPU usage {_when(report.start)} .. {_when(report.end)} ({report.source})",
+        f"GPU usage {when(report.start)} .. {when(report.end)} ({report.source})",
         "",
         fmt(header),
         *(fmt(line) for line in body),
@@ -87,8 +204,20 @@ def render_table(report: Report) -> str:
         f"idle {report.devices.idle_s / HOUR:.3f} GPU-h, "
         f"unattributed {report.devices.unattributed_s / HOUR:.3f} GPU-h",
     ]
+    if cost is not None:
+        lines += [
+            "",
+            f"Idle: {cost.idle} {cost.currency} for {report.devices.idle_s / HOUR:.3f} GPU-h held "
+            f"and not busy (idle policy {cost.policy}: {POLICY_TEXT[cost.policy]})",
+            f"Platform: {cost.platform} {cost.currency} (unattributed busy time "
+            f"{cost.unattributed}, idle {cost.platform_idle})",
+            f"Not charged: {cost.not_charged} {cost.currency}",
+            f"Reconciliation: {reconciliation(cost)}",
+        ]
+        lines += [f"Note: {n}" for n in cost.notes]
     lines += [f"Note: {n}" for n in report.notes]
     return "\n".join(lines) + "\n"
 
 
-RENDERERS = {"table": render_table, "csv": render_csv, "json": render_json}
+Renderer = Callable[[Report, CostReport | None], str]
+RENDERERS: dict[str, Renderer] = {"table": render_table, "csv": render_csv, "json": render_json}

@@ -22,6 +22,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.report.data import (
+    CLAIM_ALLOCATED,
+    CLAIM_MEASURED,
     DEVICE_HELD,
     DEVICE_IDLE,
     DEVICE_UNATTRIBUTED,
@@ -137,12 +139,14 @@ def choose_chain(history: Sequence[Snapshot], start: float) -> tuple[list[Snapsh
 
 
 _PROM_METRICS = (
-    (TENANT_ALLOCATED, "namespace, tenant"),
-    (TENANT_MEASURED, "namespace, tenant"),
+    (TENANT_ALLOCATED, "instance, namespace, tenant"),
+    (TENANT_MEASURED, "instance, namespace, tenant"),
     (TENANT_MEMORY, "namespace, tenant"),
-    (DEVICE_HELD, ""),
-    (DEVICE_IDLE, ""),
-    (DEVICE_UNATTRIBUTED, ""),
+    (CLAIM_ALLOCATED, "namespace, claim, tenant"),
+    (CLAIM_MEASURED, "namespace, claim, tenant"),
+    (DEVICE_HELD, "instance, uuid"),
+    (DEVICE_IDLE, "instance, uuid"),
+    (DEVICE_UNATTRIBUTED, "instance, uuid"),
 )
 
 

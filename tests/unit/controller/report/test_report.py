@@ -8,7 +8,9 @@ import threading
 import urllib.parse
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from fractions import Fraction
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -17,9 +19,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller.report.catalog import DeviceInfo
 from controller.report.chart import render_svg
 from controller.report.cli import ReportSettings, add_arguments, build_report, run
+from controller.report.cost import allocate
 from controller.report.data import Snapshot, report_from_snapshots
+from controller.report.html import render_html
+from controller.report.prices import parse_prices
 from driver.metrics import Metrics
 from driver.nvml.sim import SimControl, create_state, open_simulated
 from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
@@ -309,7 +315,8 @@ def test_report_from_prometheus_query_range(tmp_path: Path) -> None:
         server.server_close()
         thread.join(timeout=5)
     assert PrometheusStub.queries[0]["query"] == (
-        "sum by (namespace, tenant) (increase(tranche_tenant_gpu_allocated_seconds_total[60s]))"
+        "sum by (instance, namespace, tenant) "
+        "(increase(tranche_tenant_gpu_allocated_seconds_total[60s]))"
     )
     rows = {r.tenant: r for r in report.rows}
     assert rows["blue"].allocated_s == 3600.0
@@ -352,3 +359,216 @@ def test_a_chart_needs_a_window(
     assert run(parse(["--metrics-url", plugin.url, "--chart", str(chart)])) == 2
     assert "--chart" in capsys.readouterr().err
     assert not chart.exists()
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def priced_run(
+    plugin: Plugin, tmp_path: Path, prices: str, extra: list[str]
+) -> tuple[int, SimNode, list[str]]:
+    """An hour of the SimNode's usage, reported with a price file; the node and the argv."""
+    now = [0.0]
+    node = SimNode()
+    node.set_mps(30, 50, 80)
+    node.set_mig(running=True)
+    sampler = UsageSampler(node.nvml, lambda: node.records, plugin.metrics, clock=lambda: now[0])
+    sampler.sample_once()
+    now[0] = 3600.0
+    sampler.sample_once()
+    path = tmp_path / "prices.yaml"
+    path.write_text(prices)
+    argv = ["--metrics-url", plugin.url, "--prices", str(path), *extra]
+    product = node.nvml.gpu(node.gpu).product_name
+
+    def catalog(settings: ReportSettings) -> dict[str, DeviceInfo]:
+        return {
+            node.gpu: DeviceInfo(node.gpu, product),
+            node.mig: DeviceInfo(node.mig, product, "3g.40gb", Fraction(4, 8)),
+        }
+
+    return run(parse(argv), catalog), node, argv
+
+
+@pytest.mark.parametrize(
+    ("policy", "tenants", "platform", "not_charged"),
+    [
+        # GPU 0: 1 h at 2.00, 0.8 busy (0.3 blue, 0.5 green); the MIG slice: 3/7 GPU-h, all
+        # busy, 4/8 of the GPU's memory: 1.00. Held 10/7 GPU-h for 3.00: the node's average
+        # rate is 2.10 (tenant series are per node). Blue used 0.3 + 3/7 GPU-h = 1.53, green
+        # 0.5 = 1.05, idle 0.2 = 0.42; by allocation (13/14 : 1/2) blue pays 0.27 of it.
+        ("proportional", {"blue": "1.80", "green": "1.20"}, "0.00", "0.00"),
+        ("owner", {"blue": "1.53", "green": "1.05"}, "0.42", "0.00"),
+        ("none", {"blue": "1.53", "green": "1.05"}, "0.00", "0.42"),
+    ],
+)
+def test_report_prices_every_idle_policy(
+    plugin: Plugin,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    policy: str,
+    tenants: dict[str, str],
+    platform: str,
+    not_charged: str,
+) -> None:
+    prices = f"currency: EUR\nproducts:\n  {H100}:\n    gpu_hour: 2.00\n"
+    extra = ["--idle-policy", policy, "--output", "json"]
+    code, _, _ = priced_run(plugin, tmp_path, prices, extra)
+    assert code == 0
+    cost = json.loads(capsys.readouterr().out)["cost"]
+    assert {r["tenant"]: r["cost"] for r in cost["rows"]} == tenants
+    assert cost["platform"]["total"] == platform
+    assert cost["not_charged"] == not_charged
+    assert cost["idle"] == "0.42"
+    assert cost["held"] == "3.00"
+    assert cost["reconciliation"]["balanced"] is True
+    assert any("average rate" in n for n in cost["notes"])
+
+
+def test_report_table_shows_cost_idle_and_reconciliation(
+    plugin: Plugin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prices = f"currency: USD\nproducts:\n  {H100}:\n    gpu_hour: 2.00\n"
+    code, _, _ = priced_run(plugin, tmp_path, prices, ["--idle-policy", "owner"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "COST USD" in out
+    assert "Idle: 0.42 USD for 0.200 GPU-h held and not busy" in out
+    assert "Platform: 0.42 USD" in out
+    assert "Reconciliation: tenants 2.58 + platform 0.42 + not charged 0.00 = held 3.00 USD" in out
+
+
+@pytest.mark.parametrize(
+    ("prices", "code", "needles"),
+    [
+        ("currency: EUR\nproducts:\n  Other GPU:\n    gpu_hour: 1\n", 2, [f"{H100!r}", "products"]),
+        (
+            f"currency: EUR\nproducts:\n  {H100}:\n    gpu_hour: -1\n",
+            2,
+            ["gpu_hour", "greater than or equal"],
+        ),
+        (f"currency: Euro\nproducts:\n  {H100}:\n    gpu_hour: 1\n", 2, ["currency", "'Euro'"]),
+    ],
+)
+def test_report_refuses_a_price_file_it_cannot_use(
+    plugin: Plugin,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    prices: str,
+    code: int,
+    needles: list[str],
+) -> None:
+    got, _, _ = priced_run(plugin, tmp_path, prices, [])
+    err = capsys.readouterr().err
+    assert got == code
+    assert str(tmp_path / "prices.yaml") in err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err
+
+
+def test_a_window_with_no_data_is_refused(
+    plugin: Plugin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "page.html"
+    assert run(parse(["--metrics-url", plugin.url, "--html", str(page)])) == 1
+    assert "no Tranche usage series" in capsys.readouterr().err
+    assert not page.exists()
+
+
+def test_a_tenant_label_that_changed_is_named(
+    plugin: Plugin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = [0.0]
+    node = SimNode()
+    node.set_mps(30, 50, 80)
+    sampler = UsageSampler(node.nvml, lambda: node.records, plugin.metrics, clock=lambda: now[0])
+    sampler.sample_once()
+    now[0] = 600.0
+    sampler.sample_once()
+    # The namespace "ml" is relabelled to tenant "red"; claim a is prepared again under it.
+    node.records[0] = replace(node.records[0], claim_uid="a2", tenant="red")
+    now[0] = 1200.0
+    sampler.sample_once()
+    assert run(parse(["--metrics-url", plugin.url, "--output", "json"])) == 0
+    captured = capsys.readouterr()
+    assert "namespace ml changed tenant inside the window (blue, red)" in captured.err
+    doc = json.loads(captured.out)
+    assert any("namespace ml changed tenant" in n for n in doc["notes"])
+    assert {(r["namespace"], r["tenant"]) for r in doc["rows"]} >= {("ml", "blue"), ("ml", "red")}
+
+
+def test_html_without_prices(plugin: Plugin, tmp_path: Path) -> None:
+    now = [0.0]
+    node = SimNode()
+    node.set_mps(30, 50, 80)
+    sampler = UsageSampler(node.nvml, lambda: node.records, plugin.metrics, clock=lambda: now[0])
+    sampler.sample_once()
+    now[0] = 600.0
+    sampler.sample_once()
+    page = tmp_path / "page.html"
+    assert run(parse(["--metrics-url", plugin.url, "--html", str(page), "--output", "csv"])) == 0
+    html = page.read_text()
+    assert 'id="tenants"' in html and 'id="cost"' not in html
+    assert "src=" not in html and "href=" not in html
+
+
+def test_prometheus_keeps_nodes_apart_so_each_is_priced_at_its_own_rate() -> None:
+    end = 1_800_000_000.0
+    steps = [end - 3600 + 60 * i for i in range(1, 61)]
+    a, b = {"instance": "node-a:9400"}, {"instance": "node-b:9400"}
+    PrometheusStub.data = {
+        "tranche_tenant_gpu_allocated_seconds_total": [
+            ({**a, "namespace": "ml", "tenant": "blue"}, dict.fromkeys(steps, 60.0)),
+            ({**b, "namespace": "web", "tenant": "green"}, dict.fromkeys(steps, 60.0)),
+        ],
+        "tranche_tenant_gpu_measured_seconds_total": [
+            ({**a, "namespace": "ml", "tenant": "blue"}, dict.fromkeys(steps, 30.0)),
+            ({**b, "namespace": "web", "tenant": "green"}, dict.fromkeys(steps, 60.0)),
+        ],
+        "tranche_claim_gpu_allocated_seconds_total": [
+            ({"namespace": "ml", "claim": "train", "tenant": "blue"}, dict.fromkeys(steps, 60.0)),
+        ],
+        "tranche_device_held_seconds_total": [
+            ({**a, "uuid": "GPU-A"}, dict.fromkeys(steps, 60.0)),
+            ({**b, "uuid": "GPU-H"}, dict.fromkeys(steps, 60.0)),
+        ],
+        "tranche_device_idle_seconds_total": [({**a, "uuid": "GPU-A"}, dict.fromkeys(steps, 30.0))],
+    }
+    server = ThreadingHTTPServer(("127.0.0.1", 0), PrometheusStub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        settings = ReportSettings(
+            since_s=3600.0, prometheus=f"http://127.0.0.1:{server.server_port}"
+        )
+        report = build_report(settings, clock=lambda: end)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert [(d.instance, d.uuid, d.held_s) for d in report.device_rows] == [
+        ("node-a:9400", "GPU-A", 3600.0),
+        ("node-b:9400", "GPU-H", 3600.0),
+    ]
+    assert [(c.claim, c.allocated_s) for c in report.claims] == [("train", 3600.0)]
+    prices = parse_prices(
+        f"currency: EUR\nproducts:\n  A100:\n    gpu_hour: 1.00\n  {H100}:\n    gpu_hour: 2.00\n",
+        "p.yaml",
+    )
+    catalog = {"GPU-A": DeviceInfo("GPU-A", "A100"), "GPU-H": DeviceInfo("GPU-H", H100)}
+    cost = allocate(report, catalog, prices, "proportional")
+    assert {t.tenant: (str(t.used), str(t.idle)) for t in cost.tenants} == {
+        "blue": ("0.50", "0.50"),
+        "green": ("2.00", "0.00"),
+    }
+    assert cost.held == Decimal("3.00") and cost.notes == ()
+
+
+def test_the_page_escapes_what_it_shows() -> None:
+    key = ("http://n/metrics", "tranche_tenant_gpu_allocated_seconds_total")
+    labels = (("namespace", "ns"), ("tenant", "<img src=x onerror=alert(1)>"))
+    report = report_from_snapshots([Snapshot(0.0, {(*key, labels): 60.0})], "<b>src</b>", [])
+    page = render_html(report)
+    assert "<img src=x" not in page and "<b>src</b>" not in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
