@@ -5,8 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(shell find proto -name '*.proto' 2>/dev/null)
+# Real nodes need root (and apt for their packages): only root builds their binaries up front.
+NODE_BINS := $(if $(filter 0,$(shell id -u)),node-bins,)
 
-.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins helm-bin clean
+.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins node-bins helm-bin clean
 
 all: check
 
@@ -20,6 +22,9 @@ venv: $(STAMP)
 
 k8s-bins:
 	hack/build-k8s.sh >/dev/null
+
+node-bins:
+	hack/build-node.sh >/dev/null
 
 helm-bin:
 	hack/build-helm.sh >/dev/null
@@ -45,10 +50,10 @@ check: lint typecheck contracts check-generated
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-e2e: $(STAMP) k8s-bins helm-bin
+e2e: $(STAMP) k8s-bins $(NODE_BINS) helm-bin
 	$(BIN)/pytest tests/e2e
 
-test: $(STAMP) k8s-bins helm-bin check
+test: $(STAMP) k8s-bins $(NODE_BINS) helm-bin check
 	$(BIN)/pytest
 
 bench: $(STAMP) k8s-bins

@@ -14,11 +14,13 @@ from typing import NoReturn
 
 import pytest
 
-# Fixtures that run the real kubelet plugin on simulated nodes and install the trust
-# admission policy (they need the cluster fixtures).
-pytest_plugins = ["tests.e2e.sim_nodes", "tests.e2e.trust_policy"]
+# Fixtures that run the real kubelet plugin on simulated nodes, install the trust
+# admission policy, and run real nodes (kubelet + containerd); they need the cluster fixtures.
+pytest_plugins = ["tests.e2e.sim_nodes", "tests.e2e.trust_policy", "tests.e2e.real_nodes"]
 
-CLUSTER_FIXTURES = frozenset({"cluster", "namespace", "make_node", "k8s_bin_dir"})
+CLUSTER_FIXTURES = frozenset(
+    {"cluster", "namespace", "make_node", "k8s_bin_dir", "real_node", "node_bin_dir"}
+)
 
 
 def in_ci() -> bool:

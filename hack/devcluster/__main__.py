@@ -15,11 +15,13 @@ from types import FrameType
 from pydantic import ValidationError
 
 from driver.flags import add_flag
-from hack.devcluster.binaries import build_or_find
+from hack.devcluster.binaries import build_or_find, build_or_find_node
 from hack.devcluster.config import ClusterConfig, parse_gates
 from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
 from hack.devcluster.nodes import add_node
+from hack.devcluster.pki import Pki
+from hack.devcluster.realnode.node import RealNodes
 
 DEFAULT_STATE_DIR = str(Path.home() / ".cache" / "tranche" / "dev-cluster")
 
@@ -28,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hack/dev-cluster",
         description="Run etcd, kube-apiserver, kube-scheduler and kube-controller-manager "
-        "(Kubernetes v1.37.2, every DRA feature on) on loopback, without a kubelet.",
+        "(Kubernetes v1.37.2, every DRA feature on) on loopback; nodes are Node objects, or "
+        "real nodes (kubelet + containerd) with add-node --kubelet.",
     )
     add_flag(
         p,
@@ -62,8 +65,26 @@ def _parser() -> argparse.ArgumentParser:
         help="also delete the state directory (data, certificates, logs)",
     )
     sub.add_parser("status", help="show each component's pid and whether it runs")
-    node = sub.add_parser("add-node", help="create a Ready Node the scheduler binds pods to")
-    node.add_argument("name", help="node name (a DNS subdomain)")
+    node = sub.add_parser(
+        "add-node",
+        help="create a Ready Node the scheduler binds pods to (simulated; --kubelet: real)",
+    )
+    node.add_argument("name", help="node name (a DNS subdomain; a DNS label for --kubelet)")
+    node.add_argument(
+        "--kubelet",
+        action="store_true",
+        help="run a real node: its own containerd and kubelet v1.37.2 (root; changes the "
+        "host, undone by remove-node/down); prints KUBELET_ROOT_DIR= and CDI_ROOT=",
+    )
+    add_flag(
+        node,
+        "--node-bin-dir",
+        "directory with kubelet, containerd, containerd-shim-runc-v2, ctr "
+        "(default: built or found by hack/build-node.sh)",
+    )
+    add_flag(node, "--start-timeout", "seconds the real node may take to be Ready", default="120")
+    rm = sub.add_parser("remove-node", help="stop a real node and undo its host changes")
+    rm.add_argument("name", help="node name")
     node.add_argument(
         "--label",
         action="append",
@@ -114,6 +135,11 @@ def _status(args: argparse.Namespace) -> int:
     for s in cluster.status():
         state = "running" if s.running else "stopped"
         print(f"{s.name:<24} {state:<8} pid={s.pid if s.pid is not None else '-'}")
+    real = RealNodes(Path(args.state_dir))
+    for name in real.names():
+        for component, pid in real.running(name).items():
+            state = "running" if pid is not None else "stopped"
+            print(f"{'node/' + name + ' ' + component:<24} {state:<8} pid={pid or '-'}")
     info = cluster.info()
     if info is None:
         print("cluster: not running")
@@ -129,9 +155,42 @@ def _add_node(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise ValueError(f"--label: {item!r} is not KEY=VALUE")
         labels[key] = value
-    with DevCluster(_placeholder_config(args)).api_client() as api:
-        add_node(api, args.name, labels)
-    print(f"node/{args.name} created (Ready)")
+    dev = DevCluster(_placeholder_config(args))
+    if not args.kubelet:
+        with dev.api_client() as api:
+            add_node(api, args.name, labels)
+        print(f"node/{args.name} created (Ready)")
+        return 0
+    info = dev.info()
+    if info is None:
+        raise ClusterError("add real node", f"no running cluster in {args.state_dir}")
+    bin_dir = Path(args.node_bin_dir) if args.node_bin_dir else build_or_find_node()
+    node = RealNodes(info.state_dir, bin_dir).add(
+        args.name,
+        server=info.server,
+        pki=Pki(info.state_dir / "pki"),
+        feature_gates=dev.feature_gates(),
+        labels=labels,
+        timeout_s=float(args.start_timeout),
+    )
+    print(f"# node/{node.name} Ready (kubelet log {node.kubelet_log})", file=sys.stderr)
+    print(f"KUBELET_ROOT_DIR={node.kubelet_root}")
+    print(f"CDI_ROOT={node.cdi_root}")
+    return 0
+
+
+def _remove_node(args: argparse.Namespace) -> int:
+    dev = DevCluster(_placeholder_config(args))
+    nodes = RealNodes(Path(args.state_dir))
+    if args.name not in nodes.names():
+        raise ClusterError("remove real node", f"no real node {args.name} in {args.state_dir}")
+    if dev.info() is not None:
+        with dev.api_client() as api:
+            done = nodes.remove(args.name, api=api)
+    else:
+        done = nodes.remove(args.name)
+    for item in done:
+        print(item)
     return 0
 
 
@@ -148,7 +207,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
     args = _parser().parse_args(argv)
-    actions = {"up": _up, "down": _down, "status": _status, "add-node": _add_node}
+    actions = {
+        "up": _up,
+        "down": _down,
+        "status": _status,
+        "add-node": _add_node,
+        "remove-node": _remove_node,
+    }
     try:
         return actions[args.action](args)
     except (ClusterError, ValueError, ValidationError) as e:

@@ -27,3 +27,25 @@ def build_or_find() -> Path:
             f"{BUILD_SCRIPT} exited with code {done.returncode}; its stderr above says why",
         )
     return Path(lines[-1])
+
+
+NODE_BUILD_SCRIPT = REPO / "hack" / "build-node.sh"
+
+
+def build_or_find_node() -> Path:
+    """Run ``hack/build-node.sh`` (kubelet, containerd, shim, ctr; cached) and return its
+    binary directory. It also installs runc, the CNI plugins and busybox-static when missing.
+    """
+    try:
+        done = subprocess.run(
+            [str(NODE_BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
+        )
+    except OSError as e:
+        raise ClusterError("build node binaries", f"cannot run {NODE_BUILD_SCRIPT}: {e}") from e
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise ClusterError(
+            "build node binaries",
+            f"{NODE_BUILD_SCRIPT} exited with code {done.returncode}; its stderr above says why",
+        )
+    return Path(lines[-1])

@@ -59,6 +59,14 @@ def apiserver(config: ClusterConfig, layout: Layout, ports: Ports, pki: Pki) -> 
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC",
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            # Real nodes (add-node --kubelet) authenticate as system:node:NAME; NodeRestriction
+            # limits them to their own Node and pods, as in a production cluster.
+            "--enable-admission-plugins=NodeRestriction",
+            # The API server calls kubelets (logs, exec) with the admin identity; a real
+            # node's kubelet accepts clients with certificates from the cluster CA.
+            f"--kubelet-client-certificate={pki.admin_cert}",
+            f"--kubelet-client-key={pki.admin_key}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
             "--enable-priority-and-fairness=false",

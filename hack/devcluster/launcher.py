@@ -23,7 +23,14 @@ from pathlib import Path
 from kubernetes import client
 
 from hack.devcluster import components, probes
-from hack.devcluster.config import BINARIES, COMPONENTS, ClusterConfig, Layout, Ports
+from hack.devcluster.config import (
+    BINARIES,
+    COMPONENTS,
+    ClusterConfig,
+    Layout,
+    Ports,
+    parse_gates,
+)
 from hack.devcluster.errors import ClusterError, StartError
 from hack.devcluster.kubeconfig import api_client, write_kubeconfig, write_scheduler_config
 from hack.devcluster.pki import Pki, ensure_pki
@@ -39,6 +46,7 @@ from hack.devcluster.processes import (
     stop_group,
     wait_ready,
 )
+from hack.devcluster.realnode.node import RealNodes
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +138,25 @@ class DevCluster:
         with self._locked():
             return self._stop_all()
 
+    def feature_gates(self) -> dict[str, bool]:
+        """The feature gates the running control plane was started with."""
+        try:
+            data = json.loads(self.layout.cluster_file.read_text())
+        except FileNotFoundError:
+            data = {}
+        return parse_gates(str(data.get("feature_gates") or self.config.gate_string()))
+
     def _stop_all(self) -> list[str]:
-        stopped = []
+        # Real nodes first: their kubelets would otherwise retry a vanished API server,
+        # and what they did to the host is undone here even after a killed test.
+        nodes = RealNodes(self.layout.root)
+        info = self.info() if nodes.names() else None
+        if info is not None:  # the API server still runs: delete their Node objects too
+            with api_client(info.server, Pki(self.layout.pki_dir)) as api:
+                undone = nodes.remove_all(api=api)
+        else:
+            undone = nodes.remove_all()
+        stopped = [f"real node: {item}" for item in undone]
         for name in reversed(COMPONENTS):
             pid_file = self.layout.pid_file(name)
             pid = read_pid(pid_file)
@@ -227,7 +252,15 @@ class DevCluster:
 
         pids = {name: p.pid for name, p in self._children.items()}
         layout.cluster_file.write_text(
-            json.dumps({"server": server, "bin_dir": str(cfg.bin_dir), "pids": pids}, indent=2)
+            json.dumps(
+                {
+                    "server": server,
+                    "bin_dir": str(cfg.bin_dir),
+                    "pids": pids,
+                    "feature_gates": cfg.gate_string(),
+                },
+                indent=2,
+            )
         )
         log.info("cluster up state_dir=%s server=%s", layout.root, server)
         return ClusterInfo(

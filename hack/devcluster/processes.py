@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,7 @@ class ProcessSpec:
     argv: tuple[str, ...]
     log_file: Path
     pid_file: Path
+    env: Mapping[str, str] | None = None  # None: inherit this process's environment
 
 
 def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -88,6 +89,7 @@ def start(spec: ProcessSpec, *, die_with_parent: bool) -> subprocess.Popen[bytes
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                env=spec.env,
                 preexec_fn=_die_with_parent if die_with_parent else None,  # noqa: PLW1509
             )
         except OSError as e:

@@ -1,0 +1,1 @@
+"""Unit tests of the pure pieces of hack/devcluster/realnode (no root, no binaries)."""
