@@ -142,6 +142,7 @@ class WebhookServer:
         tls: WebhookTls,
         api: client.ApiClient,
         metrics: ControllerMetrics,
+        *,
         template_interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
         self.templates = TemplateWriter(api, template_interval_s)

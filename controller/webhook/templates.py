@@ -121,7 +121,8 @@ class TemplateWriter:
         if request(self._api, f"read {what}", "GET", f"{_base(namespace)}/{spec.name}"):
             return False
         try:
-            request(self._api, f"create {what}", "POST", _base(namespace), body=spec.body(namespace))
+            body = spec.body(namespace)
+            request(self._api, f"create {what}", "POST", _base(namespace), body=body)
         except ApiCallError as e:
             if e.status == 409:  # another replica was first
                 return False
