@@ -37,6 +37,7 @@ from kubelet_plugin.settings import (
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
+STARTING = "starting: recovering claims, waiting for the API server"
 
 
 def open_nvml(settings: PluginSettings, on_call: Callable[[str, float], None]) -> Nvml:
@@ -67,20 +68,29 @@ def serve(settings: PluginSettings, stop: threading.Event) -> int:
             host, port = parse_address(settings.metrics_address, "--metrics-address")
             server, _ = prometheus_client.start_http_server(port, host, registry)
             stoppers.append(server.shutdown)
-        if not plugin.start(stop):
-            return 0  # stopped while waiting for the API server
-        stoppers.append(lambda: plugin.stop(STOP_GRACE_S))
+        # The probes answer from the first moment: while the start waits for the API server
+        # (an outage, a slow control plane) the plugin is alive and not ready, so a liveness
+        # probe does not restart it into the same wait.
+        started = threading.Event()
         if settings.health_address:
             host, port = parse_address(settings.health_address, "--health-address")
             reg_socket, dra_socket = plugin.probe_paths()
             endpoint = HealthEndpoint(
                 host,
                 port,
-                live=lambda: probe_sockets(reg_socket, dra_socket, settings.driver_name),
-                ready=plugin.ready,
+                live=lambda: (
+                    probe_sockets(reg_socket, dra_socket, settings.driver_name)
+                    if started.is_set()
+                    else None
+                ),
+                ready=lambda: plugin.ready() if started.is_set() else STARTING,
             )
             endpoint.start()
             stoppers.append(endpoint.stop)
+        if not plugin.start(stop):
+            return 0  # stopped while waiting for the API server
+        started.set()
+        stoppers.append(lambda: plugin.stop(STOP_GRACE_S))
         stop.wait()
         log.info("stopping node=%s", settings.node_name)
     finally:

@@ -13,7 +13,9 @@ same resource and count:
   or of ``mig.gpu.tranche.dev`` with a profile selector (MIG).
 
 Each container gets its own devices, as the device plugin and the bridge
-give them. The templates are created by the webhook on first use.
+give them. Rewritten pods carry the label ``gpu.tranche.dev/legacy-rewritten=true``
+and the annotation of the same name (``c0:nvidia.com/gpu=2``); the templates are
+created after admission, for pods that exist (:mod:`controller.webhook.templates`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ ANNOTATION_RESOURCE = "gpu.tranche.dev/legacy-resource"
 ANNOTATION_COUNT = "gpu.tranche.dev/legacy-count"
 # Set on rewritten pods: the resources that were rewritten, e.g. "c0:nvidia.com/gpu=2".
 ANNOTATION_REWRITTEN = "gpu.tranche.dev/legacy-rewritten"
+LABEL_REWRITTEN = ANNOTATION_REWRITTEN  # "true" on rewritten pods: what the writer lists
+ZERO_COUNTS = "zero counts removed"  # the annotation of a pod whose counts were all 0
 
 
 class PodRejected(PermanentError):
@@ -157,13 +161,33 @@ def mutate_pod(pod: Json) -> Mutation | None:
         return None
     if claims != list(spec.get("resourceClaims") or []):
         patch.append({"op": "add", "path": "/spec/resourceClaims", "value": claims})
-    summary = ",".join(notes) or "zero counts removed"
-    annotations = (pod.get("metadata") or {}).get("annotations")
-    if annotations is None:
-        patch.append(
-            {"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION_REWRITTEN: summary}}
-        )
-    else:
-        path = "/metadata/annotations/" + ANNOTATION_REWRITTEN.replace("~", "~0").replace("/", "~1")
-        patch.append({"op": "add", "path": path, "value": summary})
+    summary = ",".join(notes) or ZERO_COUNTS
+    meta = pod.get("metadata") or {}
+    patch.append(_add_to_map(meta, "annotations", ANNOTATION_REWRITTEN, summary))
+    if templates:
+        patch.append(_add_to_map(meta, "labels", LABEL_REWRITTEN, "true"))
     return Mutation(patch=tuple(patch), templates=tuple(templates.values()), summary=summary)
+
+
+def _add_to_map(meta: Json, field: str, key: str, value: str) -> Json:
+    """A JSON-patch op that sets ``metadata.<field>[key]``, creating the map when absent."""
+    if meta.get(field) is None:
+        return {"op": "add", "path": f"/metadata/{field}", "value": {key: value}}
+    path = f"/metadata/{field}/" + key.replace("~", "~0").replace("/", "~1")
+    return {"op": "add", "path": path, "value": value}
+
+
+def templates_of(summary: str) -> tuple[TemplateSpec, ...]:
+    """The templates a rewritten pod's annotation (``c0:nvidia.com/gpu=2,...``) asks for."""
+    found: dict[str, TemplateSpec] = {}
+    if summary == ZERO_COUNTS:
+        return ()
+    for note in filter(None, summary.split(",")):
+        _, _, rest = note.partition(":")
+        name, _, count = rest.partition("=")
+        legacy = parse_legacy(name)
+        if legacy is None or not count.isdigit() or int(count) == 0:
+            raise PodRejected(f"annotation {ANNOTATION_REWRITTEN}: {note!r} is not a rewrite")
+        spec = TemplateSpec(legacy, int(count))
+        found[spec.name] = spec
+    return tuple(found.values())

@@ -18,15 +18,10 @@ from typing import Any
 
 from kubernetes import client
 
-from controller.kube_client import ApiCallError, Json, request
+from controller.kube_client import Json
 from controller.metrics import ControllerMetrics
-from controller.webhook.pods import (
-    LABEL_MANAGED_BY,
-    MANAGED_BY,
-    PodRejected,
-    TemplateSpec,
-    mutate_pod,
-)
+from controller.webhook.pods import PodRejected, mutate_pod
+from controller.webhook.templates import DEFAULT_INTERVAL_S, TemplateWriter
 from controller.webhook.tls import WebhookTls
 from driver.errors import TrancheError
 
@@ -34,41 +29,6 @@ log = logging.getLogger(__name__)
 
 MUTATE_PODS_PATH = "/mutate-pods"
 MAX_BODY = 3 * 1024 * 1024  # the API server sends at most a few MiB per review
-
-
-class TemplateEnsurer:
-    """Creates the ResourceClaimTemplates rewritten pods refer to, or checks them."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self._api = api
-
-    def ensure(self, namespace: str, template: TemplateSpec, dry_run: bool) -> None:
-        base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
-        what = f"resourceclaimtemplate {namespace}/{template.name}"
-        got = request(self._api, f"read {what}", "GET", f"{base}/{template.name}")
-        if got is None:
-            if dry_run:
-                return
-            try:
-                request(self._api, f"create {what}", "POST", base, body=template.body(namespace))
-                log.info("template created namespace=%s name=%s", namespace, template.name)
-                return
-            except ApiCallError as e:
-                if e.status != 409:
-                    raise PodRejected(f"cannot create {what} for the rewritten pod: {e}") from e
-            got = request(self._api, f"read {what}", "GET", f"{base}/{template.name}")
-            if got is None:
-                raise PodRejected(f"{what} vanished while it was being created; retry")
-        labels = (got.get("metadata") or {}).get("labels") or {}
-        requests = (((got.get("spec") or {}).get("spec") or {}).get("devices") or {}).get(
-            "requests"
-        )
-        if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or requests != template.requests():
-            raise PodRejected(
-                f"{what} exists but was not written by the Tranche controller for this request "
-                f"(label {LABEL_MANAGED_BY}={MANAGED_BY}, spec.spec.devices.requests="
-                f"{json.dumps(template.requests())}); delete or rename it"
-            )
 
 
 def _response(uid: str, allowed: bool, message: str = "", patch: Any = None) -> Json:
@@ -81,8 +41,9 @@ def _response(uid: str, allowed: bool, message: str = "", patch: Any = None) -> 
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
 
 
-def review_pod(review: Json, ensurer: TemplateEnsurer, metrics: ControllerMetrics) -> Json:
-    """The AdmissionReview answer for one pod review."""
+def review_pod(review: Json, writer: TemplateWriter, metrics: ControllerMetrics) -> Json:
+    """The AdmissionReview answer for one pod review. Writes nothing: the templates the
+    rewrite names are checked here and created by ``writer`` once the pod exists."""
     req = review.get("request") or {}
     uid = str(req.get("uid", ""))
     pod = req.get("object") or {}
@@ -96,7 +57,7 @@ def review_pod(review: Json, ensurer: TemplateEnsurer, metrics: ControllerMetric
             metrics.admissions.labels(result="unchanged").inc()
             return _response(uid, True)
         for template in mutation.templates:
-            ensurer.ensure(namespace, template, bool(req.get("dryRun")))
+            writer.check(namespace, template)
     except PodRejected as e:
         metrics.admissions.labels(result="rejected").inc()
         log.info("pod rejected namespace=%s pod=%s reason=%r", namespace, name, str(e))
@@ -105,6 +66,8 @@ def review_pod(review: Json, ensurer: TemplateEnsurer, metrics: ControllerMetric
         metrics.admissions.labels(result="error").inc()
         log.warning("pod review failed namespace=%s pod=%s error=%r", namespace, name, str(e))
         return _response(uid, False, f"pod {namespace}/{name}: tranche controller: {e}")
+    if mutation.templates and not req.get("dryRun"):
+        writer.wake()
     metrics.admissions.labels(result="mutated").inc()
     log.info("pod rewritten namespace=%s pod=%s resources=%s", namespace, name, mutation.summary)
     return _response(uid, True, patch=list(mutation.patch))
@@ -128,7 +91,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, {"message": f"body is not JSON: {e}"})
             return
         with self.server.metrics.admission_seconds.time():
-            answer = review_pod(review, self.server.ensurer, self.server.metrics)
+            answer = review_pod(review, self.server.writer, self.server.metrics)
         self._send(200, answer)
 
     def _send(self, status: int, body: Json) -> None:
@@ -150,10 +113,10 @@ class _Server(ThreadingHTTPServer):
         self,
         address: tuple[str, int],
         tls: WebhookTls,
-        ensurer: TemplateEnsurer,
+        writer: TemplateWriter,
         metrics: ControllerMetrics,
     ) -> None:
-        self.tls, self.ensurer, self.metrics = tls, ensurer, metrics
+        self.tls, self.writer, self.metrics = tls, writer, metrics
         super().__init__(address, _Handler)
 
     def get_request(self) -> tuple[socket.socket, Any]:
@@ -170,7 +133,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class WebhookServer:
-    """The HTTPS server in a background thread."""
+    """The HTTPS server in a background thread, and the writer of the templates it names."""
 
     def __init__(
         self,
@@ -179,8 +142,11 @@ class WebhookServer:
         tls: WebhookTls,
         api: client.ApiClient,
         metrics: ControllerMetrics,
+        *,
+        template_interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
-        self._server = _Server((host, port), tls, TemplateEnsurer(api), metrics)
+        self.templates = TemplateWriter(api, template_interval_s)
+        self._server = _Server((host, port), tls, self.templates, metrics)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="webhook-server", daemon=True
         )
@@ -190,6 +156,7 @@ class WebhookServer:
         return int(self._server.server_address[1])
 
     def start(self) -> None:
+        self.templates.start()
         self._thread.start()
         log.info("webhook server listening port=%d path=%s", self.port, MUTATE_PODS_PATH)
 
@@ -199,3 +166,4 @@ class WebhookServer:
             self._server.shutdown()
             self._thread.join(timeout=10)
         self._server.server_close()
+        self.templates.stop()

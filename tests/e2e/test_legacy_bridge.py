@@ -12,8 +12,12 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import secrets
+import ssl
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -172,7 +176,7 @@ def legacy_controller(api: client.ApiClient, namespace: str) -> Iterator[Control
                 {
                     "name": "legacy-gpu.gpu.tranche.dev",
                     "admissionReviewVersions": ["v1"],
-                    "sideEffects": "NoneOnDryRun",
+                    "sideEffects": "None",
                     "failurePolicy": "Fail",
                     "timeoutSeconds": 10,
                     "clientConfig": {"url": f"https://127.0.0.1:{port}{MUTATE_PODS_PATH}"},
@@ -193,6 +197,48 @@ def legacy_controller(api: client.ApiClient, namespace: str) -> Iterator[Control
         controller.stop()
         with contextlib.suppress(client.ApiException):
             request_json(api, "DELETE", f"{WEBHOOKS}/{config_name}")
+
+
+def _template(api: client.ApiClient, namespace: str, name: str) -> Obj | None:
+    try:
+        return get_json(api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaimtemplates/{name}")
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def test_a_forged_admission_review_makes_the_controller_write_nothing(
+    api: client.ApiClient, namespace: str, legacy_controller: Controller
+) -> None:
+    # Anyone on the pod network can reach the webhook port: a review it did not get from the
+    # API server must not make the controller create objects with its rights.
+    secret = get_json(api, f"/api/v1/namespaces/{namespace}/secrets/tranche-webhook-tls")
+    ctx = ssl.create_default_context(cadata=base64.b64decode(secret["data"]["ca.crt"]).decode())
+    target = f"forged-{secrets.token_hex(3)}"
+    request_json(api, "POST", "/api/v1/namespaces", {"metadata": {"name": target}})
+    try:
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "forged", "namespace": target, "operation": "CREATE",
+                "object": _pod("forged", "nowhere", {"t": {"nvidia.com/gpu": "4"}}),
+            },
+        }  # fmt: skip
+        assert legacy_controller.webhook is not None
+        url = f"https://127.0.0.1:{legacy_controller.webhook.port}{MUTATE_PODS_PATH}"
+        req = urllib.request.Request(
+            url, json.dumps(review).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as answer:
+            assert json.loads(answer.read())["response"]["allowed"] is True  # the patch only
+        writer = legacy_controller.webhook.templates
+        passes = writer.passes
+        wait_for("two passes of the template writer", lambda: writer.passes >= passes + 2)
+        assert _template(api, target, "tranche-legacy-gpu-4") is None
+    finally:
+        request_json(api, "DELETE", f"/api/v1/namespaces/{target}")
 
 
 def test_fallback_webhook_rewrites_a_gpu_pod_into_a_claim_the_scheduler_allocates(
@@ -220,8 +266,10 @@ def test_fallback_webhook_rewrites_a_gpu_pod_into_a_claim_the_scheduler_allocate
             {"name": "legacy-c0-gpu", "resourceClaimTemplateName": "tranche-legacy-gpu-2"}
         ]
         assert pod["metadata"]["annotations"][ANNOTATION_REWRITTEN] == "c0:nvidia.com/gpu=2"
-        template = get_json(
-            api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaimtemplates/tranche-legacy-gpu-2"
+        # written after admission, by the controller, for the pod that now exists
+        template = wait_for(
+            "the template of the rewritten pod",
+            lambda: _template(api, namespace, "tranche-legacy-gpu-2"),
         )
         exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
         assert (exactly["deviceClassName"], exactly["count"]) == ("gpu.tranche.dev", 2)

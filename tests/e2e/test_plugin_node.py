@@ -9,6 +9,7 @@ import shutil
 import socket
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -341,6 +342,54 @@ def test_plugin_waits_for_an_api_server_that_is_down_at_start_instead_of_exiting
                     f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={name}",
                 )["items"],
             )
+    finally:
+        node.stop()
+        relay.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _probe(port: int, path: str) -> int | None:
+    """The HTTP status of the plugin's health endpoint; None while nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return None
+
+
+def test_plugin_is_alive_and_not_ready_while_the_api_server_is_down_at_start(
+    cluster: Cluster, make_node: Callable[..., str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The start waits for the API server; a liveness probe that failed meanwhile made the
+    # kubelet restart the plugin into the same wait for as long as the outage lasted.
+    relay = TcpRelay(cluster.server)  # down until the test brings it up
+    kubeconfig = tmp_path_factory.mktemp("kc") / "relay.kubeconfig"
+    config = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = relay.url
+    kubeconfig.write_text(yaml.safe_dump(config))
+    name = make_node(f"gpu-probe-{secrets.token_hex(2)}")
+    root = Path(tempfile.mkdtemp(prefix="sp", dir="/tmp"))
+    port = _free_port()
+    node = SimNode(
+        SimNodeConfig(
+            node_name=name,
+            kubeconfig=str(kubeconfig),
+            root=root,
+            extra_args=("--health-address", f"127.0.0.1:{port}"),
+        )
+    )
+    try:
+        node.start(wait=False)
+        wait_for("the liveness probe to answer", lambda: _probe(port, "/healthz") == 200)
+        assert _probe(port, "/readyz") == 503
+        assert node.running(), node.log_tail()
+        assert not node.registration_socket.exists()
+        relay.up()
+        wait_for("the plugin to become ready", lambda: _probe(port, "/readyz") == 200)
+        assert _probe(port, "/healthz") == 200  # now through its own sockets
     finally:
         node.stop()
         relay.down()

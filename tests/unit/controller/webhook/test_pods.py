@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from controller.webhook.pods import ANNOTATION_REWRITTEN, PodRejected, mutate_pod
+from controller.webhook.pods import (
+    ANNOTATION_REWRITTEN,
+    LABEL_REWRITTEN,
+    ZERO_COUNTS,
+    PodRejected,
+    mutate_pod,
+    templates_of,
+)
 
 
 def _apply(doc: dict[str, Any], patch: tuple[dict[str, Any], ...]) -> dict[str, Any]:
@@ -125,3 +132,29 @@ def test_a_clashing_claim_name_is_rejected() -> None:
     pod["spec"]["resourceClaims"] = [{"name": "legacy-c0-gpu", "resourceClaimName": "x"}]
     with pytest.raises(PodRejected, match="legacy-c0-gpu"):
         mutate_pod(pod)
+
+
+def test_rewritten_pods_are_labelled_for_the_template_writer() -> None:
+    pod = _pod(_c("a", {"nvidia.com/gpu": "2"}), _c("b", {"nvidia.com/mig-1g.10gb": "1"}))
+    mutation = mutate_pod(pod)
+    assert mutation is not None
+    out = _apply(pod, mutation.patch)
+    assert out["metadata"]["labels"] == {LABEL_REWRITTEN: "true"}
+    # the writer reads back from the annotation exactly the templates the rewrite names
+    summary = out["metadata"]["annotations"][ANNOTATION_REWRITTEN]
+    assert {t.name for t in templates_of(summary)} == {t.name for t in mutation.templates}
+    labelled = _pod(_c("a", {"nvidia.com/gpu": "1"}))
+    labelled["metadata"]["labels"] = {"app": "x"}
+    again = mutate_pod(labelled)
+    assert again is not None
+    assert _apply(labelled, again.patch)["metadata"]["labels"] == {
+        "app": "x",
+        LABEL_REWRITTEN: "true",
+    }
+
+
+@pytest.mark.parametrize("summary", ["c0:nvidia.com/gpu=x", "c0:example.com/gpu=1", "c0:"])
+def test_an_annotation_that_is_not_a_rewrite_names_itself(summary: str) -> None:
+    with pytest.raises(PodRejected, match="is not a rewrite"):
+        templates_of(summary)
+    assert templates_of(ZERO_COUNTS) == ()
