@@ -3,6 +3,8 @@
 * ``helm template`` renders for the default values and for the documented
   alternatives, and the API server accepts every rendered object in a
   server-side dry run.
+* Everything the chart renders follows ``driverName``, and the trust policy
+  judges every device class the chart can create, whatever the values.
 * The plugin's RBAC and the own-node slice policy, installed for real, let a
   plugin pod's service-account token (bound to a pod on node A, so it carries
   A's name) publish A's slices and nothing else: slices of node B, slices of
@@ -13,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import secrets
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 import pytest
@@ -31,6 +35,7 @@ from tests.conftest import unavailable
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import slice_object
+from tests.e2e.trust_policy import claim_object, exactly, installed
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +43,8 @@ CHART = ROOT / "deploy/helm/tranche"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 Obj = dict[str, Any]
 
+# MIG profiles of the H200 and with media extensions: names the trust policy cannot list.
+UNUSUAL_MIG_PROFILES = '["1g.18gb", "1g.18gb+me", "3g.71gb", "7g.141gb", "1c.3g.40gb"]'
 # The documented alternatives of docs/install.md.
 VALUE_SETS = {
     "default": [],
@@ -46,6 +53,8 @@ VALUE_SETS = {
     "gpu-operator": ["--set", "kubeletPlugin.driverRoot=/run/nvidia/driver",
                      "--set", "kubeletPlugin.defaultTrustLevel=partitioned",
                      "--set", "serviceMonitor.enabled=true"],
+    "custom-driver": ["--set", "driverName=gpu.example.com",
+                      "--set-json", f"bridge.migProfiles={UNUSUAL_MIG_PROFILES}"],
 }  # fmt: skip
 
 
@@ -60,11 +69,15 @@ def helm() -> str:
     return str(Path(out.stdout.strip().splitlines()[-1]) / "helm")
 
 
-def render(helm: str, release: str, namespace: str, *args: str) -> list[Obj]:
-    out = subprocess.run(
+def helm_template(helm: str, release: str, namespace: str, *args: str) -> CompletedProcess[str]:
+    return subprocess.run(
         [helm, "template", release, str(CHART), "--namespace", namespace, *args],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
+
+
+def render(helm: str, release: str, namespace: str, *args: str) -> list[Obj]:
+    out = helm_template(helm, release, namespace, *args)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
@@ -88,7 +101,9 @@ def test_chart_renders_and_the_api_server_accepts_every_object(
     assert out.stdout.count("(server dry run)") == len(applicable), out.stdout
 
 
-def test_daemonset_rolls_with_surge_on_gpu_nodes_at_node_critical_priority(helm: str) -> None:
+def test_rendered_daemonset_asks_for_surge_updates_gpu_nodes_and_node_critical_priority(
+    helm: str,
+) -> None:
     objs = render(helm, "tranche", "tranche")
     (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
     assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
@@ -154,6 +169,173 @@ def test_chart_ships_the_repository_device_classes_policy_and_bridge_classes(hel
         )
     off = render(helm, "tranche", "tranche", "--set", "bridge.enabled=false")
     assert not any("extendedResourceName" in o.get("spec", {}) for o in off)
+
+
+# ---- driverName and the device classes the trust policy judges ----------------------------
+
+# Namespace label keys that are one contract for every installation (the plugin reads them
+# whatever its driver name): they keep the gpu.tranche.dev domain.
+FIXED_KEYS = {
+    f"gpu.tranche.dev/{k}"
+    for k in ("tenant", "trust-level", "sharing-group", "legacy-webhook", "mechanism")
+}
+
+
+def _strings(value: object) -> Iterator[str]:
+    """Every key and string value of a rendered object."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
+def test_everything_the_chart_renders_follows_a_custom_driver_name(helm: str) -> None:
+    objs = render(
+        helm,
+        "tranche",
+        "tranche",
+        *VALUE_SETS["custom-driver"],
+        "--set",
+        "serviceMonitor.enabled=true",
+        "--set",
+        "kubeletPlugin.metricsBindAddress=0.0.0.0",
+    )
+    leftovers = sorted(
+        {
+            f"{o['kind']} {o['metadata']['name']}: {s[:120]}"
+            for o in objs
+            for s in _strings(o)
+            if "gpu.tranche.dev" in s.replace("gpu.tranche.dev/", "").replace("\n", " ")
+            or any(
+                k.startswith("gpu.tranche.dev/") and k not in FIXED_KEYS
+                for k in s.replace('"', " ").replace("'", " ").split()
+            )
+        }
+    )
+    assert leftovers == [], "these still name the default driver"
+    classes = {o["metadata"]["name"] for o in objs if o["kind"] == "DeviceClass"}
+    assert {
+        "gpu.example.com",
+        "mig.gpu.example.com",
+        "dedicated.gpu.example.com",
+        "mig-1g.18gb-me.gpu.example.com",
+        "mig-1c.3g.40gb.gpu.example.com",
+    } <= classes
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    env = {
+        e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["TRANCHE_DRIVER_NAME"] == "gpu.example.com"
+    # The controller's legacy webhook writes templates for gpu.tranche.dev's classes.
+    out = helm_template(
+        helm,
+        "tranche",
+        "tranche",
+        "--set",
+        "driverName=gpu.example.com",
+        "--set",
+        "legacyWebhook.enabled=true",
+        "--set",
+        "bridge.enabled=false",
+    )
+    assert out.returncode != 0 and "needs the default driverName" in out.stderr
+    for bad in ("Gpu.Example.com", 'x"||true||"', "a" * 64):
+        out = helm_template(helm, "tranche", "tranche", "--set-string", f"driverName={bad}")
+        assert out.returncode != 0 and "not a lowercase DNS subdomain" in out.stderr, bad
+    out = helm_template(helm, "tranche", "tranche", "--set-json", 'bridge.migProfiles=["1g\\"x"]')
+    assert out.returncode != 0 and "is not a MIG profile name" in out.stderr
+
+
+CHART_SCOPE = "tranche.dev/e2e-chart-scope"
+
+
+def _scoped(objs: list[Obj], scope: str) -> list[Obj]:
+    """The objects with every policy binding narrowed to namespaces labelled ``scope``, so
+    that the rest of the test cluster is not subject to them."""
+    for o in objs:
+        if o["kind"] == "ValidatingAdmissionPolicyBinding":
+            o["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {scope: "true"}}}
+    return objs
+
+
+def _claim_refusal(custom: client.CustomObjectsApi, ns: str, cls: str) -> str:
+    """The policy's message refusing a dry-run claim for one device of ``cls``; "" if admitted."""
+    claim = claim_object(ns, "probe", [exactly(cls)])
+    try:
+        custom.create_namespaced_custom_object(
+            "resource.k8s.io", "v1", ns, "resourceclaims", claim, dry_run="All"
+        )
+    except client.ApiException as e:
+        assert e.status == 403, e
+        return str(json.loads(e.body or "{}").get("message", ""))
+    return ""
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(["--set-json", f"bridge.migProfiles={UNUSUAL_MIG_PROFILES}"], id="h200-me"),
+        pytest.param(
+            [
+                "--set",
+                "driverName=tranche.e2e.example.com",
+                "--set-json",
+                f"bridge.migProfiles={UNUSUAL_MIG_PROFILES}",
+            ],
+            id="custom-driver",
+        ),
+    ],
+)
+def test_trust_policy_refuses_an_isolated_tenant_every_class_the_chart_creates_but_the_gpu(
+    helm: str, cluster: Cluster, api: client.ApiClient, values: list[str]
+) -> None:
+    objs = render(helm, "tranche", "tranche", *values)
+    driver = next(
+        e["value"]
+        for o in objs
+        if o["kind"] == "DaemonSet"
+        for e in o["spec"]["template"]["spec"]["containers"][0]["env"]
+        if e["name"] == "TRANCHE_DRIVER_NAME"
+    )
+    classes = sorted(o["metadata"]["name"] for o in objs if o["kind"] == "DeviceClass")
+    assert f"mig-1g.18gb-me.{driver}" in classes and f"mig-7g.141gb.{driver}" in classes
+    policy = [
+        o
+        for o in objs
+        if o["kind"].startswith("ValidatingAdmissionPolicy")
+        and o["metadata"]["name"] == f"claim-trust.{driver}"
+    ]
+    assert len(policy) == 2, "the claim trust policy and its binding"
+    scope = f"{CHART_SCOPE}-{secrets.token_hex(3)}"
+    custom = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+    ns = f"isolated-{secrets.token_hex(3)}"  # no trust labels: the default level, isolated
+    core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=ns, labels={scope: "true"}))
+    )
+    try:
+        dev_classes = [o for o in objs if o["kind"] == "DeviceClass"]
+        with installed(custom, dev_classes + _scoped(policy, scope)):
+            wait_for(
+                "the rendered claim trust policy to be enforced",
+                lambda: _claim_refusal(custom, ns, f"mps.{driver}"),
+            )
+            admitted = [c for c in classes if not _claim_refusal(custom, ns, c)]
+            assert admitted == [driver], "an isolated tenant may use only whole GPUs"
+            msg = _claim_refusal(custom, ns, f"mig-1g.18gb-me.{driver}")
+            assert f"namespace {ns} has trust level isolated" in msg
+            assert "does not allow mechanism mig" in msg
+            # A class named after the driver that the policy does not know: refused.
+            msg = _claim_refusal(custom, ns, f"bogus.{driver}")
+            assert f"device class bogus.{driver}: it is named after driver {driver}" in msg
+    finally:
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespace(ns)
 
 
 def _token_client(cluster: Cluster, token: str) -> client.ApiClient:
