@@ -5,10 +5,10 @@
   server-side dry run.
 * Everything the chart renders follows ``driverName``, and the trust policy
   judges every device class the chart can create, whatever the values.
-* The plugin's RBAC and the own-node slice policy, installed for real, let a
+* The plugin's RBAC and the own-node policies, installed for real, let a
   plugin pod's service-account token (bound to a pod on node A, so it carries
-  A's name) publish A's slices and nothing else: slices of node B, slices of
-  another driver, Secrets and DeviceClasses are refused.
+  A's name) publish A's slices (pool A) and nothing else: slices of node or
+  pool B, slices of another driver, Secrets and DeviceClasses are refused.
 """
 
 from __future__ import annotations
@@ -338,6 +338,9 @@ def test_trust_policy_refuses_an_isolated_tenant_every_class_the_chart_creates_b
             core.delete_namespace(ns)
 
 
+# ---- the plugin's token: own node's slices only --------------------------------------
+
+
 def _token_client(cluster: Cluster, token: str) -> client.ApiClient:
     conf = client.Configuration()
     conf.host = cluster.server
@@ -345,10 +348,14 @@ def _token_client(cluster: Cluster, token: str) -> client.ApiClient:
     return client.ApiClient(conf, header_name="Authorization", header_value=f"Bearer {token}")
 
 
-def _try_foreign(plugin: client.ApiClient, *, admin: client.ApiClient, name: str, node: str) -> str:
+def _try_foreign(
+    plugin: client.ApiClient, *, admin: client.ApiClient, name: str, node: str, pool: str = ""
+) -> str:
     """The refusal message, or "" after removing the slice if the write still went through."""
+    obj = slice_object(name, node)
+    obj["spec"]["pool"]["name"] = pool or node
     try:
-        request_json(plugin, "POST", SLICES, slice_object(name, node))
+        request_json(plugin, "POST", SLICES, obj)
     except client.ApiException as e:
         assert e.status in (403, 422), e
         return str(e.body)
@@ -363,6 +370,97 @@ def _refused(fn: Callable[[], object]) -> str:
     return str(e.value.body)
 
 
+@contextlib.contextmanager
+def _plugin_installed(
+    helm: str, cluster: Cluster, release: str, namespace: str, *extra: str
+) -> Iterator[list[Obj]]:
+    """The plugin's service account, RBAC and own-node policies of the chart, installed."""
+    objs = render(
+        helm,
+        release,
+        namespace,
+        "--set",
+        "deviceClasses.enabled=false",
+        "--set",
+        "trust.admissionPolicy=false",
+        "--set",
+        "trust.labelPolicy=false",
+        "--set",
+        "controller.enabled=false",
+        *extra,
+    )
+    installed_objs = [o for o in objs if o["kind"] != "DaemonSet"]
+    kubectl = [f"{cluster.bin_dir}/kubectl", "--kubeconfig", cluster.kubeconfig, "-n", namespace]
+    subprocess.run(
+        [*kubectl, "apply", "-f", "-"],
+        input=yaml.safe_dump_all(installed_objs),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    try:
+        yield installed_objs
+    finally:
+        subprocess.run(
+            [*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", "-"],
+            input=yaml.safe_dump_all(installed_objs),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+
+@contextlib.contextmanager
+def _plugin_token(
+    cluster: Cluster, api: client.ApiClient, namespace: str, sa: str, node: str
+) -> Iterator[client.ApiClient]:
+    """A client with the token of ``sa`` bound to a pod on ``node`` (so it carries the node)."""
+    pod: Obj = request_json(
+        api,
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"plugin-{node}"},
+            "spec": {
+                "serviceAccountName": sa,
+                "nodeName": node,
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "p", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        },
+    )
+    review = request_json(
+        api,
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": 600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod["metadata"]["name"],
+                    "uid": pod["metadata"]["uid"],
+                },
+            },
+        },
+    )
+    with _token_client(cluster, review["status"]["token"]) as plugin:
+        who = request_json(
+            plugin,
+            "POST",
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        )
+        extra = who["status"]["userInfo"].get("extra", {})
+        assert extra.get("authentication.kubernetes.io/node-name") == [node]
+        yield plugin
+
+
 def test_plugin_token_writes_its_own_nodes_slices_and_nothing_else(
     helm: str,
     cluster: Cluster,
@@ -371,45 +469,36 @@ def test_plugin_token_writes_its_own_nodes_slices_and_nothing_else(
     make_node: Callable[..., str],
 ) -> None:
     release = f"rbac{secrets.token_hex(3)}"
-    objs = render(
-        helm, release, namespace,
-        "--set", "deviceClasses.enabled=false", "--set", "trust.admissionPolicy=false",
-        "--set", "controller.enabled=false",
-    )  # fmt: skip
-    installed = [o for o in objs if o["kind"] != "DaemonSet"]
-    kubectl = [f"{cluster.bin_dir}/kubectl", "--kubeconfig", cluster.kubeconfig, "-n", namespace]
-    subprocess.run([*kubectl, "apply", "-f", "-"], input=yaml.safe_dump_all(installed),
-                   capture_output=True, text=True, check=True)  # fmt: skip
     node_a, node_b = make_node(f"{release}-a"), make_node(f"{release}-b")
     sa = f"{release}-kubelet-plugin"
+    own = f"{node_a}-gpu.tranche.dev-x"
     try:
-        # A pod of the plugin's service account on node A, and a token bound to it.
-        pod: Obj = request_json(api, "POST", f"/api/v1/namespaces/{namespace}/pods", {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin"},
-            "spec": {"serviceAccountName": sa, "nodeName": node_a,
-                     "automountServiceAccountToken": False,
-                     "containers": [{"name": "p", "image": "registry.k8s.io/pause:3.10"}]},
-        })  # fmt: skip
-        review = request_json(
-            api, "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-             "spec": {"expirationSeconds": 600, "boundObjectRef": {
-                 "apiVersion": "v1", "kind": "Pod", "name": "plugin",
-                 "uid": pod["metadata"]["uid"]}}},
-        )  # fmt: skip
-        with _token_client(cluster, review["status"]["token"]) as plugin:
-            who = request_json(plugin, "POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
-                               {"apiVersion": "authentication.k8s.io/v1",
-                                "kind": "SelfSubjectReview"})  # fmt: skip
-            extra = who["status"]["userInfo"].get("extra", {})
-            assert extra.get("authentication.kubernetes.io/node-name") == [node_a]
-
+        with (
+            _plugin_installed(helm, cluster, release, namespace),
+            _plugin_token(cluster, api, namespace, sa, node_a) as plugin,
+        ):
             # A new policy takes effect once the API server has loaded it: retry until then.
-            msg = wait_for("the own-node slice policy to refuse node B", lambda: _try_foreign(
-                plugin, admin=api, name=f"{node_b}-x", node=node_b))  # fmt: skip
+            msg = wait_for(
+                "the own-node slice policy to refuse node B",
+                lambda: _try_foreign(plugin, admin=api, name=f"{node_b}-x", node=node_b),
+            )
             assert f"on node {node_a} may not write ResourceSlices of node {node_b}" in msg
 
-            own = f"{node_a}-gpu.tranche.dev-x"
+            # Node A's slice in node B's pool: refused, for devices and counters alike.
+            msg = _try_foreign(plugin, admin=api, name=f"{node_a}-pool-b", node=node_a, pool=node_b)
+            assert f"on node {node_a} may not write ResourceSlices of pool {node_b}" in msg
+            counters = slice_object(f"{node_a}-counters-b", node_a)
+            del counters["spec"]["devices"]
+            counters["spec"]["pool"]["name"] = node_b
+            counters["spec"]["sharedCounters"] = [
+                {"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}
+            ]
+            msg = _refused(lambda: request_json(plugin, "POST", SLICES, counters))
+            assert f"may not write ResourceSlices of pool {node_b}" in msg
+            counters["spec"]["pool"]["name"] = node_a
+            request_json(plugin, "POST", SLICES, counters)
+            request_json(plugin, "DELETE", f"{SLICES}/{node_a}-counters-b")
+
             request_json(plugin, "POST", SLICES, slice_object(own, node_a))
             updated = get_json(plugin, f"{SLICES}/{own}")
             updated["spec"]["devices"].append({"name": "gpu-1"})
@@ -430,17 +519,19 @@ def test_plugin_token_writes_its_own_nodes_slices_and_nothing_else(
             _refused(lambda: request_json(plugin, "DELETE", f"{SLICES}/{node_b}-admin"))
 
             _refused(lambda: get_json(plugin, f"/api/v1/namespaces/{namespace}/secrets"))
-            _refused(lambda: request_json(
-                plugin, "POST", "/apis/resource.k8s.io/v1/deviceclasses",
-                bridge_device_class(None)))  # fmt: skip
+            _refused(
+                lambda: request_json(
+                    plugin,
+                    "POST",
+                    "/apis/resource.k8s.io/v1/deviceclasses",
+                    bridge_device_class(None),
+                )
+            )
             request_json(plugin, "DELETE", f"{SLICES}/{own}")
     finally:
-        for name in (f"{node_a}-gpu.tranche.dev-x", f"{node_b}-admin"):
+        for name in (own, f"{node_b}-admin", f"{node_a}-counters-b"):
             with contextlib.suppress(client.ApiException):
                 request_json(api, "DELETE", f"{SLICES}/{name}")
-        subprocess.run([*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", "-"],
-                       input=yaml.safe_dump_all(installed), capture_output=True, text=True,
-                       check=False)  # fmt: skip
 
 
 @pytest.mark.parametrize("example", ["legacy-gpu.yaml", "bridge-claim-equivalent.yaml"])
