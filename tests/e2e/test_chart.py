@@ -7,14 +7,16 @@
   judges every device class the chart can create, whatever the values.
 * The plugin's RBAC and the own-node policies, installed for real, let a
   plugin pod's service-account token (bound to a pod on node A, so it carries
-  A's name) publish A's slices (pool A) and nothing else: slices of node or
-  pool B, slices of another driver, Secrets and DeviceClasses are refused.
+  A's name) publish A's slices (pool A) and write the status of claims
+  allocated to A, and nothing else: slices of node or pool B, slices of another
+  driver, the status of B's claims, Secrets and DeviceClasses are refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -29,6 +31,7 @@ import yaml
 from kubernetes import client
 
 from driver.bridge import bridge_device_class
+from driver.kube import send
 from hack.devcluster.pki import Pki
 from kubelet_plugin import settings as plugin_settings
 from tests.conftest import unavailable
@@ -338,7 +341,7 @@ def test_trust_policy_refuses_an_isolated_tenant_every_class_the_chart_creates_b
             core.delete_namespace(ns)
 
 
-# ---- the plugin's token: own node's slices only --------------------------------------
+# ---- the plugin's token: own node's slices and claim status only --------------------------
 
 
 def _token_client(cluster: Cluster, token: str) -> client.ApiClient:
@@ -532,6 +535,225 @@ def test_plugin_token_writes_its_own_nodes_slices_and_nothing_else(
         for name in (own, f"{node_b}-admin", f"{node_a}-counters-b"):
             with contextlib.suppress(client.ApiException):
                 request_json(api, "DELETE", f"{SLICES}/{name}")
+
+
+def _claim_path(namespace: str, name: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+
+
+def _allocated_claim(
+    api: client.ApiClient, namespace: str, name: str, node: str, devices: list[tuple[str, str]]
+) -> Obj:
+    """A claim with ``devices`` (driver, pool; each its device gpu-0) written into its
+    allocation for ``node``, as a scheduler would."""
+    claim = claim_object(namespace, name, [exactly("gpu.tranche.dev")])
+    request_json(api, "POST", _claim_path(namespace, name).rsplit("/", 1)[0], claim)
+    obj = get_json(api, _claim_path(namespace, name))
+    obj["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": driver, "pool": pool, "device": "gpu-0"}
+                    for driver, pool in devices
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        }
+    }
+    return request_json(api, "PUT", _claim_path(namespace, name) + "/status", obj)
+
+
+def _device_status(pool: str, driver: str = "gpu.tranche.dev") -> list[Obj]:
+    return [
+        {
+            "driver": driver,
+            "pool": pool,
+            "device": "gpu-0",
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Prepared",
+                    "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        }
+    ]
+
+
+def _patch_status(
+    plugin: client.ApiClient, namespace: str, name: str, ops: list[Obj], dry_run: bool = False
+) -> Obj:
+    answer = send(
+        plugin,
+        "PATCH",
+        _claim_path(namespace, name) + "/status",
+        body=ops,
+        query={"dryRun": "All"} if dry_run else None,
+        content_type="application/json-patch+json",
+    )
+    if not answer.ok:
+        raise client.ApiException(
+            status=answer.status, reason=answer.reason, body=answer.body.decode()
+        )
+    result: Obj = answer.json()
+    return result
+
+
+def test_plugin_token_writes_the_status_only_of_claims_allocated_to_its_node(
+    helm: str,
+    cluster: Cluster,
+    api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+) -> None:
+    """Kubernetes 1.34 and 1.35 authorize a status write by ``resourceclaims/status``
+    alone; 1.36+ adds checks on ``resourceclaims/driver`` (``status.devices`` of a claim
+    on another node needs ``arbitrary-node:update``/``patch``) and
+    ``resourceclaims/binding`` (allocation, reservedFor). The test grants the plugin those
+    too, which is what a 1.35 cluster amounts to, so that the chart's policy is all that
+    stands in the way."""
+    release = f"st{secrets.token_hex(3)}"
+    node_a, node_b = make_node(f"{release}-a"), make_node(f"{release}-b")
+    sa = f"{release}-kubelet-plugin"
+    rbac = client.RbacAuthorizationV1Api(api)
+    wide = f"{release}-as-on-1-35"
+    rbac.create_cluster_role(
+        client.V1ClusterRole(
+            metadata=client.V1ObjectMeta(name=wide),
+            rules=[
+                client.V1PolicyRule(
+                    api_groups=["resource.k8s.io"],
+                    resources=["resourceclaims/driver"],
+                    verbs=["arbitrary-node:update", "arbitrary-node:patch"],
+                ),
+                client.V1PolicyRule(
+                    api_groups=["resource.k8s.io"],
+                    resources=["resourceclaims/binding"],
+                    verbs=["update", "patch"],
+                ),
+            ],
+        )
+    )
+    rbac.create_cluster_role_binding(
+        client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name=wide),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=wide
+            ),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount", name=sa, namespace=namespace)],
+        )
+    )
+    try:
+        with (
+            _plugin_installed(helm, cluster, release, namespace),
+            _plugin_token(cluster, api, namespace, sa, node_a) as plugin,
+        ):
+            # On node A: a device of A's pool, one of another driver and a forged one of B's.
+            _allocated_claim(
+                api,
+                namespace,
+                "on-a",
+                node_a,
+                [
+                    ("gpu.tranche.dev", node_a),
+                    ("other.example.com", node_a),
+                    ("gpu.tranche.dev", node_b),
+                ],
+            )
+            _allocated_claim(api, namespace, "on-b", node_b, [("gpu.tranche.dev", node_b)])
+            request_json(
+                api,
+                "POST",
+                _claim_path(namespace, "idle").rsplit("/", 1)[0],
+                claim_object(namespace, "idle", [exactly("gpu.tranche.dev")]),
+            )
+            add_b = [{"op": "add", "path": "/status/devices", "value": _device_status(node_b)}]
+
+            def refused_on_b() -> str:
+                """The policy's refusal of a dry-run write; "" until the policy is loaded."""
+                try:
+                    _patch_status(plugin, namespace, "on-b", add_b, dry_run=True)
+                except client.ApiException as e:
+                    assert e.status == 403, e
+                    return str(e.body)
+                return ""
+
+            wait_for("the claim status policy to refuse node B's claim", refused_on_b)
+            msg = _refused(lambda: _patch_status(plugin, namespace, "on-b", add_b))
+            assert f"on node {node_a} may write the status only of claims allocated" in msg
+            assert f"claim {namespace}/on-b" in msg
+            msg = _refused(
+                lambda: _patch_status(
+                    plugin,
+                    namespace,
+                    "idle",
+                    [{"op": "add", "path": "/status", "value": {"devices": []}}],
+                )
+            )
+            assert "may write the status only of claims allocated to that node" in msg
+
+            # Its own node's claim: its driver's entries in its pool, nothing else.
+            done = _patch_status(
+                plugin,
+                namespace,
+                "on-a",
+                [{"op": "add", "path": "/status/devices", "value": _device_status(node_a)}],
+            )
+            assert done["status"]["devices"][0]["pool"] == node_a
+            for driver, pool in (("gpu.tranche.dev", node_b), ("other.example.com", node_a)):
+                entry = {
+                    "op": "add",
+                    "path": "/status/devices/-",
+                    "value": _device_status(pool, driver)[0],
+                }
+                msg = _refused(functools.partial(_patch_status, plugin, namespace, "on-a", [entry]))
+                assert (
+                    f"only status.devices entries of driver gpu.tranche.dev in pool {node_a}"
+                ) in msg, (driver, pool)
+            msg = _refused(
+                lambda: _patch_status(
+                    plugin,
+                    namespace,
+                    "on-a",
+                    [
+                        {
+                            "op": "add",
+                            "path": "/status/reservedFor",
+                            "value": [
+                                {
+                                    "resource": "pods",
+                                    "name": "x",
+                                    "uid": "00000000-0000-0000-0000-000000000001",
+                                }
+                            ],
+                        }
+                    ],
+                )
+            )
+            assert "may not change the allocation or reservedFor" in msg
+            msg = _refused(
+                lambda: _patch_status(
+                    plugin,
+                    namespace,
+                    "on-a",
+                    [
+                        {"op": "remove", "path": "/status/allocation"},
+                        {"op": "remove", "path": "/status/devices"},
+                    ],
+                )
+            )
+            assert "Tranche kubelet plugin" in msg
+    finally:
+        with contextlib.suppress(client.ApiException):
+            rbac.delete_cluster_role_binding(wide)
+        with contextlib.suppress(client.ApiException):
+            rbac.delete_cluster_role(wide)
 
 
 @pytest.mark.parametrize("example", ["legacy-gpu.yaml", "bridge-claim-equivalent.yaml"])
