@@ -10,6 +10,7 @@
   A's name) publish A's slices (pool A) and write the status of claims
   allocated to A, and nothing else: slices of node or pool B, slices of another
   driver, the status of B's claims, Secrets and DeviceClasses are refused.
+* Only the configured platform team may set a namespace's trust labels.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from kubernetes import client
 
 from driver.bridge import bridge_device_class
 from driver.kube import send
+from driver.trust import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
 from hack.devcluster.pki import Pki
 from kubelet_plugin import settings as plugin_settings
 from tests.conftest import unavailable
@@ -754,6 +756,134 @@ def test_plugin_token_writes_the_status_only_of_claims_allocated_to_its_node(
             rbac.delete_cluster_role_binding(wide)
         with contextlib.suppress(client.ApiException):
             rbac.delete_cluster_role(wide)
+
+
+# ---- who may set a namespace's trust labels ------------------------------------------------
+
+
+def _impersonating(cluster: Cluster, user: str, group: str = "") -> client.ApiClient:
+    api = cluster.api_client()
+    api.default_headers["Impersonate-User"] = user
+    if group:
+        api.default_headers["Impersonate-Group"] = group
+    return api
+
+
+def _namespace_refusal(core: client.CoreV1Api, name: str, labels: dict[str, str]) -> str:
+    """The refusal of a dry-run creation of namespace ``name``; "" if admitted."""
+    try:
+        core.create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)),
+            dry_run="All",
+        )
+    except client.ApiException as e:
+        assert e.status == 403, e
+        return str(json.loads(e.body or "{}").get("message", ""))
+    return ""
+
+
+def test_only_the_platform_team_sets_namespace_trust_labels(
+    helm: str, cluster: Cluster, api: client.ApiClient
+) -> None:
+    tag = secrets.token_hex(3)
+    platform, user = f"platform-{tag}", f"alice-{tag}"
+    gitops_sa = f"system:serviceaccount:gitops-{tag}:deployer"
+    objs = render(
+        helm,
+        "tranche",
+        "tranche",
+        "--set-json",
+        f'trust.labelAdmins.groups=["{platform}"]',
+        "--set-json",
+        f'trust.labelAdmins.users=["{gitops_sa}"]',
+    )
+    policy = [o for o in objs if o["metadata"]["name"] == "tranche-namespace-trust-labels"]
+    assert {o["kind"] for o in policy} == {
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    scope = f"{CHART_SCOPE}-{tag}"
+    base = {scope: "true"}
+    rbac = client.RbacAuthorizationV1Api(api)
+    role = f"e2e-namespace-editors-{tag}"
+    rbac.create_cluster_role(
+        client.V1ClusterRole(
+            metadata=client.V1ObjectMeta(name=role),
+            rules=[
+                client.V1PolicyRule(
+                    api_groups=[""],
+                    resources=["namespaces"],
+                    verbs=["get", "create", "update", "patch"],
+                )
+            ],
+        )
+    )
+    rbac.create_cluster_role_binding(
+        client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name=role),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role
+            ),
+            subjects=[
+                client.RbacV1Subject(kind="User", name=user),
+                client.RbacV1Subject(kind="Group", name=platform),
+                client.RbacV1Subject(kind="User", name=gitops_sa),
+            ],
+        )
+    )
+    mine = f"alice-{tag}"
+    admin_core = client.CoreV1Api(api)
+    try:
+        with (
+            installed(client.CustomObjectsApi(api), _scoped(policy, scope)),
+            _impersonating(cluster, user) as alice_api,
+            _impersonating(cluster, f"bob-{tag}", platform) as bob_api,
+            _impersonating(cluster, gitops_sa) as gitops_api,
+        ):
+            alice, bob = client.CoreV1Api(alice_api), client.CoreV1Api(bob_api)
+            joining = {**base, LABEL_TENANT: "victim"}
+            msg = wait_for(
+                "the namespace trust-label policy to be enforced",
+                lambda: _namespace_refusal(alice, f"join-{tag}", joining),
+            )
+            assert (
+                f"only the platform team may set, change or remove the trust label "
+                f"{LABEL_TENANT} of namespace join-{tag} (create by {user})"
+            ) in msg, msg
+            for key, value in ((LABEL_LEVEL, "shared"), (LABEL_SHARING_GROUP, "blue")):
+                assert key in _namespace_refusal(alice, f"lvl-{tag}", {**base, key: value})
+
+            # An ordinary namespace, and labels that are not trust labels, stay hers.
+            alice.create_namespace(
+                client.V1Namespace(metadata=client.V1ObjectMeta(name=mine, labels=base))
+            )
+            alice.patch_namespace(mine, {"metadata": {"labels": {"team": "alice"}}})
+            for key, value in ((LABEL_TENANT, "victim"), (LABEL_LEVEL, "shared")):
+                with pytest.raises(client.ApiException) as err:
+                    alice.patch_namespace(mine, {"metadata": {"labels": {key: value}}})
+                assert err.value.status == 403 and key in str(err.value.body)
+
+            # The platform team sets them; she can then neither change nor remove them.
+            bob.patch_namespace(mine, {"metadata": {"labels": {LABEL_LEVEL: "isolated"}}})
+            for change in ("shared", None):
+                with pytest.raises(client.ApiException) as err:
+                    alice.patch_namespace(mine, {"metadata": {"labels": {LABEL_LEVEL: change}}})
+                assert err.value.status == 403 and LABEL_LEVEL in str(err.value.body)
+            meta = admin_core.read_namespace(mine).metadata
+            assert meta is not None and (meta.labels or {}).get(LABEL_LEVEL) == "isolated"
+            assert _namespace_refusal(bob, f"bob-{tag}", {**base, LABEL_TENANT: "acme"}) == ""
+            gitops_core = client.CoreV1Api(gitops_api)
+            assert (
+                _namespace_refusal(gitops_core, f"gitops-{tag}", {**base, LABEL_LEVEL: "shared"})
+                == ""
+            )
+    finally:
+        with contextlib.suppress(client.ApiException):
+            admin_core.delete_namespace(mine)
+        with contextlib.suppress(client.ApiException):
+            rbac.delete_cluster_role_binding(role)
+        with contextlib.suppress(client.ApiException):
+            rbac.delete_cluster_role(role)
 
 
 @pytest.mark.parametrize("example", ["legacy-gpu.yaml", "bridge-claim-equivalent.yaml"])
