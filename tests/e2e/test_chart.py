@@ -11,6 +11,7 @@
   allocated to A, and nothing else: slices of node or pool B, slices of another
   driver, the status of B's claims, Secrets and DeviceClasses are refused.
 * Only the configured platform team may set a namespace's trust labels.
+* The plugin's per-claim metrics stay inside the pod unless exposed on purpose.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ VALUE_SETS = {
     "no-controller": ["--set", "controller.enabled=false", "--set", "slicePolicy.enabled=false"],
     "gpu-operator": ["--set", "kubeletPlugin.driverRoot=/run/nvidia/driver",
                      "--set", "kubeletPlugin.defaultTrustLevel=partitioned",
+                     "--set", "kubeletPlugin.metricsBindAddress=0.0.0.0",
+                     "--set-json", 'kubeletPlugin.metricsScrapers=[{"namespaceSelector": '
+                     '{"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]',
                      "--set", "serviceMonitor.enabled=true"],
     "custom-driver": ["--set", "driverName=gpu.example.com",
                       "--set-json", f"bridge.migProfiles={UNUSUAL_MIG_PROFILES}"],
@@ -884,6 +888,60 @@ def test_only_the_platform_team_sets_namespace_trust_labels(
             rbac.delete_cluster_role_binding(role)
         with contextlib.suppress(client.ApiException):
             rbac.delete_cluster_role(role)
+
+
+# ---- metrics --------------------------------------------------------------------------------
+
+
+def test_plugin_metrics_stay_in_the_pod_unless_exposed_to_named_scrapers(
+    helm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objs = render(helm, "tranche", "tranche")
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TRANCHE_METRICS_ADDRESS"] == "127.0.0.1:9400"
+    assert "hostNetwork" not in ds["spec"]["template"]["spec"]
+    assert [p["name"] for p in container["ports"]] == ["health"]
+    assert not [
+        o
+        for o in objs
+        if o["kind"] in ("Service", "ServiceMonitor", "NetworkPolicy")
+        and "kubelet-plugin" in o["metadata"]["name"]
+    ]
+    for name in [n for n in os.environ if n.startswith("TRANCHE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TRANCHE_METRICS_ADDRESS", env["TRANCHE_METRICS_ADDRESS"])
+    parser = argparse.ArgumentParser()
+    plugin_settings.add_arguments(parser)
+    settings = plugin_settings.settings_from_args(parser.parse_args(["--node-name", "n1"]))
+    assert settings.metrics_address == "127.0.0.1:9400"
+
+    # A ServiceMonitor cannot scrape a loopback port: the chart says so instead.
+    out = helm_template(helm, "tranche", "tranche", "--set", "serviceMonitor.enabled=true")
+    assert out.returncode != 0 and "kubeletPlugin.metricsBindAddress" in out.stderr
+
+    # Exposed on purpose: a NetworkPolicy admits only the named scrapers to the metrics port.
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    objs = render(
+        helm,
+        "tranche",
+        "tranche",
+        "--set",
+        "kubeletPlugin.metricsBindAddress=0.0.0.0",
+        "--set-json",
+        f"kubeletPlugin.metricsScrapers=[{json.dumps(scraper)}]",
+    )
+    (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == (
+        "kubelet-plugin"
+    )
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+    assert rules == {9401: None, 9400: [scraper]}
+    # Exposed without scrapers: the metrics port admits nobody.
+    objs = render(helm, "tranche", "tranche", "--set", "kubeletPlugin.metricsBindAddress=0.0.0.0")
+    (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert [r["ports"][0]["port"] for r in policy["spec"]["ingress"]] == [9401]
 
 
 @pytest.mark.parametrize("example", ["legacy-gpu.yaml", "bridge-claim-equivalent.yaml"])

@@ -44,3 +44,16 @@ nothing else may pass. */ -}}
 {{- end -}}
 {{- $name -}}
 {{- end }}
+
+{{- /* The plugin's metrics listen address: loopback (the default) keeps the per-claim series
+inside the pod. */ -}}
+{{- define "tranche.metricsAddress" -}}
+{{- $host := .Values.kubeletPlugin.metricsBindAddress | default "" | toString -}}
+{{- if contains ":" $host -}}[{{ $host }}]{{- else -}}{{ $host }}{{- end -}}:{{ .Values.kubeletPlugin.metricsPort }}
+{{- end }}
+
+{{- /* "true" when the metrics port is reachable from the pod network, "" otherwise. */ -}}
+{{- define "tranche.metricsExposed" -}}
+{{- $host := .Values.kubeletPlugin.metricsBindAddress | default "" | toString -}}
+{{- if not (or (hasPrefix "127." $host) (eq $host "::1") (eq $host "localhost")) -}}true{{- end -}}
+{{- end }}
