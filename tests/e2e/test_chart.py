@@ -40,7 +40,13 @@ from kubelet_plugin import settings as plugin_settings
 from tests.conftest import unavailable
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.dra_objects import slice_object
+from tests.e2e.dra_objects import (
+    NODE_LABEL,
+    device_class,
+    schedule,
+    slice_object,
+    wait_allocated,
+)
 from tests.e2e.trust_policy import claim_object, exactly, installed
 from tests.waiting import wait_for
 
@@ -573,12 +579,12 @@ def _allocated_claim(
     return request_json(api, "PUT", _claim_path(namespace, name) + "/status", obj)
 
 
-def _device_status(pool: str, driver: str = "gpu.tranche.dev") -> list[Obj]:
+def _device_status(pool: str, driver: str = "gpu.tranche.dev", device: str = "gpu-0") -> list[Obj]:
     return [
         {
             "driver": driver,
             "pool": pool,
-            "device": "gpu-0",
+            "device": device,
             "conditions": [
                 {
                     "type": "Ready",
@@ -625,7 +631,8 @@ def test_plugin_token_writes_the_status_only_of_claims_allocated_to_its_node(
     too, which is what a 1.35 cluster amounts to, so that the chart's policy is all that
     stands in the way."""
     release = f"st{secrets.token_hex(3)}"
-    node_a, node_b = make_node(f"{release}-a"), make_node(f"{release}-b")
+    node_a = make_node(f"{release}-a", {NODE_LABEL: f"{release}-a"})
+    node_b = make_node(f"{release}-b")
     sa = f"{release}-kubelet-plugin"
     rbac = client.RbacAuthorizationV1Api(api)
     wide = f"{release}-as-on-1-35"
@@ -659,6 +666,7 @@ def test_plugin_token_writes_the_status_only_of_claims_allocated_to_its_node(
         with (
             _plugin_installed(helm, cluster, release, namespace),
             _plugin_token(cluster, api, namespace, sa, node_a) as plugin,
+            device_class(api) as cls,
         ):
             # On node A: a device of A's pool, one of another driver and a forged one of B's.
             _allocated_claim(
@@ -755,7 +763,29 @@ def test_plugin_token_writes_the_status_only_of_claims_allocated_to_its_node(
                 )
             )
             assert "Tranche kubelet plugin" in msg
+
+            # A claim the real scheduler placed on node A: the plugin writes its status.
+            # (gpu-0 of node A is taken by the hand-made allocation of claim on-a.)
+            free = [{"name": "gpu-7"}]
+            request_json(api, "POST", SLICES, slice_object(f"{node_a}-st", node_a, devices=free))
+            placed = schedule(api, namespace, node_a, cls)
+            assert wait_allocated(api, namespace, placed) == ["gpu-7"]
+            done = _patch_status(
+                plugin,
+                namespace,
+                placed,
+                [
+                    {
+                        "op": "add",
+                        "path": "/status/devices",
+                        "value": _device_status(node_a, device="gpu-7"),
+                    }
+                ],
+            )
+            assert [d["pool"] for d in done["status"]["devices"]] == [node_a]
     finally:
+        with contextlib.suppress(client.ApiException):
+            request_json(api, "DELETE", f"{SLICES}/{node_a}-st")
         with contextlib.suppress(client.ApiException):
             rbac.delete_cluster_role_binding(wide)
         with contextlib.suppress(client.ApiException):
