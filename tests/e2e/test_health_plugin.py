@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from driver.kube.client import send
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
 from tests.e2e.sim_nodes import RESOURCE_V1, PluginNode, apply_example
@@ -80,11 +81,12 @@ def test_lost_gpu_is_tainted_evicts_its_pod_and_heals(
     wait_for("kubelet health stream reports the devices Unhealthy", unhealthy, 30)
 
     def evicted() -> bool:
-        try:
-            pod = get_json(pn.api, f"/api/v1/namespaces/{namespace}/pods/one-gpu")
-        except Exception:
+        """The pod is deleted: gone (404) or being deleted. Any other answer is an error."""
+        answer = send(pn.api, "GET", f"/api/v1/namespaces/{namespace}/pods/one-gpu")
+        if answer.status == 404:
             return True
-        return bool(pod["metadata"].get("deletionTimestamp"))
+        assert answer.ok, f"reading pod one-gpu: HTTP {answer.status} {answer.body[:300]!r}"
+        return bool(answer.json()["metadata"].get("deletionTimestamp"))
 
     wait_for("pod on the lost GPU evicted", evicted, 60)
 

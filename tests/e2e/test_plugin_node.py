@@ -8,7 +8,6 @@ import secrets
 import shutil
 import socket
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -327,7 +326,17 @@ def test_plugin_waits_for_an_api_server_that_is_down_at_start_instead_of_exiting
     node = SimNode(SimNodeConfig(node_name=name, kubeconfig=str(kubeconfig), root=root))
     try:
         node.start(wait=False)
-        time.sleep(3)
+
+        def retried_twice() -> bool:
+            # Three failed attempts of the start-up check (0.5 s, then 1 s apart): the
+            # plugin met the unreachable API server and kept waiting instead of exiting.
+            assert node.running(), (
+                f"the plugin exited while the API server was down:\n{node.log_tail()}"
+            )
+            log = node.log_path.read_text(errors="replace") if node.log_path.exists() else ""
+            return log.count("device plugin check waits for the API server") >= 3
+
+        wait_for("the plugin to retry its start-up check against the API server", retried_twice)
         assert node.running(), (
             f"the plugin exited while the API server was down:\n{node.log_tail()}"
         )

@@ -58,6 +58,25 @@ ADMISSION_CASES: dict[str, tuple[dict[str, str], list[Obj], bool, str | None]] =
         False,
         "has trust level isolated, which does not allow mechanism mig",
     ),
+    "isolated namespace may not take an H200 MIG profile through a bridge class": (
+        {},
+        [exactly("mig-1g.18gb.gpu.tranche.dev")],
+        False,
+        "has trust level isolated, which does not allow mechanism mig",
+    ),
+    "isolated namespace may not take a +me MIG profile through a bridge class": (
+        {},
+        [exactly("mig-1g.10gb-me.gpu.tranche.dev")],
+        False,
+        "has trust level isolated, which does not allow mechanism mig",
+    ),
+    "a class named after the driver that the policy does not know is refused": (
+        SHARED_BLUE,
+        [exactly("bogus.gpu.tranche.dev")],
+        False,
+        "may not use device class bogus.gpu.tranche.dev: it is named after driver "
+        "gpu.tranche.dev but the trust policy does not know its mechanism",
+    ),
     "partitioned template with MIG": (
         {LABEL_LEVEL: "partitioned"},
         [exactly("mig.gpu.tranche.dev")],

@@ -33,3 +33,27 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{ toJson . | quote }}
 {{- end -}}
 {{- end }}
+
+{{- /* The DRA driver name, checked: a lowercase DNS subdomain of at most 63 characters. It
+names the device classes and is written into CEL string literals of the policies, so
+nothing else may pass. */ -}}
+{{- define "tranche.driverName" -}}
+{{- $name := .Values.driverName -}}
+{{- if or (not (kindIs "string" $name)) (gt (len $name) 63) (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $name)) -}}
+{{- fail (printf "driverName %q is not a lowercase DNS subdomain of at most 63 characters" $name) -}}
+{{- end -}}
+{{- $name -}}
+{{- end }}
+
+{{- /* The plugin's metrics listen address: loopback (the default) keeps the per-claim series
+inside the pod. */ -}}
+{{- define "tranche.metricsAddress" -}}
+{{- $host := .Values.kubeletPlugin.metricsBindAddress | default "" | toString -}}
+{{- if contains ":" $host -}}[{{ $host }}]{{- else -}}{{ $host }}{{- end -}}:{{ .Values.kubeletPlugin.metricsPort }}
+{{- end }}
+
+{{- /* "true" when the metrics port is reachable from the pod network, "" otherwise. */ -}}
+{{- define "tranche.metricsExposed" -}}
+{{- $host := .Values.kubeletPlugin.metricsBindAddress | default "" | toString -}}
+{{- if not (or (hasPrefix "127." $host) (eq $host "::1") (eq $host "localhost")) -}}true{{- end -}}
+{{- end }}
