@@ -23,13 +23,26 @@ from driver.trust.policy import (
 )
 
 DRIVER = "gpu.tranche.dev"
-CLASS_MECHANISMS: Mapping[str, Mechanism] = {
-    "gpu.tranche.dev": Mechanism.GPU,
-    "dedicated.gpu.tranche.dev": Mechanism.GPU,
-    "mig.gpu.tranche.dev": Mechanism.MIG,
-    "timeslice.gpu.tranche.dev": Mechanism.TIMESLICE,
-    "mps.gpu.tranche.dev": Mechanism.MPS,
+# The classes the chart creates, by their name before the driver name (``mig.<driver>``);
+# the bridge's per-profile classes are ``mig-<profile>.<driver>``.
+CLASS_PREFIX_MECHANISMS: Mapping[str, Mechanism] = {
+    "": Mechanism.GPU,
+    "dedicated.": Mechanism.GPU,
+    "mig.": Mechanism.MIG,
+    "timeslice.": Mechanism.TIMESLICE,
+    "mps.": Mechanism.MPS,
 }
+
+
+def class_mechanism(class_name: str, driver: str = DRIVER) -> Mechanism:
+    """The mechanism a device class of ``driver`` hands out; GPU for one it does not know."""
+    if not class_name.endswith(driver):
+        return Mechanism.GPU
+    prefix = class_name[: -len(driver)]
+    if prefix.startswith("mig-") and prefix.endswith("."):
+        return Mechanism.MIG
+    return CLASS_PREFIX_MECHANISMS.get(prefix, Mechanism.GPU)
+
 
 Obj = dict[str, Any]
 
@@ -41,33 +54,33 @@ class DeviceFacts:
     node: str
 
 
-def _attr(attrs: Mapping[str, Any], name: str) -> str | None:
-    value = attrs.get(name) or attrs.get(f"{DRIVER}/{name}")
+def _attr(attrs: Mapping[str, Any], name: str, driver: str) -> str | None:
+    value = attrs.get(name) or attrs.get(f"{driver}/{name}")
     if isinstance(value, dict):
         text = value.get("string")
         return text if isinstance(text, str) else None
     return None
 
 
-def device_facts(slices: Iterable[Obj]) -> dict[tuple[str, str], DeviceFacts]:
-    """(pool, device) → facts, for every device this driver publishes."""
+def device_facts(slices: Iterable[Obj], driver: str = DRIVER) -> dict[tuple[str, str], DeviceFacts]:
+    """(pool, device) → facts, for every device ``driver`` publishes."""
     facts: dict[tuple[str, str], DeviceFacts] = {}
     for sl in slices:
         spec = sl.get("spec") or {}
-        if spec.get("driver") != DRIVER:
+        if spec.get("driver") != driver:
             continue
         pool = (spec.get("pool") or {}).get("name", "")
         node = spec.get("nodeName") or pool
         for dev in spec.get("devices") or []:
             attrs = dev.get("attributes") or {}
-            sharing = _attr(attrs, "sharing")
+            sharing = _attr(attrs, "sharing", driver)
             if sharing in (Mechanism.TIMESLICE, Mechanism.MPS):
                 mechanism = Mechanism(sharing)
-            elif _attr(attrs, "type") == "mig":
+            elif _attr(attrs, "type", driver) == "mig":
                 mechanism = Mechanism.MIG
             else:
                 mechanism = Mechanism.GPU
-            gpu = _attr(attrs, "parentUUID") or _attr(attrs, "uuid") or dev["name"]
+            gpu = _attr(attrs, "parentUUID", driver) or _attr(attrs, "uuid", driver) or dev["name"]
             facts[(pool, dev["name"])] = DeviceFacts(mechanism, gpu, node)
     return facts
 
@@ -89,9 +102,10 @@ def consumers(
     slices: Iterable[Obj],
     tenancies: Mapping[str, Resolution],
     default_level: TrustLevel,
+    driver: str = DRIVER,
 ) -> list[Consumer]:
-    """One consumer per allocated device result of this driver."""
-    facts = device_facts(slices)
+    """One consumer per allocated device result of ``driver``."""
+    facts = device_facts(slices, driver)
     out: list[Consumer] = []
     for claim in claims:
         meta = claim.get("metadata") or {}
@@ -101,14 +115,12 @@ def consumers(
         classes = _request_classes(claim)
         resolution = tenancies.get(ns) or resolve_tenants({ns: None}, default_level)[ns]
         for result in results:
-            if result.get("driver") != DRIVER:
+            if result.get("driver") != driver:
                 continue
             pool, device = result.get("pool", ""), result.get("device", "")
             known = facts.get((pool, device))
             if known is None:
-                mechanism = CLASS_MECHANISMS.get(
-                    classes.get(result.get("request", ""), ""), Mechanism.GPU
-                )
+                mechanism = class_mechanism(classes.get(result.get("request", ""), ""), driver)
                 known = DeviceFacts(mechanism, device, pool)
             out.append(
                 Consumer(

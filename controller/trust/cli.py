@@ -20,7 +20,7 @@ from kubernetes import client
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from controller.kube_client import request
-from controller.trust.audit import Colocation, colocations, consumers
+from controller.trust.audit import DRIVER, Colocation, colocations, consumers
 from driver.cli import Command
 from driver.errors import TrancheError
 from driver.flags import add_flag
@@ -36,6 +36,7 @@ class TrustCheckSettings(BaseModel):
     kubeconfig: str | None = None
     default_trust_level: TrustLevel = DEFAULT_LEVEL
     output: str = "text"
+    driver_name: str = DRIVER
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +53,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=tuple(TrustLevel),
     )
     add_flag(check, "--output", "report format", default="text", choices=("text", "json"))
+    add_flag(check, "--driver-name", "DRA driver name of the devices", default=DRIVER)
 
 
 def _list(api: client.ApiClient, what: str, path: str) -> list[Any]:
@@ -135,7 +137,9 @@ def check(settings: TrustCheckSettings, api: client.ApiClient, out: TextIO) -> i
     namespaces, claims, slices = _read(api)
     labels = {ns["metadata"]["name"]: ns["metadata"].get("labels") for ns in namespaces}
     resolutions = resolve_tenants(labels, settings.default_trust_level)
-    found = colocations(consumers(claims, slices, resolutions, settings.default_trust_level))
+    found = colocations(
+        consumers(claims, slices, resolutions, settings.default_trust_level, settings.driver_name)
+    )
     (render_json if settings.output == "json" else render_text)(found, resolutions, out)
     return 0 if all(co.allowed for co in found) else 1
 
@@ -146,6 +150,7 @@ def _run(args: argparse.Namespace) -> int:
             kubeconfig=args.kubeconfig or None,
             default_trust_level=args.default_trust_level,
             output=args.output,
+            driver_name=args.driver_name,
         )
     except ValidationError as e:
         sys.stderr.write(f"tranche trust check: invalid flags: {e}\n")

@@ -32,6 +32,8 @@ DRIVER_DOMAIN = "gpu.tranche.dev"
 
 # A MIG profile as NVIDIA names it: 1g.10gb, 1g.10gb+me, 1c.3g.40gb, 7g.141gb.
 _PROFILE = re.compile(r"^(?:[1-8]c\.)?[1-8]g\.[0-9]+gb(?:\+me|\+gfx)?$")
+# The same profile in an extended resource name, which cannot hold "+": mig-1g.10gb.me.
+_RESOURCE_PROFILE = re.compile(r"^((?:[1-8]c\.)?[1-8]g\.[0-9]+gb)(?:\.(me|gfx))?$")
 
 
 class DevicePluginConflictError(PermanentError):
@@ -65,14 +67,21 @@ def mig_class_name(profile: str) -> str:
     return f"mig-{_token(profile)}.{DRIVER_DOMAIN}"
 
 
+def mig_resource_name(profile: str) -> str:
+    """``1g.10gb+me`` → ``nvidia.com/mig-1g.10gb.me``: a resource name cannot hold ``+``
+    (the API server refuses the DeviceClass), so the extension follows a dot."""
+    return MIG_RESOURCE_PREFIX + profile.replace("+", ".")
+
+
 def parse_legacy(resource: str) -> LegacyResource | None:
     """The legacy resource ``resource`` names, or None when it is not one of them."""
     if resource == GPU_RESOURCE:
         return LegacyResource(resource, None)
     if resource.startswith(MIG_RESOURCE_PREFIX):
-        profile = resource[len(MIG_RESOURCE_PREFIX) :]
-        if _PROFILE.match(profile):
-            return LegacyResource(resource, profile)
+        found = _RESOURCE_PROFILE.match(resource[len(MIG_RESOURCE_PREFIX) :])
+        if found:
+            base, extension = found.groups()
+            return LegacyResource(resource, base + (f"+{extension}" if extension else ""))
     return None
 
 
@@ -83,7 +92,7 @@ def is_legacy(resource: str) -> bool:
 def bridge_device_class(profile: str | None) -> dict[str, Any]:
     """The bridge DeviceClass for a whole GPU (``None``) or one MIG profile."""
     legacy = LegacyResource(
-        GPU_RESOURCE if profile is None else MIG_RESOURCE_PREFIX + profile, profile
+        GPU_RESOURCE if profile is None else mig_resource_name(profile), profile
     )
     if profile is not None and not _PROFILE.match(profile):
         raise ConfigError(f"MIG profile {profile!r} is not a profile name like 1g.10gb")

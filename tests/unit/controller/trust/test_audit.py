@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.trust.audit import colocations, consumers
+from controller.trust.audit import class_mechanism, colocations, consumers
 from controller.trust.cli import command as trust_command
 from controller.trust.cli import render_json, render_text
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, Mechanism, Reason, resolve_tenants
@@ -153,3 +153,33 @@ def test_trust_check_with_the_api_server_down_names_the_request_and_exits_2(
     err = capsys.readouterr().err
     assert err.startswith("tranche trust check: cannot read the cluster: list resourceclaims: ")
     assert "cannot be reached" in err
+
+
+def test_a_custom_driver_name_is_audited_not_ignored() -> None:
+    # Before: the audit kept only gpu.tranche.dev results, so a cluster installed with
+    # another driver name always read "no GPU used by more than one tenant".
+    res = resolve_tenants({"a": shared("blue"), "c": shared("red")})
+    custom = [{**s, "spec": {**s["spec"], "driver": "gpu.example.com"}} for s in SLICES[:1]]
+    claims = [
+        claim("a", "c1", "gpu-aaaa-ts-blue", driver="gpu.example.com"),
+        claim("c", "c3", "gpu-aaaa-ts-red", driver="gpu.example.com"),
+    ]
+    found = colocations(consumers(claims, custom, res, res["a"].tenancy.level, "gpu.example.com"))
+    assert [(co.gpu, co.allowed) for co in found] == [("GPU-A", False)]
+
+
+@pytest.mark.parametrize(
+    ("name", "mechanism"),
+    [
+        ("gpu.example.com", Mechanism.GPU),
+        ("dedicated.gpu.example.com", Mechanism.GPU),
+        ("mig.gpu.example.com", Mechanism.MIG),
+        ("mig-1g.18gb.gpu.example.com", Mechanism.MIG),
+        ("mig-1g.10gb-me.gpu.example.com", Mechanism.MIG),
+        ("timeslice.gpu.example.com", Mechanism.TIMESLICE),
+        ("mps.gpu.example.com", Mechanism.MPS),
+        ("mps.gpu.tranche.dev", Mechanism.GPU),  # another driver's class
+    ],
+)
+def test_class_mechanisms_follow_the_driver_name(name: str, mechanism: Mechanism) -> None:
+    assert class_mechanism(name, "gpu.example.com") == mechanism

@@ -63,9 +63,10 @@ def test_capacity_alone_is_enough_to_refuse() -> None:
 def test_legacy_names_parse_to_whole_gpus_and_mig_profiles() -> None:
     gpu = parse_legacy("nvidia.com/gpu")
     assert gpu is not None and gpu.mig_profile is None and gpu.bridge_class == "gpu.tranche.dev"
-    mig = parse_legacy("nvidia.com/mig-1g.10gb+me")
+    mig = parse_legacy("nvidia.com/mig-1g.10gb.me")  # a resource name cannot hold "+"
     assert mig is not None and mig.mig_profile == "1g.10gb+me"
     assert mig.bridge_class == "mig-1g.10gb-me.gpu.tranche.dev"
+    assert parse_legacy("nvidia.com/mig-1g.10gb+me") is None
     assert parse_legacy("nvidia.com/mig-strategy") is None
     assert parse_legacy("nvidia.com/gpu.shared") is None
 
@@ -79,6 +80,10 @@ def test_bridge_classes_carry_the_extended_resource_name_and_select_the_profile(
     assert 'profile == "3g.40gb"' in mig["spec"]["selectors"][0]["cel"]["expression"]
     with pytest.raises(ConfigError, match=r"3x\.40gb"):
         bridge_device_class("3x.40gb")
+    # the API server refuses "+" in an extended resource name: the chart and the code agree
+    media = bridge_device_class("1g.10gb+me")
+    assert media["spec"]["extendedResourceName"] == "nvidia.com/mig-1g.10gb.me"
+    assert 'profile == "1g.10gb+me"' in media["spec"]["selectors"][0]["cel"]["expression"]
 
 
 def test_shipped_bridge_manifests_match_the_classes_the_code_builds() -> None:
@@ -86,8 +91,9 @@ def test_shipped_bridge_manifests_match_the_classes_the_code_builds() -> None:
     migs = [d for d in yaml.safe_load_all((root / "mig-classes.yaml").read_text()) if d]
     assert migs
     for doc in migs:
-        profile = doc["spec"]["extendedResourceName"].removeprefix("nvidia.com/mig-")
-        assert doc == bridge_device_class(profile)
+        legacy = parse_legacy(doc["spec"]["extendedResourceName"])
+        assert legacy is not None
+        assert doc == bridge_device_class(legacy.mig_profile)
     whole = yaml.safe_load((root / "whole-gpu.yaml").read_text())
     assert whole == bridge_device_class(None)
     source = yaml.safe_load((root.parent / "deviceclasses/whole-gpu.yaml").read_text())
