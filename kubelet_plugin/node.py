@@ -102,6 +102,7 @@ class NodePlugin:
             state_dir=data_dir,
             faults=faults,
             simulated=settings.nvml == "simulated",
+            boot_id=self.checkpoint.boot_id,
         )
         self.state = DeviceState(
             nvml,

@@ -558,7 +558,11 @@ class DeviceState:
         done: list[str] = []
         for handler in {id(h): h for h in self.handlers.values()}.values():
             if isinstance(handler, Reconciler):
-                done.extend(handler.reconcile(plans))
+                try:
+                    done.extend(handler.reconcile(plans))
+                except (TrancheError, OSError) as e:  # e.g. a lost GPU: never the whole node
+                    log.error("reconcile failed handler=%s error=%s", type(handler).__name__, e)
+                    done.append(f"{type(handler).__name__}: reconcile failed: {e}")
         return done
 
 
