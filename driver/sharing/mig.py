@@ -26,7 +26,7 @@ the node: its entries stay for a later attempt.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -251,6 +251,16 @@ class CreateMigHandler:
         return StepOutcome(
             uuids={step.device: inst.uuid}, edits={step.device: self._caps.edits(gpu, inst)}
         )
+
+    def present(self, step: Step, plan: Plan, uuids: Mapping[str, str]) -> bool:
+        """Whether the MIG device this claim's step made (UUID ``uuids[step.device]``) is
+        still there, journalled for the claim in this boot."""
+        assert isinstance(step, CreateMigDevice)
+        entry = self._journal.load().get(MigJournal.key(step.gpu_uuid, step.start))
+        if entry is None or entry.claim_uid != plan.claim_uid:
+            return False
+        live = self._live(entry)
+        return live is not None and live.uuid == uuids.get(step.device)
 
     def _enable_mig(self, step: CreateMigDevice, gpu: GpuInfo) -> None:
         if not gpu.mig_toggle_without_reset:

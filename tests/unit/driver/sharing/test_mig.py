@@ -269,3 +269,32 @@ def test_recovery_survives_a_lost_gpu_under_a_half_prepared_mig_claim(node: Path
         new_claim(node, "b", lost.name), ref_of(new_claim(node, "b", lost.name))
     )
     assert "GPU_IS_LOST" in retried.error or "lost" in retried.error.lower(), retried.error
+
+
+def test_a_prepared_mig_claim_whose_device_is_gone_is_made_again(node: Path) -> None:
+    mig = slot(node, index=4)
+    state, _, nvml = sharing_state(node)
+    obj = new_claim(node, "c", mig.name)
+    first = state.prepare(obj, ref_of(obj))
+    assert first.error == ""
+    SimControl(SimStore(path=node / "sim.json")).reboot()
+    (node / "cdi" / "gpu.tranche.dev-claim_c.json").unlink()  # /var/run is a tmpfs
+    after, _, nvml = sharing_state(node, boot_id="boot-2")
+    # an administrator's instance takes the memory slices while the plugin starts
+    big = next(p for p in nvml.gpu(mig.parent.uuid).mig_profiles if p.name == "7g.80gb")
+    admin = nvml.create_mig_instance(mig.parent.uuid, big.id, 0)
+    assert set(after.recover().failed) == {"c"}
+    assert "is gone and applying it again failed" in after.prepare(obj, ref_of(obj)).error
+
+    nvml.destroy_mig_instance(mig.parent.uuid, admin.gi_id)
+    again = after.prepare(obj, ref_of(obj))
+    assert again == first  # same CDI ids, now naming a device that exists
+    (inst,) = nvml.gpu(mig.parent.uuid).mig_instances
+    assert inst.placement[0] == mig.start
+    assert spec(node, "c")["devices"][0]["containerEdits"]["env"] == [
+        f"NVIDIA_VISIBLE_DEVICES={inst.uuid}"
+    ]
+    # the MIG device vanishes in this boot (a GPU reset): the next prepare makes it again
+    SimControl(SimStore(path=node / "sim.json")).reboot()
+    assert after.prepare(obj, ref_of(obj)) == first
+    assert len(nvml.gpu(mig.parent.uuid).mig_instances) == 1
