@@ -116,6 +116,7 @@ class NodePlugin:
             guards=self.sharing.guards,
             shares=self.sharing.shares,
             faults=faults,
+            dedicated_to=settings.dedicated_to,
         )
         self.health = HealthMonitor(
             settings.health_policy,

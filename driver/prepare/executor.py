@@ -269,6 +269,7 @@ class DeviceState:
         clock: Callable[[], float] = time.time,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
         shares: Mapping[str, ShareTarget] | None = None,
+        dedicated_to: str | None = None,
     ) -> None:
         self.inventory = inventory
         self.cdi = cdi
@@ -287,6 +288,7 @@ class DeviceState:
         self._lock_timeout_s = lock_timeout_s
         self._thread_lock = threading.Lock()
         self.shares: Mapping[str, ShareTarget] = dict(shares or {})
+        self.dedicated_to = dedicated_to  # the tenant this node is dedicated to (trust)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -384,7 +386,19 @@ class DeviceState:
         allocation, plan = planned
         try:
             if tenancy is not None:
-                check_claim(allocation, plan, state, tenancy, self.node_name)
+                check_claim(
+                    allocation,
+                    plan,
+                    state,
+                    tenancy,
+                    self.node_name,
+                    device_groups={
+                        name: t.sharing_group
+                        for name, t in self.shares.items()
+                        if t.sharing_group is not None
+                    },
+                    dedicated_to=self.dedicated_to,
+                )
             for guard in self._guards:
                 guard(allocation, plan, state)
             missing = sorted({s.kind for s in plan.steps if s.kind not in self.handlers})

@@ -42,6 +42,7 @@ class ShareTarget:
     gpu_name: str
     strategy: ShareStrategy
     total_shares: int  # the device's ``shares`` capacity; a claim's share of SMs is its part
+    sharing_group: str | None = None  # the group whose device it is (``sharingGroup``)
 
 
 class _Frozen(BaseModel):
