@@ -35,9 +35,21 @@ from urllib.parse import urlencode
 import urllib3
 
 from driver.errors import ApiUnavailable, TrancheError
+from driver.kube.json_doc import JsonTooDeep, decode_object, undecodable
 from driver.kube.kubeconfig import Credentials, load
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "RESOURCE_V1",
+    "ApiError",
+    "ApiUnreachable",
+    "JsonTooDeep",
+    "KubeClient",
+    "RawAnswer",
+    "Watch",
+    "undecodable",
+]
 
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 TOKEN_REFRESH_S = 60.0
@@ -58,16 +70,16 @@ class RawAnswer:
         return 200 <= self.status <= 299
 
     def json(self) -> Json:
-        """The body as a JSON object (``{}`` when empty); ValueError when it is not one."""
-        doc = json.loads(self.body) if self.body else {}
-        if not isinstance(doc, dict):
-            raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
-        return doc
+        """The body as a JSON object (``{}`` when empty), nesting bounded
+        (:func:`driver.kube.json_doc.decode_object`: a list's too-deep item is marked, read
+        it with :func:`undecodable`); ValueError (:class:`JsonTooDeep` included, naming the
+        object and field) when it is not one. Never RecursionError."""
+        return decode_object(self.body)
 
     def message(self) -> str:
         """The ``message`` of a ``Status`` answer, else the start of the body."""
         with contextlib.suppress(ValueError, LookupError, TypeError):
-            return str(json.loads(self.body)["message"])
+            return str(decode_object(self.body)["message"])
         return self.body.decode(errors="replace")[:300]
 
 
@@ -299,11 +311,19 @@ def _event(line: bytes) -> Json | None:
     if not line:
         return None
     try:
-        event = json.loads(line)
+        event = decode_object(line)
+    except JsonTooDeep as e:
+        log.warning("watch event skipped error=%s", e)
+        return None
     except ValueError:
         log.debug("watch line is not JSON line=%r", line[:200])
         return None
-    return event if isinstance(event, dict) else None
+    obj = event.get("object")
+    note = undecodable(obj) if isinstance(obj, dict) else None
+    if note is not None:
+        log.warning("watch event skipped error=%s", note)
+        return None
+    return event
 
 
 def _encode(body: object) -> bytes | None:
