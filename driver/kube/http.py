@@ -159,14 +159,16 @@ class KubeClient:
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
         timeout_s: float = 30.0,
+        accept: str = "application/json",
     ) -> RawAnswer:
-        """One request; every HTTP status comes back as an answer."""
+        """One request; every HTTP status comes back as an answer. ``accept``: the answer's
+        format (``application/vnd.kubernetes.protobuf`` for :mod:`driver.kube.wire`)."""
         try:
             resp = self._pool.request(
                 method,
                 self._url(path, query),
                 body=_encode(body),
-                headers=self._headers(content_type if body is not None else None),
+                headers=self._headers(content_type if body is not None else None, accept),
                 timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
                 retries=False,
             )
@@ -225,8 +227,10 @@ class KubeClient:
     def _url(self, path: str, query: Mapping[str, str] | None) -> str:
         return f"{self.server}{path}" + (f"?{urlencode(query)}" if query else "")
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
+    def _headers(
+        self, content_type: str | None, accept: str = "application/json"
+    ) -> dict[str, str]:
+        headers = {"Accept": accept}
         if content_type is not None:
             headers["Content-Type"] = content_type
         token = self._bearer()
