@@ -45,7 +45,6 @@ WRITE_TIMEOUT_S = 10.0
 YIELD_S = 5.0
 QUIET_S = 0.05
 CONFLICT_RETRIES = 3
-KEY = ("driver", "device", "pool", "shareID")
 
 
 def _mps_limits(mps: MpsConfig) -> dict[str, Any]:
@@ -128,17 +127,11 @@ def _wire_entry(entry: dict[str, Any]) -> bytes:
     )
 
 
-def merge_devices(
-    live: dict[str, Any], mine: list[dict[str, Any]], driver_name: str
-) -> list[dict[str, Any]]:
-    """``status.devices`` with this driver's entries replaced by ``mine``, others kept."""
-    keys = {tuple(d.get(k) for k in KEY) for d in mine}
-    kept = [
-        d
-        for d in (live.get("status") or {}).get("devices") or []
-        if d.get("driver") != driver_name and tuple(d.get(k) for k in KEY) not in keys
-    ]
-    return kept + mine
+def keep_others(driver_name: str, mine: list[dict[str, Any]]) -> Callable[[wire.DeviceKey], bool]:
+    """Which ``status.devices`` entries a write keeps: other drivers' entries (those of this
+    driver are all replaced by ``mine``)."""
+    ours = wire.keys_of(mine)
+    return lambda key: key[0] != driver_name and key not in ours
 
 
 class ClaimStatusWriter:
@@ -161,7 +154,7 @@ class ClaimStatusWriter:
         """Write the entries of ``record``; False (logged, counted) when the write failed."""
         start = time.monotonic()
         mine = device_statuses(record, self._driver_name)
-        ours = wire.keys_of(mine)
+        keep = keep_others(self._driver_name, mine)
         entries = [_wire_entry(entry) for entry in mine]
         try:
             for attempt in range(CONFLICT_RETRIES):
@@ -169,11 +162,7 @@ class ClaimStatusWriter:
                 if wire.claim_meta(wire.fields(claim_raw)).uid != ref.uid:
                     self._failed(ref, "gone", "the claim was deleted and recreated")
                     return False
-                updated = wire.with_status_devices(
-                    claim_raw,
-                    entries,
-                    keep=lambda key: key[0] != self._driver_name and key not in ours,
-                )
+                updated = wire.with_status_devices(claim_raw, entries, keep)
                 try:
                     self._kube.request(
                         "PUT",

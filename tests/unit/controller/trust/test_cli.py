@@ -1,5 +1,5 @@
-"""``tranche trust check`` and ``tranche cluster-devices`` over a claim list holding a claim
-whose JSON nests too deep: the claim is reported and the command goes on.
+"""``tranche trust check`` over a claim list holding a claim whose JSON nests too deep: the
+claim is reported and the check goes on.
 
 The API server's answers are canned at the transport (``controller.kube_client.send``);
 the real API server runs these commands in ``tests/e2e/test_controller.py``.
@@ -7,7 +7,6 @@ the real API server runs these commands in ``tests/e2e/test_controller.py``.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from typing import Any, cast
@@ -15,7 +14,6 @@ from typing import Any, cast
 import pytest
 from kubernetes import client
 
-from controller.devices import cluster
 from controller.trust.cli import TrustCheckSettings, check
 from driver.kube.http import RawAnswer
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
@@ -50,7 +48,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> client.ApiClient:
         return RawAnswer(200, "OK", bodies[path.rsplit("/", 1)[-1]])
 
     monkeypatch.setattr("controller.kube_client.send", send)
-    monkeypatch.setattr(cluster, "api_client", lambda _kubeconfig: object())
+    monkeypatch.setattr("controller.devices.cluster.api_client", lambda _kubeconfig: object())
     return cast(client.ApiClient, object())
 
 
@@ -67,16 +65,3 @@ def test_trust_check_reports_the_unreadable_claim_and_judges_the_rest(
     assert check(TrustCheckSettings(output="json"), api, doc) == 0
     (note,) = json.loads(doc.getvalue())["unreadable"]
     assert note.startswith("ResourceClaim b/deep: spec.devices.config[0]")
-
-
-def test_cluster_devices_reports_the_unreadable_claim_and_lists_the_devices(
-    api: client.ApiClient, capsys: pytest.CaptureFixture[str]
-) -> None:
-    args = argparse.Namespace(
-        kubeconfig=None, driver_name="gpu.tranche.dev", output="table", node=None
-    )
-    assert cluster.run(args) == 0
-    out, err = capsys.readouterr()
-    assert "tranche cluster-devices: ResourceClaim b/deep: spec.devices.config[0]" in err
-    row = next(line for line in out.splitlines() if "gpu-aaaa-ts-blue" in line)
-    assert "a/good" in row and "b/deep" in row
