@@ -31,9 +31,12 @@ MAX_QUANTITY = Decimal(2**63 - 1)
 def parse_quantity(value: str | int | Decimal, field: str = "") -> Decimal:
     """The exact value of ``value``; ValueError naming it (and ``field``, when given) when it is
     not a quantity or its magnitude exceeds :data:`MAX_QUANTITY`."""
-    amount = _parse(value)
+    where = f"{field}: " if field else ""
+    try:
+        amount = _parse(value)
+    except ValueError as e:
+        raise ValueError(f"{where}{e}") from e
     if abs(amount) > MAX_QUANTITY:
-        where = f"{field}: " if field else ""
         raise ValueError(
             f"{where}{_short(value)} is out of range: a quantity may be at most 2^63-1 "
             "(about 9.2E18, just under 8Ei)"
