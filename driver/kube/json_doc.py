@@ -205,11 +205,13 @@ def decode_object(body: bytes | str, max_depth: int = MAX_DEPTH) -> dict[str, An
     outside = [c for c in cuts if not (len(c.path) > 1 and c.path[0] == "items")]
     if outside or not isinstance(items, list):
         raise JsonTooDeep(f"{_name(doc)}: {cuts[0].describe()}; not read")
+    list_kind = str(doc.get("kind") or "")
+    item_kind = list_kind.removesuffix("List") if list_kind.endswith("List") else "object"
     for cut in cuts:
         index = cut.path[1]
         if isinstance(index, int) and 0 <= index < len(items) and isinstance(items[index], dict):
             item = items[index]
-            note = f"{_name(item)}: {cut.describe(skip=2)}; not read"
+            note = f"{_name(item, item_kind)}: {cut.describe(skip=2)}; not read"
             item.setdefault(UNDECODABLE, note)
     return doc
 
@@ -220,8 +222,9 @@ def undecodable(obj: Mapping[str, Any]) -> str | None:
     return str(note) if note is not None else None
 
 
-def _name(obj: Mapping[str, Any]) -> str:
-    kind = obj.get("kind") or "object"
+def _name(obj: Mapping[str, Any], kind_if_unset: str = "object") -> str:
+    """``ResourceClaim team-a/train``; items of a list carry no kind: the list's gives it."""
+    kind = obj.get("kind") or kind_if_unset
     meta = obj.get("metadata")
     if not isinstance(meta, dict) or not meta.get("name"):
         return str(kind)

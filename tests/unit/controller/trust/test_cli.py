@@ -24,8 +24,7 @@ DEEP = "[" * 2048 + "]" * 2048
 
 
 def claim_list() -> bytes:
-    deep = allocated("b", "deep", "gpu-aaaa-ts-blue")
-    deep["kind"] = "ResourceClaim"
+    deep = allocated("b", "deep", "gpu-aaaa-ts-blue")  # list items carry no kind
     deep["spec"]["devices"]["config"] = [{"opaque": {"driver": "gpu.tranche.dev", "parameters": 0}}]
     good = allocated("a", "good", "gpu-aaaa-ts-blue")
     text = json.dumps({"kind": "ResourceClaimList", "metadata": {}, "items": [good, deep]})

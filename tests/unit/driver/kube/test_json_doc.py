@@ -44,6 +44,13 @@ def test_a_list_keeps_its_other_items_and_marks_the_deep_one() -> None:
     assert deep["status"]["allocation"]["devices"]["results"] == [{"device": "gpu-1"}]
 
 
+def test_items_of_a_list_are_named_with_the_lists_kind() -> None:
+    item = '{"metadata": {"name": "x"}, "p": ' + DEEP + "}"
+    doc = decode_object('{"kind": "NamespaceList", "items": [' + item + "]}")
+    note = undecodable(doc["items"][0])
+    assert note is not None and note.startswith("Namespace x: p[0]")
+
+
 def test_a_huge_number_is_cut_like_a_deep_value() -> None:
     with pytest.raises(
         JsonTooDeep, match=r"spec\.devices\.config\[0\]\.opaque\.parameters\.x: a number"
