@@ -80,6 +80,7 @@ ERROR_REASONS = (
     "publish",
     "claim-status",
     "event",
+    "device-plugin-conflict",
     "internal",
 )
 

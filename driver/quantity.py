@@ -6,6 +6,11 @@ sign, digits with an optional decimal point, then at most one suffix: binary
 (``e3``, ``E-2``). Unlike the Python ``kubernetes`` client this refuses what the API
 server refuses: surrounding spaces, ``_`` digit separators, ``K`` for kilo, ``Infinity``
 and ``NaN``.
+
+Every quantity is bounded: its magnitude may not exceed :data:`MAX_QUANTITY` (2^63 - 1, the
+largest value the API server keeps exactly). A bigger one (``1e5000``) is refused here,
+naming the field, instead of turning into an integer of thousands of digits that fails
+later, far from the claim (Python refuses to print integers of more than 4300 digits).
 """
 
 from __future__ import annotations
@@ -20,10 +25,31 @@ _QUANTITY = re.compile(
     r"(?:(?P<binary>[KMGTPE]i)|[eE](?P<exponent>[+-]?[0-9]+)|(?P<decimal>[numkMGTPE]?))"
 )
 _MAX_EXPONENT = 10_000
+MAX_QUANTITY = Decimal(2**63 - 1)
 
 
-def parse_quantity(value: str | int | Decimal) -> Decimal:
-    """The exact value of ``value``; ValueError naming it when it is not a quantity."""
+def parse_quantity(value: str | int | Decimal, field: str = "") -> Decimal:
+    """The exact value of ``value``; ValueError naming it (and ``field``, when given) when it is
+    not a quantity or its magnitude exceeds :data:`MAX_QUANTITY`."""
+    where = f"{field}: " if field else ""
+    try:
+        amount = _parse(value)
+    except ValueError as e:
+        raise ValueError(f"{where}{e}") from e
+    if abs(amount) > MAX_QUANTITY:
+        raise ValueError(
+            f"{where}{_short(value)} is out of range: a quantity may be at most 2^63-1 "
+            "(about 9.2E18, just under 8Ei)"
+        )
+    return amount
+
+
+def _short(value: object) -> str:
+    text = repr(value) if isinstance(value, str) else "a number"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _parse(value: str | int | Decimal) -> Decimal:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a quantity")
     if isinstance(value, int | Decimal):
@@ -31,11 +57,13 @@ def parse_quantity(value: str | int | Decimal) -> Decimal:
             raise ValueError(f"{value!r} is not a quantity")
         return Decimal(value)
     if not isinstance(value, str):
-        raise ValueError(f"{value!r} is not a quantity")
+        raise ValueError(f"{type(value).__name__} is not a quantity")
+    if len(value) > 200:
+        raise ValueError(f"{value[:37]!r}... ({len(value)} characters) is not a quantity")
     m = _QUANTITY.fullmatch(value)
     if m is None:
         raise ValueError(
-            f"{value!r} is not a quantity (a number with an optional suffix such as "
+            f"{_short(value)} is not a quantity (a number with an optional suffix such as "
             "Ki, Mi, Gi, m, k, M, G or an exponent like e9)"
         )
     number = Decimal(m["number"])

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from driver.errors import ApiUnavailable, ClaimError
-from driver.kube.http import ApiError, ApiUnreachable, KubeClient
+from driver.kube.http import ApiError, ApiUnreachable, JsonTooDeep, KubeClient
 
 READ_TIMEOUT_S = 10.0
 
@@ -43,5 +43,7 @@ def read_raw(
         raise ApiUnavailable(f"{where}: the API server is unreachable ({e.detail}){unknown}") from e
     except ApiUnavailable as e:
         raise ApiUnavailable(f"{where}: {e}{unknown}") from e
+    except JsonTooDeep as e:  # this object, every time: fail it alone, clearly
+        raise ClaimError(f"{where}: cannot be read: {e}") from e
     except ValueError as e:
         raise ApiUnavailable(f"{where}: the API server sent invalid JSON: {e}") from e

@@ -1,14 +1,26 @@
-"""Start-up check of the extended-resource bridge against the node's device plugins."""
+"""The extended-resource bridge against the node's device plugins: at start, and after.
+
+At start :func:`check_node` refuses to serve a node where a device plugin advertises
+``nvidia.com/gpu`` (or a MIG resource) too. A device plugin deployed later (a DaemonSet
+rolled out to the node, a label changed) is found by :class:`DevicePluginWatch`, which
+reads the Node again every ``interval_s``: while the conflict lasts every new prepare
+fails with the conflict's text (:meth:`DevicePluginWatch.refusal`), a Warning Event
+``DevicePluginConflict`` is recorded on the Node (and on each refused claim), and
+``tranche_errors_total{reason="device-plugin-conflict"}`` counts the refusals. Claims
+already prepared are left alone; a read that fails keeps the last verdict.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
-from driver.devices.bridge import check_no_device_plugin
-from driver.errors import ApiUnavailable, ConfigError, PermanentError
+from driver.devices.bridge import DevicePluginConflictError, check_no_device_plugin
+from driver.errors import ApiUnavailable, ConfigError, PermanentError, TrancheError
 from driver.kube.http import ApiError, ApiUnreachable, KubeClient
+from kubelet_plugin.event_recorder import EventType, ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -62,3 +74,84 @@ def check_node_when_reachable(
             break
         delay = min(delay * 2, cap_s)
     return False
+
+
+CONFLICT_REASON = "DevicePluginConflict"
+RESOLVED_REASON = "DevicePluginConflictResolved"
+WATCH_INTERVAL_S = 15.0
+
+
+class EventSink(Protocol):
+    def record(self, obj: ObjectRef, type: EventType, reason: str, message: str) -> None: ...
+
+
+class DevicePluginWatch:
+    """Re-reads the Node every ``interval_s`` and remembers whether a device plugin
+    advertises what the bridge serves; :meth:`refusal` is what a prepare must fail with."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        node_name: str,
+        *,
+        events: EventSink | None = None,
+        resources: Iterable[str] | None = None,
+        interval_s: float = WATCH_INTERVAL_S,
+    ) -> None:
+        self._kube = kube
+        self._node = node_name
+        self._events = events
+        self._resources = tuple(resources) if resources is not None else None
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._conflict: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refusal(self) -> str | None:
+        """The conflict now (the node and what the device plugin advertises), or None."""
+        with self._lock:
+            return self._conflict
+
+    def check_once(self) -> str | None:
+        """Read the Node once and update the verdict; an unreadable Node keeps the last."""
+        try:
+            check_node(self._kube, self._node, self._resources)
+        except DevicePluginConflictError as e:
+            self._set(str(e))
+        except TrancheError as e:
+            log.warning("device plugin watch: node not read node=%s error=%s", self._node, e)
+        else:
+            self._set(None)
+        return self.refusal()
+
+    def _set(self, conflict: str | None) -> None:
+        with self._lock:
+            before, self._conflict = self._conflict, conflict
+        if conflict == before:
+            return
+        if conflict is not None:
+            log.error("device plugin conflict node=%s error=%s", self._node, conflict)
+            self._record("Warning", CONFLICT_REASON, f"new claims are not prepared: {conflict}")
+        else:
+            log.warning("device plugin conflict resolved node=%s", self._node)
+            self._record(
+                "Normal", RESOLVED_REASON, "no device plugin advertises the bridge's resources"
+            )
+
+    def _record(self, type: EventType, reason: str, message: str) -> None:
+        if self._events is not None:
+            self._events.record(ObjectRef.node(self._node), type, reason, message)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="device-plugin-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.check_once()

@@ -2,13 +2,15 @@
 
 After a successful prepare the plugin writes one entry per prepared device
 (driver, pool, device, shareID; ``data`` with the device UUID, the GPU, the
-mode and the limits in force; a ``Ready`` condition). It reads the claim and
-sends a JSON patch of ``status.devices`` guarded by a ``test`` of the
-resourceVersion (retried when the claim changed), keeping other drivers'
-entries. A JSON patch leaves the bytes of untouched fields as they are; a merge
-patch or server-side apply re-encodes the allocation's opaque config, and the
-v1.37.2 API server then refuses the write ("status.allocation: field cannot be
-modified once set") for claims whose config was not sent as compact JSON. Since
+mode and the limits in force; a ``Ready`` condition), keeping other drivers'
+entries. It reads the claim **as protobuf** and updates ``status`` with the same
+bytes but ``status.devices`` (:mod:`driver.kube.wire`), guarded by the
+resourceVersion the read returned (retried when the claim changed). Any JSON write
+(JSON, merge, strategic or apply patch alike, and an update) makes the API server
+re-encode the allocation's opaque config as compact JSON, and the v1.37.2 API
+server then refuses it ("status.allocation: field cannot be modified once set")
+for every claim whose config was not sent as compact JSON, e.g. by the Python
+kubernetes client; in protobuf the config is a bytes field that stays as it was. Since
 Kubernetes 1.36 the service account needs ``update``/``patch`` on
 ``resourceclaims/status`` and, on ``resourceclaims/driver``, the verbs
 ``associated-node:update`` and ``associated-node:patch``.
@@ -20,6 +22,7 @@ prepare: the claim is prepared, only its status is late.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -31,6 +34,7 @@ from typing import Any
 from driver.api import ClaimRef, DraDriver, PrepareResult, UnprepareResult
 from driver.checkpoint.store import Checkpoint, CheckpointData, ClaimRecord
 from driver.errors import ApiUnavailable
+from driver.kube import wire
 from driver.kube.http import RESOURCE_V1, ApiError, ApiUnreachable, KubeClient
 from driver.prepare.config import MpsConfig
 from driver.prepare.plan import CreateMigDevice, PlannedDevice, SetTimeSlice, StartMps
@@ -41,7 +45,6 @@ WRITE_TIMEOUT_S = 10.0
 YIELD_S = 5.0
 QUIET_S = 0.05
 CONFLICT_RETRIES = 3
-KEY = ("driver", "device", "pool", "shareID")
 
 
 def _mps_limits(mps: MpsConfig) -> dict[str, Any]:
@@ -104,17 +107,31 @@ def device_statuses(
     return out
 
 
-def merge_devices(
-    live: dict[str, Any], mine: list[dict[str, Any]], driver_name: str
-) -> list[dict[str, Any]]:
-    """``status.devices`` with this driver's entries replaced by ``mine``, others kept."""
-    keys = {tuple(d.get(k) for k in KEY) for d in mine}
-    kept = [
-        d
-        for d in (live.get("status") or {}).get("devices") or []
-        if d.get("driver") != driver_name and tuple(d.get(k) for k in KEY) not in keys
+def _wire_entry(entry: dict[str, Any]) -> bytes:
+    """One ``status.devices`` entry (as :func:`device_statuses` builds it) in protobuf."""
+    conditions = [
+        wire.Condition(
+            c["type"],
+            c["status"],
+            c["reason"],
+            c["message"],
+            datetime.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC),
+        )
+        for c in entry.get("conditions", [])
     ]
-    return kept + mine
+    data = entry.get("data")
+    return wire.device_status(
+        (entry["driver"], entry["pool"], entry["device"], entry.get("shareID") or ""),
+        conditions,
+        json.dumps(data, separators=(",", ":")).encode() if data is not None else None,
+    )
+
+
+def keep_others(driver_name: str, mine: list[dict[str, Any]]) -> Callable[[wire.DeviceKey], bool]:
+    """Which ``status.devices`` entries a write keeps: other drivers' entries (those of this
+    driver are all replaced by ``mine``)."""
+    ours = wire.keys_of(mine)
+    return lambda key: key[0] != driver_name and key not in ours
 
 
 class ClaimStatusWriter:
@@ -137,37 +154,31 @@ class ClaimStatusWriter:
         """Write the entries of ``record``; False (logged, counted) when the write failed."""
         start = time.monotonic()
         mine = device_statuses(record, self._driver_name)
+        keep = keep_others(self._driver_name, mine)
+        entries = [_wire_entry(entry) for entry in mine]
         try:
             for attempt in range(CONFLICT_RETRIES):
-                live = self._read(ref)
-                if live.get("metadata", {}).get("uid") != ref.uid:
+                envelope, claim_raw = self._read(ref)
+                if wire.claim_meta(wire.fields(claim_raw)).uid != ref.uid:
                     self._failed(ref, "gone", "the claim was deleted and recreated")
                     return False
-                patch = [
-                    {
-                        "op": "test",
-                        "path": "/metadata/resourceVersion",
-                        "value": live["metadata"]["resourceVersion"],
-                    },
-                    {
-                        "op": "add",
-                        "path": "/status/devices",
-                        "value": merge_devices(live, mine, self._driver_name),
-                    },
-                ]
+                updated = wire.with_status_devices(claim_raw, entries, keep)
                 try:
                     self._kube.request(
-                        "PATCH",
+                        "PUT",
                         f"{_path(ref)}/status",
-                        body=patch,
-                        content_type="application/json-patch+json",
+                        body=wire.wrap(envelope, updated),
+                        content_type=wire.CONTENT_TYPE,
                         timeout_s=self._timeout_s,
                     )
                     break
                 except ApiError as e:
-                    # a failed "test" (the claim changed since the read) is 422 or 409
-                    if e.status not in (409, 422) or attempt == CONFLICT_RETRIES - 1:
+                    # 409: the claim changed since the read (its resourceVersion moved)
+                    if e.status != 409 or attempt == CONFLICT_RETRIES - 1:
                         raise
+        except wire.WireError as e:
+            self._failed(ref, "bad-answer", f"the claim read as protobuf is not one: {e}")
+            return False
         except ApiError as e:
             reason = "conflict" if e.status == 409 else f"http-{e.status}"
             self._failed(ref, reason, f"HTTP {e.status} {e.reason}: {e.message[:300]}")
@@ -188,8 +199,14 @@ class ClaimStatusWriter:
         )
         return True
 
-    def _read(self, ref: ClaimRef) -> dict[str, Any]:
-        return self._kube.request("GET", _path(ref), timeout_s=self._timeout_s)
+    def _read(self, ref: ClaimRef) -> tuple[list[wire.Field], bytes]:
+        """The claim as protobuf: its envelope's fields and its own bytes."""
+        answer = self._kube.send(
+            "GET", _path(ref), accept=wire.CONTENT_TYPE, timeout_s=self._timeout_s
+        )
+        if not answer.ok:
+            raise ApiError("GET", _path(ref), answer)
+        return wire.unwrap(answer.body)
 
     def write_prepared(self, ref: ClaimRef, checkpoint: Checkpoint) -> bool:
         """Look the claim up in the checkpoint and write its status (after a prepare)."""

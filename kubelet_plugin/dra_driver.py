@@ -11,6 +11,9 @@ that cannot be read, or whose namespace cannot be read, fails alone with the rea
 (gone, API server unreachable) in its ``error``: trust is never assumed. A trust
 refusal becomes a ``TrustViolation`` Event on the claim and counts in
 ``tranche_trust_refusals_total``.
+While a device plugin advertises the bridge's resources on the node (``refusal``, from
+:class:`kubelet_plugin.bridge_check.DevicePluginWatch`) every claim fails with that
+conflict, a ``DevicePluginConflict`` Event and a count, before anything is read.
 NodeUnprepareResources needs no read: the checkpoint has everything.
 """
 
@@ -64,6 +67,7 @@ class ApiClaimReader:
 
 
 TRUST_EVENT_REASON = "TrustViolation"
+DEVICE_PLUGIN_REASON = "DevicePluginConflict"
 
 
 class PluginDriver:
@@ -80,6 +84,7 @@ class PluginDriver:
         events: EventRecorder | None = None,
         metrics: Metrics | None = None,
         read_workers: int = 8,
+        refusal: Callable[[], str | None] | None = None,
     ) -> None:
         self._state = state
         self._reader = reader
@@ -87,12 +92,16 @@ class PluginDriver:
         self._default_level = default_level
         self._events = events
         self._metrics = metrics
+        self._refusal = refusal or (lambda: None)
         self._pool = ThreadPoolExecutor(max_workers=read_workers, thread_name_prefix="claim-read")
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        conflict = self._refusal()
+        if conflict is not None:
+            return {ref.uid: self._refuse(ref, conflict) for ref in claims}
         namespaces = list(dict.fromkeys(ref.namespace for ref in claims))
         tenancies: dict[str, Future[Tenancy]] = {
             ns: self._pool.submit(self._tenancy, ns) for ns in namespaces
@@ -130,6 +139,30 @@ class PluginDriver:
                     results[ref.uid].error,
                 )
         return results
+
+    def _refuse(self, ref: ClaimRef, conflict: str) -> PrepareResult:
+        """A claim not prepared while a device plugin serves the bridge's resources too."""
+        log.warning(
+            "prepare refused claim_uid=%s namespace=%s name=%s reason=%s",
+            ref.uid,
+            ref.namespace,
+            ref.name,
+            DEVICE_PLUGIN_REASON,
+        )
+        if self._metrics is not None:
+            self._metrics.count_error("device-plugin-conflict")
+        if self._events is not None:
+            self._events.record(
+                ObjectRef.resource_claim(ref.namespace, ref.name, ref.uid),
+                "Warning",
+                DEVICE_PLUGIN_REASON,
+                f"not prepared on node {self._state.node_name}: {conflict}",
+            )
+        return PrepareResult(
+            error=f"claim {ref.namespace}/{ref.name}: not prepared on node "
+            f"{self._state.node_name} while a device plugin serves the same resources: {conflict}",
+            reason="device-plugin-conflict",
+        )
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
         return {ref.uid: self._state.unprepare(ref) for ref in claims}

@@ -36,7 +36,7 @@ from driver.sharing import SharingNode
 from driver.sharing import managed_mig_uuids as sharing_mig_uuids
 from driver.usage.attribution import UsageSampler
 from driver.usage.records import checkpoint_records
-from kubelet_plugin.bridge_check import check_node, check_node_when_reachable
+from kubelet_plugin.bridge_check import DevicePluginWatch, check_node, check_node_when_reachable
 from kubelet_plugin.claim_status import ClaimStatusWriter, StatusWritingDriver
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
@@ -111,6 +111,7 @@ class NodePlugin:
             state_dir=data_dir,
             faults=faults,
             simulated=settings.nvml == "simulated",
+            boot_id=self.checkpoint.boot_id,
         )
         self.state = DeviceState(
             nvml,
@@ -124,6 +125,7 @@ class NodePlugin:
             guards=self.sharing.guards,
             shares=self.sharing.shares,
             faults=faults,
+            dedicated_to=settings.dedicated_to,
         )
         self.health = HealthMonitor(
             settings.health_policy,
@@ -149,6 +151,11 @@ class NodePlugin:
         )
         self._health_events = HealthEvents(self.events)
         self.namespaces = WatchedNamespaces(kube)
+        self.device_plugins = (
+            DevicePluginWatch(kube, settings.node_name, events=self.events)
+            if settings.device_plugin_check
+            else None
+        )
         self.plugin_driver = PluginDriver(
             self.state,
             ApiClaimReader(kube),
@@ -156,6 +163,7 @@ class NodePlugin:
             default_level=settings.default_trust_level,
             events=self.events,
             metrics=metrics,
+            refusal=self.device_plugins.refusal if self.device_plugins else None,
         )
         self.driver = StatusWritingDriver(
             MeasuredDriver(self.plugin_driver, metrics, self.prepared_count),
@@ -243,6 +251,8 @@ class NodePlugin:
             self._node_event("Warning", "ClaimRecoveryFailed", f"claim {uid}: {problem}")
         self.metrics.set_prepared_claims(self.prepared_count())
         self.sharing.start()
+        if self.device_plugins is not None:
+            self.device_plugins.start()  # a device plugin deployed later stops new prepares
         self.publisher.start()
         self.namespaces.start()
         self.republish()
@@ -263,6 +273,8 @@ class NodePlugin:
         self.server.stop(grace)
         self.watcher.stop()
         self.sharing.stop()
+        if self.device_plugins is not None:
+            self.device_plugins.stop()
         self.publisher.stop()
         self.namespaces.stop()
         self.driver.close()

@@ -19,6 +19,7 @@ from driver.cli import Command
 from driver.errors import TrancheError
 from driver.flags import add_flag
 from driver.kube.client import api_client
+from driver.kube.http import undecodable
 
 HEALTH_PREFIX = "gpu.tranche.dev/"
 ADMIN_KEY = "gpu.tranche.dev/admin"
@@ -102,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
     except TrancheError as e:
         print(f"tranche cluster-devices: {e}", file=sys.stderr)
         return 1
+    for claim in view.claims:
+        note = undecodable(claim)
+        if note is not None:  # its allocation was read; only the cut value is missing
+            print(f"tranche cluster-devices: {note}", file=sys.stderr)
     table = [r for r in rows(view) if args.node is None or r.node == args.node]
     if args.output == "json":
         print(json.dumps([asdict(r) for r in table], indent=2))

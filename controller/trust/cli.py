@@ -4,8 +4,9 @@ Reads Namespaces, ResourceClaims and ResourceSlices from the API server, resolve
 every namespace's tenant and trust level, and reports each GPU (and each dedicated
 node) used by more than one tenant with the verdict of the current levels. Label
 problems (unknown level, misplaced sharing group, conflicting namespaces of one
-tenant) are listed too. Exit status: 0 all allowed, 1 forbidden co-location found,
-2 the cluster could not be read.
+tenant) are listed too, and so is every claim that could not be read whole (JSON nested
+too deep: the cut value is named; its allocation is still judged). Exit status: 0 all
+allowed, 1 forbidden co-location found, 2 the cluster could not be read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from kubernetes import client
@@ -25,6 +27,7 @@ from driver.cli import Command
 from driver.errors import TrancheError
 from driver.flags import add_flag
 from driver.kube.client import RESOURCE_V1, api_client
+from driver.kube.http import undecodable
 from driver.trust.policy import DEFAULT_LEVEL, Consumer, Resolution, TrustLevel, resolve_tenants
 
 log = logging.getLogger(__name__)
@@ -80,10 +83,17 @@ def _who(c: Consumer) -> str:
     return f"{c.tenancy.describe()} holds {c.mechanism} {c.device}"
 
 
-def render_text(found: list[Colocation], resolutions: dict[str, Resolution], out: TextIO) -> None:
+def render_text(
+    found: list[Colocation],
+    resolutions: dict[str, Resolution],
+    out: TextIO,
+    unreadable: Sequence[str] = (),
+) -> None:
     problems = sorted({p for r in resolutions.values() for p in r.problems})
     for p in problems:
         out.write(f"label problem: {p}\n")
+    for note in unreadable:
+        out.write(f"unreadable: {note}\n")
     if not found:
         out.write("no GPU or dedicated node is used by more than one tenant\n")
     for co in found:
@@ -97,9 +107,15 @@ def render_text(found: list[Colocation], resolutions: dict[str, Resolution], out
             out.write(f"  forbidden: {pair}: {v.reason}: {v.detail}\n")
 
 
-def render_json(found: list[Colocation], resolutions: dict[str, Resolution], out: TextIO) -> None:
+def render_json(
+    found: list[Colocation],
+    resolutions: dict[str, Resolution],
+    out: TextIO,
+    unreadable: Sequence[str] = (),
+) -> None:
     doc = {
         "labelProblems": sorted({p for r in resolutions.values() for p in r.problems}),
+        "unreadable": list(unreadable),
         "colocations": [
             {
                 "node": co.node,
@@ -137,10 +153,14 @@ def check(settings: TrustCheckSettings, api: client.ApiClient, out: TextIO) -> i
     namespaces, claims, slices = _read(api)
     labels = {ns["metadata"]["name"]: ns["metadata"].get("labels") for ns in namespaces}
     resolutions = resolve_tenants(labels, settings.default_trust_level)
+    unreadable = [note for c in claims if (note := undecodable(c)) is not None]
+    for note in unreadable:  # its allocation is still judged: only the cut value is missing
+        log.warning("claim not read whole error=%s", note)
     found = colocations(
         consumers(claims, slices, resolutions, settings.default_trust_level, settings.driver_name)
     )
-    (render_json if settings.output == "json" else render_text)(found, resolutions, out)
+    render = render_json if settings.output == "json" else render_text
+    render(found, resolutions, out, unreadable)
     return 0 if all(co.allowed for co in found) else 1
 
 

@@ -35,9 +35,21 @@ from urllib.parse import urlencode
 import urllib3
 
 from driver.errors import ApiUnavailable, TrancheError
+from driver.kube.json_doc import JsonTooDeep, decode_object, undecodable
 from driver.kube.kubeconfig import Credentials, load
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "RESOURCE_V1",
+    "ApiError",
+    "ApiUnreachable",
+    "JsonTooDeep",
+    "KubeClient",
+    "RawAnswer",
+    "Watch",
+    "undecodable",
+]
 
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 TOKEN_REFRESH_S = 60.0
@@ -58,16 +70,16 @@ class RawAnswer:
         return 200 <= self.status <= 299
 
     def json(self) -> Json:
-        """The body as a JSON object (``{}`` when empty); ValueError when it is not one."""
-        doc = json.loads(self.body) if self.body else {}
-        if not isinstance(doc, dict):
-            raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
-        return doc
+        """The body as a JSON object (``{}`` when empty), nesting bounded
+        (:func:`driver.kube.json_doc.decode_object`: a list's too-deep item is marked, read
+        it with :func:`undecodable`); ValueError (:class:`JsonTooDeep` included, naming the
+        object and field) when it is not one. Never RecursionError."""
+        return decode_object(self.body)
 
     def message(self) -> str:
         """The ``message`` of a ``Status`` answer, else the start of the body."""
         with contextlib.suppress(ValueError, LookupError, TypeError):
-            return str(json.loads(self.body)["message"])
+            return str(decode_object(self.body)["message"])
         return self.body.decode(errors="replace")[:300]
 
 
@@ -147,14 +159,16 @@ class KubeClient:
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
         timeout_s: float = 30.0,
+        accept: str = "application/json",
     ) -> RawAnswer:
-        """One request; every HTTP status comes back as an answer."""
+        """One request; every HTTP status comes back as an answer. ``accept``: the answer's
+        format (``application/vnd.kubernetes.protobuf`` for :mod:`driver.kube.wire`)."""
         try:
             resp = self._pool.request(
                 method,
                 self._url(path, query),
                 body=_encode(body),
-                headers=self._headers(content_type if body is not None else None),
+                headers=self._headers(content_type if body is not None else None, accept),
                 timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
                 retries=False,
             )
@@ -213,8 +227,10 @@ class KubeClient:
     def _url(self, path: str, query: Mapping[str, str] | None) -> str:
         return f"{self.server}{path}" + (f"?{urlencode(query)}" if query else "")
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
+    def _headers(
+        self, content_type: str | None, accept: str = "application/json"
+    ) -> dict[str, str]:
+        headers = {"Accept": accept}
         if content_type is not None:
             headers["Content-Type"] = content_type
         token = self._bearer()
@@ -299,11 +315,19 @@ def _event(line: bytes) -> Json | None:
     if not line:
         return None
     try:
-        event = json.loads(line)
+        event = decode_object(line)
+    except JsonTooDeep as e:
+        log.warning("watch event skipped error=%s", e)
+        return None
     except ValueError:
         log.debug("watch line is not JSON line=%r", line[:200])
         return None
-    return event if isinstance(event, dict) else None
+    obj = event.get("object")
+    note = undecodable(obj) if isinstance(obj, dict) else None
+    if note is not None:
+        log.warning("watch event skipped error=%s", note)
+        return None
+    return event
 
 
 def _encode(body: object) -> bytes | None:

@@ -42,7 +42,7 @@ def _to_bytes(value: object) -> int:
     try:
         amount = parse_quantity(value)
     except (ValueError, InvalidOperation) as e:
-        raise ValueError(f"{value!r} is not a quantity such as 10Gi or 512Mi") from e
+        raise ValueError(f"{e}; expected a quantity such as 10Gi or 512Mi") from e
     if amount != amount.to_integral_value():
         raise ValueError(f"{value!r} is not a whole number of bytes")
     if amount < MIB:

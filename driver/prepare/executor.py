@@ -120,6 +120,18 @@ class Reconciler(Protocol):
 
 
 @runtime_checkable
+class Verifier(Protocol):
+    """A handler whose applied step leaves something that can vanish (a MIG device).
+
+    A repeated prepare of a ``PrepareCompleted`` claim returns its recorded answer only
+    when :meth:`present` says what the step made still exists (``uuids``: the device
+    UUIDs recorded for the claim); otherwise the claim's steps are applied again.
+    """
+
+    def present(self, step: Step, plan: Plan, uuids: Mapping[str, str]) -> bool: ...
+
+
+@runtime_checkable
 class SharedSetting(Protocol):
     """A handler whose step sets something per GPU that several claims rely on.
 
@@ -257,6 +269,7 @@ class DeviceState:
         clock: Callable[[], float] = time.time,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
         shares: Mapping[str, ShareTarget] | None = None,
+        dedicated_to: str | None = None,
     ) -> None:
         self.inventory = inventory
         self.cdi = cdi
@@ -275,6 +288,7 @@ class DeviceState:
         self._lock_timeout_s = lock_timeout_s
         self._thread_lock = threading.Lock()
         self.shares: Mapping[str, ShareTarget] = dict(shares or {})
+        self.dedicated_to = dedicated_to  # the tenant this node is dedicated to (trust)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -359,7 +373,10 @@ class DeviceState:
         state = self._load()
         record = state.claims.get(ref.uid)
         if record is not None and record.state == "PrepareCompleted":
-            return _answer(record)
+            gone = self._missing(record)
+            if not gone:
+                return _answer(record)
+            return self._reapply(state, record, gone)
         if record is not None:
             self._roll_back(state, record)
             self._faults.reached("prepare:after-rollback")
@@ -369,7 +386,19 @@ class DeviceState:
         allocation, plan = planned
         try:
             if tenancy is not None:
-                check_claim(allocation, plan, state, tenancy, self.node_name)
+                check_claim(
+                    allocation,
+                    plan,
+                    state,
+                    tenancy,
+                    self.node_name,
+                    device_groups={
+                        name: t.sharing_group
+                        for name, t in self.shares.items()
+                        if t.sharing_group is not None
+                    },
+                    dedicated_to=self.dedicated_to,
+                )
             for guard in self._guards:
                 guard(allocation, plan, state)
             missing = sorted({s.kind for s in plan.steps if s.kind not in self.handlers})
@@ -425,6 +454,50 @@ class DeviceState:
         log.debug(
             "prepared claim_uid=%s claim=%s devices=%d", ref.uid, allocation.key, len(devices)
         )
+        return _answer(record)
+
+    def _missing(self, record: ClaimRecord) -> str:
+        """What the recorded answer of ``record`` names that no longer exists ("" if none):
+        its CDI spec file, or a device a :class:`Verifier` handler no longer finds."""
+        if not self.cdi.path(record.uid).is_file():
+            return f"CDI spec {self.cdi.path(record.uid)}"
+        for step in record.plan.steps:
+            handler = self.handlers.get(step.kind)
+            if isinstance(handler, Verifier):
+                try:
+                    if not handler.present(step, record.plan, record.device_uuids):
+                        return f"step {step.kind} of device {getattr(step, 'device', '?')}"
+                except (TrancheError, OSError) as e:
+                    return f"step {step.kind}: {e}"
+        return ""
+
+    def _reapply(self, state: CheckpointData, record: ClaimRecord, missing: str) -> PrepareResult:
+        """Apply a prepared claim's steps again and rewrite its CDI spec (a re-validation after
+        a reboot failed, or something was removed); the record stays if that fails, so
+        unprepare still works and the kubelet's next prepare retries."""
+        ref = ClaimRef(record.uid, record.namespace, record.name)
+        log.warning(
+            "prepared claim incomplete claim_uid=%s missing=%s; applying it again",
+            record.uid,
+            missing,
+        )
+        done = [
+            c.plan
+            for c in state.claims.values()
+            if c.state == "PrepareCompleted" and c.uid != record.uid
+        ]
+        try:
+            _, uuids = self._apply(ref, record.plan, done)
+        except (TrancheError, OSError) as e:
+            log.error("re-validation failed claim_uid=%s error=%s", record.uid, e)
+            return PrepareResult(
+                error=f"claim {record.namespace}/{record.name}: prepared, but its {missing} "
+                f"is gone and applying it again failed: {e}",
+                reason=error_reason(e),
+            )
+        record = _with_uuids(record, uuids)
+        self.checkpoint.put(record)
+        state.claims[record.uid] = record
         return _answer(record)
 
     def _apply(
@@ -531,7 +604,7 @@ class DeviceState:
                     ref = ClaimRef(record.uid, record.namespace, record.name)
                     try:
                         _, uuids = self._apply(ref, record.plan)
-                        state.claims[record.uid] = record.model_copy(update={"device_uuids": uuids})
+                        state.claims[record.uid] = _with_uuids(record, uuids)
                         revalidated.append(record.uid)
                     except (TrancheError, OSError) as e:
                         failed[record.uid] = str(e)
@@ -558,7 +631,11 @@ class DeviceState:
         done: list[str] = []
         for handler in {id(h): h for h in self.handlers.values()}.values():
             if isinstance(handler, Reconciler):
-                done.extend(handler.reconcile(plans))
+                try:
+                    done.extend(handler.reconcile(plans))
+                except (TrancheError, OSError) as e:  # e.g. a lost GPU: never the whole node
+                    log.error("reconcile failed handler=%s error=%s", type(handler).__name__, e)
+                    done.append(f"{type(handler).__name__}: reconcile failed: {e}")
         return done
 
 
@@ -585,6 +662,19 @@ def plan_mode(plan: Plan) -> str:
     """The metrics label of a plan: its devices' mechanism, or ``mixed``."""
     modes = {mechanism_of(d).value for d in plan.devices}
     return modes.pop() if len(modes) == 1 else ("mixed" if modes else "none")
+
+
+def _with_uuids(record: ClaimRecord, uuids: Mapping[str, str]) -> ClaimRecord:
+    """``record`` with the device UUIDs of a new application (a re-created MIG device has a
+    new UUID), in its allocation record too (attribution maps usage by UUID)."""
+    update: dict[str, Any] = {"device_uuids": dict(uuids)}
+    if record.allocation is not None:
+        devices = tuple(
+            d.model_copy(update={"uuid": uuids.get(d.name, d.uuid)})
+            for d in record.allocation.devices
+        )
+        update["allocation"] = record.allocation.model_copy(update={"devices": devices})
+    return record.model_copy(update=update)
 
 
 def _answer(record: ClaimRecord) -> PrepareResult:

@@ -42,6 +42,7 @@ class ShareTarget:
     gpu_name: str
     strategy: ShareStrategy
     total_shares: int  # the device's ``shares`` capacity; a claim's share of SMs is its part
+    sharing_group: str | None = None  # the group whose device it is (``sharingGroup``)
 
 
 class _Frozen(BaseModel):
@@ -179,8 +180,8 @@ def _share_sharing(key: str, share: ShareTarget, entry: ConfigEntry | None) -> S
     return entry.config.sharing
 
 
-def _whole(value: str) -> int:
-    return int(parse_quantity(value))
+def _whole(value: str, field: str) -> int:
+    return int(parse_quantity(value, field))
 
 
 def _capacity_mps(
@@ -188,14 +189,12 @@ def _capacity_mps(
 ) -> MpsConfig:
     """MPS limits of one share from its consumed capacity; a config may only lower them."""
     updates: dict[str, int] = {}
+    where = f"status.allocation.devices.results[device={share.name}].consumedCapacity"
     try:
-        memory = _whole(consumed.get("memory", "0"))
-        parts = _whole(consumed.get("shares", "0"))
+        memory = _whole(consumed.get("memory", "0"), f"{where}.memory")
+        parts = _whole(consumed.get("shares", "0"), f"{where}.shares")
     except (ValueError, ArithmeticError) as e:
-        raise ConfigError(
-            f"claim {key}: status.allocation.devices.results[].consumedCapacity of {share.name}: "
-            f"not a quantity: {e}"
-        ) from e
+        raise ConfigError(f"claim {key}: {e}") from e
     if memory > 0:
         limit = mps.default_pinned_device_memory_limit
         updates["default_pinned_device_memory_limit"] = min(limit or memory, memory)

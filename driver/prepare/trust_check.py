@@ -17,6 +17,13 @@ How a planned device is held (its :class:`~driver.trust.policy.Mechanism`):
 * a device with admin access is not judged: it is a cluster administrator's
   grant, gated by the API server (``resource.kubernetes.io/admin-access``).
 
+Before the pairs, the claim is judged against where it landed (:func:`check_placement`):
+a share device belongs to one sharing group (its ``sharingGroup`` attribute) and only
+that group's tenants may hold it; a node run with ``--dedicated-to <tenant>`` (every
+device carries ``dedicatedTo``) takes only that tenant's claims. Admission and the
+device classes normally keep such claims off; prepare is the last line when they were
+bypassed (a class an administrator wrote, an allocation written by hand).
+
 A recorded claim without tenancy (written by an older plugin) or with a level this
 version does not know fails closed: it counts as a ``dedicated`` tenant of its own
 that shares with nobody.
@@ -24,7 +31,7 @@ that shares with nobody.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from driver.checkpoint.store import CheckpointData, ClaimRecord
 from driver.prepare.claims import ClaimAllocation
@@ -33,6 +40,7 @@ from driver.trust.policy import (
     ColocationRefused,
     Consumer,
     Mechanism,
+    Reason,
     Tenancy,
     TrustLevel,
     check_prepare,
@@ -79,14 +87,69 @@ def _same_tenant(record: ClaimRecord, tenancy: Tenancy) -> bool:
     return record.tenant == tenancy.tenant and record.trust_level in _LEVELS
 
 
+def check_placement(
+    allocation: ClaimAllocation,
+    plan: Plan,
+    tenancy: Tenancy,
+    node: str,
+    *,
+    device_groups: Mapping[str, str],
+    dedicated_to: str | None,
+) -> None:
+    """Raise :class:`ColocationRefused` when the claim's tenant may not hold a device where
+    it is: a node dedicated to another tenant, or another sharing group's share device.
+
+    ``device_groups``: the sharing group of each share device of the node by name;
+    ``dedicated_to``: the tenant the node is dedicated to, or None.
+    """
+    for d in plan.devices:
+        if d.admin_access:
+            continue
+        if dedicated_to is not None and tenancy.tenant != dedicated_to:
+            raise ColocationRefused(
+                f"claim {allocation.key}: node {node} is dedicated to tenant {dedicated_to} "
+                f"(device {d.device} has dedicatedTo={dedicated_to}); {tenancy.describe()} "
+                "may not be prepared on it",
+                Reason.NODE_DEDICATED_TO_OTHER,
+                tenancy.tenant,
+                dedicated_to,
+            )
+        group = device_groups.get(d.device)
+        if group is not None and tenancy.sharing_group != group:
+            raise ColocationRefused(
+                f"claim {allocation.key}: device {d.device} on node {node} is a share device of "
+                f"sharing group {group} (sharingGroup={group}); {tenancy.describe()} may only "
+                "use its own group's share devices",
+                Reason.OTHER_GROUPS_DEVICE,
+                tenancy.tenant,
+                None,
+            )
+
+
 def check_claim(
-    allocation: ClaimAllocation, plan: Plan, state: CheckpointData, tenancy: Tenancy, node: str
+    allocation: ClaimAllocation,
+    plan: Plan,
+    state: CheckpointData,
+    tenancy: Tenancy,
+    node: str,
+    *,
+    device_groups: Mapping[str, str] | None = None,
+    dedicated_to: str | None = None,
 ) -> None:
     """Raise :class:`ColocationRefused` (message naming the claim) if trust levels forbid it.
 
     ``state`` holds every claim prepared or being prepared on the node; the new
-    claim's own record, if any, is ignored.
+    claim's own record, if any, is ignored. ``device_groups`` and ``dedicated_to``:
+    see :func:`check_placement`, which runs first.
     """
+    check_placement(
+        allocation,
+        plan,
+        tenancy,
+        node,
+        device_groups=device_groups or {},
+        dedicated_to=dedicated_to,
+    )
     others = [
         c
         for record in state.claims.values()

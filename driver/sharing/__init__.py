@@ -87,6 +87,7 @@ class SharingNode:
 
     ``state_dir`` holds the MIG journal and the MPS daemon directories (it must be a
     host path: containers bind-mount the MPS pipe directories from it).
+    ``boot_id``: this boot's id (default: the kernel's), which the MIG journal records.
     ``simulated``: with the simulated NVML there is no ``/proc/driver/nvidia-caps``;
     a standard ``mig-minors`` table is written to ``state_dir`` and used instead.
     """
@@ -100,6 +101,7 @@ class SharingNode:
         state_dir: Path,
         faults: FaultPoints = NO_FAULTS,
         simulated: bool = False,
+        boot_id: str | None = None,
     ) -> None:
         self.config = config
         self.shares: dict[str, ShareTarget] = share_targets(inventory, config)
@@ -130,7 +132,11 @@ class SharingNode:
             "attach-gpu": WholeGpuHandler(nvml, inventory),
             "attach-mig": AttachMigHandler(nvml, inventory, caps),
             "create-mig": CreateMigHandler(
-                nvml, inventory, MigJournal(state_dir / MIG_JOURNAL, faults), caps, faults
+                nvml,
+                inventory,
+                MigJournal(state_dir / MIG_JOURNAL, faults, boot_id),
+                caps,
+                faults,
             ),
             "set-time-slice": TimeSliceHandler(nvml),
             "start-mps": MpsHandler(

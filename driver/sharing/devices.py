@@ -60,7 +60,7 @@ def share_targets(inventory: Inventory, config: SharingConfig) -> dict[str, Shar
             assert strategy in TOKENS
             for group in config.groups:
                 name = share_name(gpu.name, strategy, group)
-                out[name] = ShareTarget(name, gpu.name, strategy, config.max_shares)
+                out[name] = ShareTarget(name, gpu.name, strategy, config.max_shares, group)
     return out
 
 

@@ -9,22 +9,31 @@ Unprepare destroys it and switches MIG mode off when nothing is left on the
 GPU (where that needs no reset).
 
 Crash safety: every instance the driver creates is recorded in a journal next
-to the checkpoint, first as an intent (GPU, placement, claim) before NVML is
-called, then with its GI id and UUID. A roll-back or start-up reconcile
+to the checkpoint, first as an intent (GPU, placement, claim, boot id) before NVML
+is called, then with its GI id and UUID. A roll-back or start-up reconcile
 destroys what the journal says the driver made and no prepared claim owns; an
 instance an administrator made (not in the journal) is never touched.
+
+GI ids and UUIDs name an instance only within the boot that made it: after a
+reboot NVML hands the same ids to new instances (re-created for prepared claims,
+say). So an entry names a live instance only if it was written in this boot and
+the instance at its placement (start and profile, which survive a reboot) still
+has its GI id and UUID; an entry of another boot names nothing and is dropped
+without touching the GPU. A GPU NVML cannot reach fails the claims on it, never
+the node: its entries stay for a later attempt.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from driver.checkpoint.store import read_boot_id
 from driver.devices.inventory import GpuDevice, Inventory, MigDevice
 from driver.errors import ClaimError, NvmlError
 from driver.faults import NO_FAULTS, FaultPoints
@@ -65,6 +74,7 @@ class JournalEntry(BaseModel):
     start: int
     gi_id: int | None = None  # None: create was called (or about to be) but not recorded
     uuid: str | None = None
+    boot_id: str | None = None  # the boot that wrote it; None: a plugin before boot ids
 
 
 class _JournalFile(BaseModel):
@@ -75,9 +85,17 @@ class _JournalFile(BaseModel):
 class MigJournal:
     """MIG instances this driver created, keyed by ``<gpu uuid>/<start>``; atomic file."""
 
-    def __init__(self, path: Path, faults: FaultPoints = NO_FAULTS) -> None:
+    def __init__(
+        self, path: Path, faults: FaultPoints = NO_FAULTS, boot_id: str | None = None
+    ) -> None:
         self.path = path
         self._faults = faults
+        self.boot_id = read_boot_id() if boot_id is None else boot_id
+
+    def this_boot(self, entry: JournalEntry) -> bool:
+        """Whether ``entry`` was written in this boot (an entry without a boot id, written by
+        an earlier plugin, is taken to be: its instance is still checked by GI id and UUID)."""
+        return entry.boot_id is None or entry.boot_id == self.boot_id
 
     @staticmethod
     def key(gpu_uuid: str, start: int) -> str:
@@ -102,7 +120,9 @@ class MigJournal:
 
     def put(self, entry: JournalEntry) -> None:
         entries = self.load()
-        entries[self.key(entry.gpu_uuid, entry.start)] = entry
+        entries[self.key(entry.gpu_uuid, entry.start)] = entry.model_copy(
+            update={"boot_id": self.boot_id}
+        )
         self._save(entries)
 
     def drop(self, gpu_uuid: str, start: int) -> None:
@@ -183,7 +203,12 @@ class CreateMigHandler:
         mine = self._journal.load().get(key)
         existing = _at(self._nvml.mig_instances(step.gpu_uuid), step.start, slot.profile.id)
         if existing is not None:
-            if mine is None or mine.claim_uid != plan.claim_uid:
+            if (
+                mine is None
+                or mine.claim_uid != plan.claim_uid
+                or not self._journal.this_boot(mine)
+                or (mine.uuid is not None and mine.uuid != existing.uuid)
+            ):
                 raise ClaimError(
                     f"device {step.device}: placement {step.start} of GPU {step.gpu_uuid} holds "
                     f"MIG device {existing.uuid}, which this claim did not create"
@@ -227,6 +252,16 @@ class CreateMigHandler:
             uuids={step.device: inst.uuid}, edits={step.device: self._caps.edits(gpu, inst)}
         )
 
+    def present(self, step: Step, plan: Plan, uuids: Mapping[str, str]) -> bool:
+        """Whether the MIG device this claim's step made (UUID ``uuids[step.device]``) is
+        still there, journalled for the claim in this boot."""
+        assert isinstance(step, CreateMigDevice)
+        entry = self._journal.load().get(MigJournal.key(step.gpu_uuid, step.start))
+        if entry is None or entry.claim_uid != plan.claim_uid:
+            return False
+        live = self._live(entry)
+        return live is not None and live.uuid == uuids.get(step.device)
+
     def _enable_mig(self, step: CreateMigDevice, gpu: GpuInfo) -> None:
         if not gpu.mig_toggle_without_reset:
             raise ClaimError(
@@ -244,22 +279,39 @@ class CreateMigHandler:
         entry = self._journal.load().get(MigJournal.key(step.gpu_uuid, step.start))
         if entry is None or entry.claim_uid != plan.claim_uid:
             return  # never created for this claim, or already destroyed
-        self._destroy(entry)
+        self._destroy(entry, _owned_keys(others))
         self._maybe_disable(step.gpu_uuid, others)
 
-    def _destroy(self, entry: JournalEntry) -> None:
-        gi_id = entry.gi_id
-        if gi_id is None:
-            found = _at(self._nvml.mig_instances(entry.gpu_uuid), entry.start, entry.profile_id)
-            gi_id = found.gi_id if found else None
-        if gi_id is not None:
-            self._nvml.destroy_mig_instance(entry.gpu_uuid, gi_id)
+    def _live(self, entry: JournalEntry) -> MigInstance | None:
+        """The instance ``entry`` names, if it still exists: written in this boot, at the
+        entry's placement and profile, with its GI id and UUID where they were recorded."""
+        if not self._journal.this_boot(entry):
+            return None  # its instance did not survive the reboot; ids name others now
+        found = _at(self._nvml.mig_instances(entry.gpu_uuid), entry.start, entry.profile_id)
+        if found is None:
+            return None
+        if entry.gi_id is not None and found.gi_id != entry.gi_id:
+            return None
+        if entry.uuid is not None and found.uuid != entry.uuid:
+            return None
+        return found
+
+    def _destroy(self, entry: JournalEntry, owned: set[str]) -> None:
+        """Destroy the instance ``entry`` names, unless a prepared claim owns its placement
+        (``owned``: journal keys of other claims' ``create-mig`` steps); drop the entry."""
+        key = MigJournal.key(entry.gpu_uuid, entry.start)
+        inst = None if key in owned else self._live(entry)
+        if inst is not None:
+            self._nvml.destroy_mig_instance(entry.gpu_uuid, inst.gi_id)
         self._journal.drop(entry.gpu_uuid, entry.start)
         log.info(
-            "mig device destroyed gpu=%s device=%s gi=%s claim_uid=%s",
+            "mig journal entry dropped gpu=%s device=%s gi=%s destroyed=%s entry_boot=%s "
+            "claim_uid=%s",
             entry.gpu_uuid,
             entry.device,
-            gi_id,
+            inst.gi_id if inst is not None else entry.gi_id,
+            inst is not None,
+            entry.boot_id,
             entry.claim_uid,
         )
 
@@ -284,17 +336,42 @@ class CreateMigHandler:
             for s in p.steps
             if isinstance(s, CreateMigDevice)
         }
+        keys = {key for _, key in owned}
         done = []
         for key, entry in sorted(self._journal.load().items()):
             if (entry.claim_uid, key) in owned:
                 continue
-            self._destroy(entry)
+            try:
+                self._destroy(entry, keys)
+            except NvmlError as e:  # a lost GPU fails its own claims, never the node
+                log.error(
+                    "mig device not destroyed gpu=%s device=%s claim_uid=%s error=%s",
+                    entry.gpu_uuid,
+                    entry.device,
+                    entry.claim_uid,
+                    e,
+                )
+                done.append(
+                    f"could not destroy MIG device {entry.device} ({key}) of claim "
+                    f"{entry.claim_uid}: {e}"
+                )
+                continue
             done.append(f"destroyed MIG device {entry.device} ({key}) of claim {entry.claim_uid}")
         for key, entry in sorted(self._journal.load().items()):
             log.info(
                 "mig device adopted key=%s claim_uid=%s uuid=%s", key, entry.claim_uid, entry.uuid
             )
         return done
+
+
+def _owned_keys(plans: Sequence[Plan]) -> set[str]:
+    """Journal keys of the ``create-mig`` steps of ``plans``."""
+    return {
+        MigJournal.key(s.gpu_uuid, s.start)
+        for p in plans
+        for s in p.steps
+        if isinstance(s, CreateMigDevice)
+    }
 
 
 class AttachMigHandler:

@@ -78,6 +78,8 @@ class Reason(StrEnum):
     ISOLATED_GPU = "IsolatedGpu"
     LEVEL_FORBIDS_SHARING = "LevelForbidsSharing"
     DIFFERENT_SHARING_GROUP = "DifferentSharingGroup"
+    OTHER_GROUPS_DEVICE = "OtherGroupsDevice"
+    NODE_DEDICATED_TO_OTHER = "NodeDedicatedToOther"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from driver.kube.http import ApiError, KubeClient
+from driver.kube.http import ApiError, JsonTooDeep, KubeClient, undecodable
 from driver.kube.kubeconfig import Credentials, from_file
 from tests.e2e.conftest import Cluster
 from tests.waiting import wait_for
@@ -126,3 +126,34 @@ def test_a_rotated_token_file_is_read_again(
         assert _whoami(cached) == f"system:serviceaccount:{namespace}:second"
         token.write_text("garbage")
         assert _whoami(cached) == f"system:serviceaccount:{namespace}:second"
+
+
+def test_a_claim_nested_too_deep_fails_alone_and_a_list_names_it(
+    cluster: Cluster, namespace: str
+) -> None:
+    """4 KiB of nested arrays in a claim's opaque parameters: the API server stores it; the
+    client refuses that claim by name and lists the others."""
+    base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+
+    def claim(name: str, parameters: bytes) -> bytes:
+        return (
+            b'{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"name":"'
+            + name.encode()
+            + b'"},"spec":{"devices":{"requests":[{"name":"gpu","exactly":{"deviceClassName":'
+            b'"gpu.tranche.dev"}}],"config":[{"requests":["gpu"],"opaque":{"driver":'
+            b'"gpu.tranche.dev","parameters":{"deep":' + parameters + b"}}}]}}}"
+        )
+
+    with cluster.kube() as kube:
+        for name, parameters in (("ok", b"[]"), ("deep", b"[" * 2048 + b"]" * 2048)):
+            made = kube.send("POST", base, body=claim(name, parameters))
+            assert made.status == 201, made.message()
+        with pytest.raises(JsonTooDeep) as info:
+            kube.request("GET", f"{base}/deep")
+        assert str(info.value).startswith(
+            f"ResourceClaim {namespace}/deep: spec.devices.config[0].opaque.parameters.deep[0]"
+        )
+        listed = kube.request("GET", base)
+        notes = {i["metadata"]["name"]: undecodable(i) for i in listed["items"]}
+        assert notes["ok"] is None
+        assert (notes["deep"] or "").startswith(f"ResourceClaim {namespace}/deep: spec.devices")

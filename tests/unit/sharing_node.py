@@ -31,18 +31,29 @@ CONFIG = SharingConfig(
 
 
 def sharing_state(
-    workdir: Path, faults: FaultPoints = NO_FAULTS, config: SharingConfig = CONFIG
+    workdir: Path,
+    faults: FaultPoints = NO_FAULTS,
+    config: SharingConfig = CONFIG,
+    boot_id: str = "boot-1",
 ) -> tuple[DeviceState, SharingNode, Nvml]:
     nvml = open_simulated(workdir / "sim.json")
     state_dir = workdir / "state"
     managed = managed_mig_uuids(nvml, state_dir)
     inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), managed_mig_uuids=managed)
-    node = SharingNode(nvml, inventory, config, state_dir=state_dir, faults=faults, simulated=True)
+    node = SharingNode(
+        nvml,
+        inventory,
+        config,
+        state_dir=state_dir,
+        faults=faults,
+        simulated=True,
+        boot_id=boot_id,
+    )
     state = DeviceState(
         nvml,
         inventory,
         CdiSpecs(workdir / "cdi", faults),
-        Checkpoint(workdir / "checkpoint.json", boot_id="boot-1", faults=faults),
+        Checkpoint(workdir / "checkpoint.json", boot_id=boot_id, faults=faults),
         lock_path=workdir / "pu.lock",
         driver_name=DRIVER,
         node_name=NODE,

@@ -124,6 +124,20 @@ class SimControl:
 
         self.store.update(change)
 
+    def reboot(self) -> None:
+        """The machine reboots: on every GPU the MIG instances, processes, time slice and
+        compute mode are gone (MIG mode and a lost GPU stay as they were)."""
+
+        def change(state: SimState) -> None:
+            for g in state.gpus:
+                g.instances = []
+                g.processes = []
+                g.timeslice = 0
+                g.compute_mode = 0
+                g.memory_limits = {}
+
+        self.store.update(change)
+
     def add_process(
         self,
         device_uuid: str,

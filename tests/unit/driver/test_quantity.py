@@ -77,3 +77,16 @@ def test_numbers_pass_through_and_other_types_are_refused() -> None:
 def test_an_absurd_exponent_is_refused() -> None:
     with pytest.raises(ValueError, match="exponent is out of range"):
         parse_quantity("1e99999")
+
+
+@pytest.mark.parametrize("text", ["1e5000", "8Ei", "-1e19", "9" * 30, "10000P"])
+def test_quantities_beyond_int64_are_refused_naming_the_field(text: str) -> None:
+    with pytest.raises(ValueError, match=r"^spec\.x: .* is out of range: a quantity may be"):
+        parse_quantity(text, field="spec.x")
+    with pytest.raises(ValueError, match="out of range"):
+        parse_quantity(-(2**63))
+
+
+def test_the_largest_quantity_is_kept() -> None:
+    assert parse_quantity(str(2**63 - 1)) == 2**63 - 1
+    assert parse_quantity("7Ei") == 7 * 2**60

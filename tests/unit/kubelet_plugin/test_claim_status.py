@@ -21,7 +21,7 @@ from kubelet_plugin.claim_status import (
     ClaimStatusWriter,
     StatusWritingDriver,
     device_statuses,
-    merge_devices,
+    keep_others,
 )
 from tests.unit.claim_values import DRIVER, claim, ref_of, result
 from tests.unit.sharing_node import sharing_state
@@ -67,10 +67,10 @@ def test_entries_name_the_device_mode_and_limits_and_keep_other_drivers(tmp_path
             "migPlacementStart": mig.start,
         }
         assert "shareID" not in mig_entry
-        other = {"driver": "net.example.com", "pool": "p", "device": "nic0"}
-        stale = {"driver": DRIVER, "pool": "node-a", "device": "gone"}
-        live = {"status": {"devices": [other, stale]}}
-        assert merge_devices(live, [mps, mig_entry], DRIVER) == [other, mps, mig_entry]
+        keep = keep_others(DRIVER, [mps, mig_entry])
+        assert keep(("net.example.com", "p", "nic0", ""))  # another driver's entry stays
+        assert not keep((DRIVER, "node-a", "gone", ""))  # this driver's are all replaced
+        assert not keep((DRIVER, "node-a", mps["device"], "s-1"))
     finally:
         state.unprepare(ref_of(obj))
 

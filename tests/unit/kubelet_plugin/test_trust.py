@@ -29,6 +29,7 @@ from kubelet_plugin.dra_driver import PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder
 from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels
 from tests.unit.claim_values import claim, config, ref_of, result
+from tests.unit.sharing_node import sharing_state
 from tests.unit.state_child import device_state
 
 NOWHERE = "https://127.0.0.1:9"
@@ -126,3 +127,31 @@ def test_refusal_is_counted_and_a_failing_event_never_fails_prepare(
     assert "conflicting labels gpu.tranche.dev/trust-level" in logged
     assert "trust refusal layer=prepare claim_uid=u1" in logged
     assert "event not recorded kind=ResourceClaim namespace=team-a name=c-u1" in logged
+
+
+def test_another_groups_share_device_is_refused_with_the_trust_event_and_metric(
+    node: Path, nowhere: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    ds, _, _ = sharing_state(node)  # publishes share devices of group blue
+    device = f"{ds.inventory.gpus[0].name}-ts-blue"
+    namespaces = Namespaces({"team-a": {LABEL_LEVEL: "shared", LABEL_SHARING_GROUP: "red"}})
+    obj = claim("u1", [result(device, shareID="s-1")], [config(TS)], name="c-u1")
+    registry = CollectorRegistry()
+    failed = threading.Event()
+    events = EventRecorder(nowhere, "node-a", retries=1, timeout_s=2, on_error=failed.set)
+    driver = PluginDriver(ds, Claims(obj), namespaces, events=events, metrics=Metrics(registry))
+    try:
+        with caplog.at_level(logging.WARNING):
+            error = driver.prepare([ref_of(obj)])["u1"].error
+        assert failed.wait(30), "the TrustViolation Event was not attempted"
+    finally:
+        driver.close()
+        events.close()
+    assert error.startswith(f"claim team-a/c-u1: device {device} on node node-a is a share")
+    count = registry.get_sample_value(
+        "tranche_trust_refusals_total", {"tenant": "team-a", "reason": "OtherGroupsDevice"}
+    )
+    assert count == 1
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "trust refusal layer=prepare claim_uid=u1 namespace=team-a tenant=team-a" in logged
+    assert "reason=OtherGroupsDevice" in logged

@@ -78,6 +78,20 @@ def test_mps_settings_parse_quantities() -> None:
             "below the minimum of 1Mi",
         ),
         (
+            gpu({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1e5000"}}),
+            f"{WHERE}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Value error, '1e5000' is "
+            "out of range",
+        ),
+        (
+            gpu(
+                {
+                    "strategy": "MPS",
+                    "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"0": "1e5000"}},
+                }
+            ),
+            f"{WHERE}.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.0: Value error, '1e5000'",
+        ),
+        (
             gpu({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}}),
             f"{WHERE}.sharing.timeSlicingConfig.interval",
         ),

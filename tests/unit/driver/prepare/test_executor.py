@@ -304,3 +304,30 @@ def test_other_boot_keeps_claims_and_rewrites_specs(node: Path) -> None:
     assert cdi_files(node) == ["gpu.tranche.dev-claim_u1.json"]
     assert rebooted.prepare(obj, ref_of(obj)) == first
     assert device_state(node, NO_FAULTS, boot_id="boot-2").recover().checkpoint.kind == "ok"
+
+
+def test_a_failed_revalidation_is_retried_by_the_next_prepare(node: Path) -> None:
+    gpu_name = gpus(node)[0]
+    gpu_uuid = device_state(node, NO_FAULTS).inventory.gpu_of(gpu_name).uuid
+    obj = new_claim(node, "u1", [gpu_name])
+    first = device_state(node, NO_FAULTS).prepare(obj, ref_of(obj))
+    assert first.error == ""
+    (node / "cdi" / "gpu.tranche.dev-claim_u1.json").unlink()  # /var/run is a tmpfs
+    sim = SimControl(SimStore(path=node / "sim.json"))
+    sim.lose_gpu(gpu_uuid)  # the GPU is not back after the reboot
+    rebooted = device_state(node, NO_FAULTS, boot_id="boot-2")
+    report = rebooted.recover()
+    assert set(report.failed) == {"u1"}
+    assert cdi_files(node) == []
+
+    lost = rebooted.prepare(obj, ref_of(obj))  # no recorded answer naming a missing spec
+    assert lost.devices == () and "is gone and applying it again failed" in lost.error
+    assert "gpu.tranche.dev-claim_u1.json" in lost.error and recorded(node) == {
+        "u1": "PrepareCompleted"
+    }
+
+    sim.recover(gpu_uuid)
+    again = rebooted.prepare(obj, ref_of(obj))
+    assert again == first
+    assert cdi_files(node) == ["gpu.tranche.dev-claim_u1.json"]
+    assert rebooted.unprepare(ref_of(obj)).error == ""

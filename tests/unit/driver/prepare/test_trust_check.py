@@ -19,6 +19,7 @@ from driver.prepare.trust_check import check_claim
 from driver.trust.policy import ColocationRefused, Reason, Tenancy, TrustLevel
 from driver.usage.records import checkpoint_records
 from tests.unit.claim_values import claim, config, ref_of, result
+from tests.unit.sharing_node import sharing_state
 from tests.unit.state_child import device_state
 
 NODE = "node-a"
@@ -241,3 +242,77 @@ def test_executor_records_tenancy_and_refuses_another_group(tmp_path: Path) -> N
     # The level applies to new claims: the prepared claim keeps its answer.
     isolated = Tenancy("team-a", "acme", TrustLevel.ISOLATED, None)
     assert ds.prepare(a, ref_of(a), isolated).error == ""
+
+
+def share_device(gpu: str, group: str, strategy: str = "TimeSlicing") -> PlannedDevice:
+    return PlannedDevice(
+        request="gpu", pool=NODE, device=f"gpu-{gpu[-4:]}-ts-{group}", type="gpu", gpu_uuid=gpu,
+        uuid=gpu, minor=0, share_id="s-1", sharing=Sharing(strategy=strategy),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("new", "dev", "dedicated_to", "reason"),
+    [
+        ("red:shared:red", share_device(GPU1, "blue"), None, Reason.OTHER_GROUPS_DEVICE),
+        ("red:shared:blue", share_device(GPU1, "blue"), None, None),
+        ("blue:shared", share_device(GPU1, "blue"), None, None),
+        ("a:isolated", device("gpu", GPU1), "acme", Reason.NODE_DEDICATED_TO_OTHER),
+        ("acme:dedicated", device("gpu", GPU1), "acme", None),
+        ("acme:isolated", device("gpu", GPU1), "acme", None),
+        ("a:isolated", device("gpu", GPU1, admin=True), "acme", None),
+        ("a:isolated", device("gpu", GPU1), None, None),
+    ],
+)
+def test_placement_checks_the_devices_group_and_the_nodes_tenant(
+    new: str, dev: PlannedDevice, dedicated_to: str | None, reason: Reason | None
+) -> None:
+    t = tenancy(new)
+    plan = Plan(claim_uid="new", devices=(dev,), steps=())
+    groups = {share_device(GPU1, "blue").device: "blue"}
+    args = (allocation("new", t.namespace), plan, CheckpointData(claims={}), t, NODE)
+    if reason is None:
+        check_claim(*args, device_groups=groups, dedicated_to=dedicated_to)
+        return
+    with pytest.raises(ColocationRefused) as refused:
+        check_claim(*args, device_groups=groups, dedicated_to=dedicated_to)
+    assert refused.value.reason is reason and refused.value.tenant == t.tenant
+    assert str(refused.value).startswith(f"claim {t.namespace}/claim-new: ")
+    assert dev.device in str(refused.value)
+
+
+def test_executor_refuses_another_groups_share_device_and_a_node_dedicated_to_another(
+    tmp_path: Path,
+) -> None:
+    create_state("dgx-h100", tmp_path / "sim.json")
+    ds, node, _ = sharing_state(tmp_path)
+    gpu = ds.inventory.gpus[0].name
+    blue_device = f"{gpu}-ts-blue"
+    assert node.shares[blue_device].sharing_group == "blue"
+    red = Tenancy("team-r", "rival", TrustLevel.SHARED, "red")
+    obj = claim(
+        "ur", [result(blue_device, shareID="s-r")], [config(TS)], name="c-ur", namespace="team-r"
+    )
+    refused: list[TrustViolation] = []
+    error = ds.prepare(obj, ref_of(obj), red, refused.append).error
+    assert error.startswith(f"claim team-r/c-ur: device {blue_device} on node node-a is a share")
+    assert "sharing group blue" in error and "tenant rival" in error
+    (refusal,) = refused
+    assert isinstance(refusal, ColocationRefused)
+    assert refusal.reason is Reason.OTHER_GROUPS_DEVICE
+    assert not (tmp_path / "cdi" / "gpu.tranche.dev-claim_ur.json").exists()
+    blue = Tenancy("team-b", "bluecorp", TrustLevel.SHARED, "blue")
+    ok = claim(
+        "ub", [result(blue_device, shareID="s-b")], [config(TS)], name="c-ub", namespace="team-b"
+    )
+    assert ds.prepare(ok, ref_of(ok), blue).error == ""
+
+    ds.dedicated_to = "acme"  # --dedicated-to acme
+    whole = claim("ui", [result(ds.inventory.gpus[1].name)], name="c-ui", namespace="team-i")
+    isolated = Tenancy("team-i", "other", TrustLevel.ISOLATED, None)
+    error = ds.prepare(whole, ref_of(whole), isolated, refused.append).error
+    assert error.startswith("claim team-i/c-ui: node node-a is dedicated to tenant acme")
+    last = refused[-1]
+    assert isinstance(last, ColocationRefused) and last.reason is Reason.NODE_DEDICATED_TO_OTHER
+    acme = Tenancy("team-i", "acme", TrustLevel.ISOLATED, None)
+    assert ds.prepare(whole, ref_of(whole), acme).error == ""

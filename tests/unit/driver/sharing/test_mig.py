@@ -15,7 +15,7 @@ import pytest
 
 from driver.checkpoint.store import Checkpoint
 from driver.devices.inventory import MigDevice, build_inventory
-from driver.nvml.sim import create_state, open_simulated
+from driver.nvml.sim import SimControl, SimStore, create_state, open_simulated
 from tests.unit.claim_values import claim, ref_of, result
 from tests.unit.sharing_node import sharing_state
 
@@ -207,4 +207,94 @@ def test_crash_around_mig_create_is_rolled_back(node: Path, fault: str) -> None:
     assert journal(node) == {}
     obj = new_claim(node, "c1", mig.name)
     assert state.prepare(obj, ref_of(obj)).error == ""
+    assert len(nvml.gpu(mig.parent.uuid).mig_instances) == 1
+
+
+def crash_half_prepared(node: Path, uid: str, mig: MigDevice) -> None:
+    """Claim ``uid`` half-prepared: its MIG device made and journalled, then the process died."""
+    new_claim(node, uid, mig.name)
+    done = run_child(node, "prepare", uid, "prepare:after-step")
+    assert done.returncode == 137, done.stderr
+
+
+def test_recovery_after_a_reboot_never_destroys_a_prepared_claims_mig_device(node: Path) -> None:
+    a, c, b = slot(node, index=0), slot(node, index=4), slot(node, index=8)
+    assert a.parent.uuid == c.parent.uuid == b.parent.uuid
+    gpu = a.parent.uuid
+    state, _, nvml = sharing_state(node)
+    for uid, mig in (("a", a), ("c", c)):
+        obj = new_claim(node, uid, mig.name)
+        assert state.prepare(obj, ref_of(obj)).error == ""
+    assert state.unprepare(ref_of(new_claim(node, "a", a.name))).error == ""
+    crash_half_prepared(node, "b", b)  # takes the GI id claim a left free
+    (b_gi,) = [i.gi_id for i in nvml.gpu(gpu).mig_instances if i.placement[0] == b.start]
+    assert journal(node)[f"{gpu}/{b.start}"]["gi_id"] == b_gi
+
+    SimControl(SimStore(path=node / "sim.json")).reboot()  # a machine crash: instances gone
+    after, _, nvml = sharing_state(node, boot_id="boot-2")
+    report = after.recover()
+
+    assert report.rolled_back == ("b",) and report.revalidated == ("c",), report
+    assert report.failed == {}
+    (inst,) = nvml.gpu(gpu).mig_instances
+    assert (inst.placement[0], inst.profile_name) == (c.start, c.profile.name)
+    assert inst.gi_id == b_gi  # the re-created device got the id b's stale entry names
+    (entry,) = journal(node).values()
+    assert (entry["claim_uid"], entry["gi_id"], entry["boot_id"]) == ("c", inst.gi_id, "boot-2")
+    assert (
+        f"NVIDIA_VISIBLE_DEVICES={inst.uuid}"
+        in spec(node, "c")["devices"][0]["containerEdits"]["env"]
+    )
+
+
+def test_recovery_survives_a_lost_gpu_under_a_half_prepared_mig_claim(node: Path) -> None:
+    lost, healthy = slot(node, gpu=0, index=0), slot(node, gpu=1, index=0)
+    state, _, nvml = sharing_state(node)
+    kept = new_claim(node, "ok", healthy.name)
+    assert state.prepare(kept, ref_of(kept)).error == ""
+    crash_half_prepared(node, "b", lost)
+    SimControl(SimStore(path=node / "sim.json")).lose_gpu(lost.parent.uuid)
+
+    after, _, nvml = sharing_state(node)
+    report = after.recover()  # must not raise: one bad GPU fails its own claims
+
+    assert set(report.failed) == {"b"} and lost.parent.uuid in report.failed["b"]
+    assert any("could not destroy" in line and lost.name in line for line in report.reconciled)
+    assert f"{lost.parent.uuid}/{lost.start}" in journal(node)  # kept for a later attempt
+    assert len(nvml.gpu(healthy.parent.uuid).mig_instances) == 1
+    assert after.prepare(kept, ref_of(kept)).error == ""  # the rest of the node serves
+    other = new_claim(node, "new", slot(node, gpu=1, index=4).name)
+    assert after.prepare(other, ref_of(other)).error == ""
+    retried = after.prepare(
+        new_claim(node, "b", lost.name), ref_of(new_claim(node, "b", lost.name))
+    )
+    assert "GPU_IS_LOST" in retried.error or "lost" in retried.error.lower(), retried.error
+
+
+def test_a_prepared_mig_claim_whose_device_is_gone_is_made_again(node: Path) -> None:
+    mig = slot(node, index=4)
+    state, _, nvml = sharing_state(node)
+    obj = new_claim(node, "c", mig.name)
+    first = state.prepare(obj, ref_of(obj))
+    assert first.error == ""
+    SimControl(SimStore(path=node / "sim.json")).reboot()
+    (node / "cdi" / "gpu.tranche.dev-claim_c.json").unlink()  # /var/run is a tmpfs
+    after, _, nvml = sharing_state(node, boot_id="boot-2")
+    # an administrator's instance takes the memory slices while the plugin starts
+    big = next(p for p in nvml.gpu(mig.parent.uuid).mig_profiles if p.name == "7g.80gb")
+    admin = nvml.create_mig_instance(mig.parent.uuid, big.id, 0)
+    assert set(after.recover().failed) == {"c"}
+    assert "is gone and applying it again failed" in after.prepare(obj, ref_of(obj)).error
+
+    nvml.destroy_mig_instance(mig.parent.uuid, admin.gi_id)
+    again = after.prepare(obj, ref_of(obj))
+    assert again == first  # same CDI ids, now naming a device that exists
+    (inst,) = nvml.gpu(mig.parent.uuid).mig_instances
+    assert inst.placement[0] == mig.start
+    assert spec(node, "c")["devices"][0]["containerEdits"]["env"] == [
+        f"NVIDIA_VISIBLE_DEVICES={inst.uuid}"
+    ]
+    # the MIG device vanishes in this boot (a GPU reset): the next prepare makes it again
+    SimControl(SimStore(path=node / "sim.json")).reboot()
+    assert after.prepare(obj, ref_of(obj)) == first
     assert len(nvml.gpu(mig.parent.uuid).mig_instances) == 1

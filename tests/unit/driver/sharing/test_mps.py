@@ -223,3 +223,34 @@ def test_recovery_stops_daemons_no_claim_uses(node: Path) -> None:
     assert report.reconciled == (f"stopped MPS daemon {gpu.uuid}",)
     assert fresh.daemons.processes() == []
     assert open_simulated(node / "sim.json").compute_mode(gpu.uuid) == "Default"
+
+
+@pytest.mark.parametrize(
+    ("memory", "parameters", "field"),
+    [
+        ("1e5000", None, "].consumedCapacity.memory: '1e5000' is out of range"),
+        (
+            "10Gi",
+            {"defaultPinnedDeviceMemoryLimit": "1e5000"},
+            "mpsConfig.defaultPinnedDeviceMemoryLimit",
+        ),
+    ],
+)
+def test_an_absurd_quantity_fails_its_claim_alone_naming_the_field(
+    node: Path, memory: str, parameters: dict[str, Any] | None, field: str
+) -> None:
+    state, _, _ = sharing_state(node)
+    device = f"{state.inventory.gpus[0].name}-mps-blue"
+    configs = None
+    if parameters is not None:
+        mps = {"strategy": "MPS", "mpsConfig": parameters}
+        configs = [
+            config({"apiVersion": "gpu.tranche.dev/v1alpha1", "kind": "GpuConfig", "sharing": mps})
+        ]
+    bad = claim("bad", [share(device, "s-bad", memory, "1")], configs, name="c-bad")
+    res = state.prepare(bad, ref_of(bad))
+    assert res.error.startswith("claim team-a/c-bad: ") and field in res.error, res.error
+    assert "'1e5000' is out of range" in res.error
+    ok = new_claim(node, "ok", [share(device, "s-ok", "10Gi", "1")])
+    assert state.prepare(ok, ref_of(ok)).error == ""
+    assert state.unprepare(ref_of(ok)).error == ""

@@ -1,0 +1,113 @@
+"""The device plugin conflict after start: new prepares refused while it lasts, Events."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from driver.faults import NO_FAULTS
+from driver.kube.http import KubeClient, RawAnswer
+from driver.kube.kubeconfig import Credentials
+from driver.metrics import Metrics
+from driver.nvml.sim import create_state
+from kubelet_plugin.bridge_check import CONFLICT_REASON, RESOLVED_REASON, DevicePluginWatch
+from kubelet_plugin.dra_driver import PluginDriver
+from kubelet_plugin.event_recorder import EventType, ObjectRef
+from tests.unit.claim_values import claim, ref_of, result
+from tests.unit.kubelet_plugin.test_trust import Claims, Namespaces
+from tests.unit.state_child import device_state
+
+
+class NodeKube(KubeClient):
+    """Answers ``GET /api/v1/nodes/<name>`` with :attr:`allocatable`; fails while ``down``."""
+
+    def __init__(self) -> None:
+        super().__init__(Credentials("https://127.0.0.1:9"))
+        self.allocatable: dict[str, str] = {"cpu": "8"}
+        self.down = False
+
+    def send(self, method: str, path: str, **_: object) -> RawAnswer:
+        if self.down:
+            return RawAnswer(503, "Service Unavailable", b'{"message": "etcd down"}')
+        node = {"metadata": {"name": "node-a"}, "status": {"allocatable": self.allocatable}}
+        return RawAnswer(200, "OK", json.dumps(node).encode())
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, str]] = []
+        self.recorded = threading.Event()
+
+    def record(self, obj: ObjectRef, type: EventType, reason: str, message: str) -> None:
+        self.seen.append((obj.kind, type, reason, message))
+        self.recorded.set()
+
+
+def test_a_device_plugin_appearing_later_stops_new_prepares_until_it_goes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    create_state("dgx-h100", tmp_path / "sim.json")
+    ds = device_state(tmp_path, NO_FAULTS)
+    kube, events = NodeKube(), Events()
+    watch = DevicePluginWatch(kube, "node-a", events=events)
+    registry = CollectorRegistry()
+    obj = claim("u1", [result(ds.inventory.gpus[0].name)], name="c-u1")
+    driver = PluginDriver(
+        ds,
+        Claims(obj),
+        Namespaces({"team-a": {}}),
+        events=events,  # type: ignore[arg-type]
+        metrics=Metrics(registry),
+        refusal=watch.refusal,
+    )
+    try:
+        assert watch.check_once() is None and events.seen == []
+
+        kube.allocatable["nvidia.com/gpu"] = "8"  # the NVIDIA device plugin was rolled out
+        conflict = watch.check_once()
+        assert conflict is not None and "status.allocatable[nvidia.com/gpu]=8" in conflict
+        kube.down = True
+        assert watch.check_once() == conflict  # an unreadable node keeps the verdict
+        kube.down = False
+        res = driver.prepare([ref_of(obj)])["u1"]
+        assert res.error.startswith(
+            "claim team-a/c-u1: not prepared on node node-a while a device plugin serves the "
+            "same resources: node node-a: a device plugin advertises "
+            "status.allocatable[nvidia.com/gpu]=8"
+        )
+        assert res.reason == "device-plugin-conflict" and res.devices == ()
+        assert not ds.cdi.path("u1").exists()
+        count = registry.get_sample_value(
+            "tranche_errors_total", {"reason": "device-plugin-conflict"}
+        )
+        assert count == 1
+        kinds = [(kind, type, reason) for kind, type, reason, _ in events.seen]
+        assert kinds == [
+            ("Node", "Warning", CONFLICT_REASON),
+            ("ResourceClaim", "Warning", CONFLICT_REASON),
+        ]
+
+        del kube.allocatable["nvidia.com/gpu"]  # removed again
+        assert watch.check_once() is None
+        assert events.seen[-1][:3] == ("Node", "Normal", RESOLVED_REASON)
+        assert driver.prepare([ref_of(obj)])["u1"].error == ""
+    finally:
+        driver.close()
+        kube.close()
+
+
+def test_the_watch_thread_checks_until_stopped() -> None:
+    kube, events = NodeKube(), Events()
+    kube.allocatable["nvidia.com/mig-1g.10gb"] = "7"
+    watch = DevicePluginWatch(kube, "node-a", events=events, interval_s=0.01)
+    watch.start()
+    try:
+        assert events.recorded.wait(30), "the watch thread never read the node"
+    finally:
+        watch.stop()
+        kube.close()
+    assert watch.refusal() is not None and events.seen[0][2] == CONFLICT_REASON
