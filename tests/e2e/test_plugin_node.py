@@ -312,15 +312,23 @@ def test_metrics_count_prepares_by_mode_and_refusals_by_reason(
     assert 'tranche_prepare_seconds_count{mode="mig"}' not in metrics
 
 
-def test_plugin_waits_for_an_api_server_that_is_down_at_start_instead_of_exiting(
-    cluster: Cluster, make_node: Callable[..., str], tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    relay = TcpRelay(cluster.server)  # down until the test brings it up
+def _down_relay(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[TcpRelay, Path]:
+    """A relay to the API server, down until the test brings it up, and a kubeconfig via it."""
+    relay = TcpRelay(cluster.server)
     kubeconfig = tmp_path_factory.mktemp("kc") / "relay.kubeconfig"
     config = yaml.safe_load(Path(cluster.kubeconfig).read_text())
     for entry in config["clusters"]:
         entry["cluster"]["server"] = relay.url
     kubeconfig.write_text(yaml.safe_dump(config))
+    return relay, kubeconfig
+
+
+def test_plugin_waits_for_an_api_server_that_is_down_at_start_instead_of_exiting(
+    cluster: Cluster, make_node: Callable[..., str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    relay, kubeconfig = _down_relay(cluster, tmp_path_factory)
     name = make_node(f"gpu-wait-{secrets.token_hex(2)}")
     root = Path(tempfile.mkdtemp(prefix="sw", dir="/tmp"))
     node = SimNode(SimNodeConfig(node_name=name, kubeconfig=str(kubeconfig), root=root))
@@ -373,12 +381,7 @@ def test_plugin_is_alive_and_not_ready_while_the_api_server_is_down_at_start(
 ) -> None:
     # The start waits for the API server; a liveness probe that failed meanwhile made the
     # kubelet restart the plugin into the same wait for as long as the outage lasted.
-    relay = TcpRelay(cluster.server)  # down until the test brings it up
-    kubeconfig = tmp_path_factory.mktemp("kc") / "relay.kubeconfig"
-    config = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    for entry in config["clusters"]:
-        entry["cluster"]["server"] = relay.url
-    kubeconfig.write_text(yaml.safe_dump(config))
+    relay, kubeconfig = _down_relay(cluster, tmp_path_factory)
     name = make_node(f"gpu-probe-{secrets.token_hex(2)}")
     root = Path(tempfile.mkdtemp(prefix="sp", dir="/tmp"))
     port = _free_port()
