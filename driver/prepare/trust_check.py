@@ -44,6 +44,7 @@ from driver.trust.policy import (
     Tenancy,
     TrustLevel,
     check_prepare,
+    judge_request,
 )
 
 UNRECORDED_PREFIX = "unrecorded:"
@@ -140,8 +141,21 @@ def check_claim(
 
     ``state`` holds every claim prepared or being prepared on the node; the new
     claim's own record, if any, is ignored. ``device_groups`` and ``dedicated_to``:
-    see :func:`check_placement`, which runs first.
+    see :func:`check_placement`. The claim's own level is judged first (a level that
+    forbids the mechanism is the reason to give, wherever the claim landed), then its
+    placement, then every pair with the other tenants' consumers.
     """
+    news = list(consumers(plan.claim_uid, tenancy, plan, node))
+    for new in news:
+        verdict = judge_request(new.tenancy, new.mechanism)
+        if not verdict.allowed:
+            assert verdict.reason is not None
+            raise ColocationRefused(
+                f"claim {allocation.key}: {verdict.detail}; refused to prepare {new.device}",
+                verdict.reason,
+                tenancy.tenant,
+                None,
+            )
     check_placement(
         allocation,
         plan,
@@ -156,7 +170,7 @@ def check_claim(
         if record.uid != plan.claim_uid and not _same_tenant(record, tenancy)
         for c in consumers(record.uid, recorded_tenancy(record), record.plan, node)
     ]
-    for new in consumers(plan.claim_uid, tenancy, plan, node):
+    for new in news:
         try:
             check_prepare(new, others)
         except ColocationRefused as e:

@@ -301,6 +301,15 @@ def test_executor_refuses_another_groups_share_device_and_a_node_dedicated_to_an
     assert isinstance(refusal, ColocationRefused)
     assert refusal.reason is Reason.OTHER_GROUPS_DEVICE
     assert not (tmp_path / "cdi" / "gpu.tranche.dev-claim_ur.json").exists()
+    # A level that forbids the mechanism is the reason given, wherever the claim landed:
+    # a partitioned tenant never time-slices, whichever group's device it was put on.
+    partitioned = Tenancy("team-p", "parts", TrustLevel.PARTITIONED, None)
+    forced = claim(
+        "up", [result(blue_device, shareID="s-p")], [config(TS)], name="c-up", namespace="team-p"
+    )
+    ds.prepare(forced, ref_of(forced), partitioned, refused.append)
+    assert isinstance(refused[-1], ColocationRefused)
+    assert refused[-1].reason is Reason.LEVEL_FORBIDS_MECHANISM
     blue = Tenancy("team-b", "bluecorp", TrustLevel.SHARED, "blue")
     ok = claim(
         "ub", [result(blue_device, shareID="s-b")], [config(TS)], name="c-ub", namespace="team-b"
