@@ -15,9 +15,10 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from hack.bench import attribution, discovery, health, modes, prepare, report
+from hack.bench import attribution, discovery, health, modes, prepare, regression, report
 from hack.bench.lab import Lab
 from hack.bench.machine import REPO, describe
+from hack.bench.results import ScenarioResult
 
 SCENARIOS: dict[str, ModuleType] = {
     m.NAME: m for m in (discovery, prepare, modes, health, attribution)
@@ -34,6 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "performance.md")
     parser.add_argument(
+        "--summary",
+        type=Path,
+        default=REPO / "docs" / "bench-summary.json",
+        help="headline numbers, compared with the committed file (regressions are reported)",
+    )
+    parser.add_argument(
         "--no-doc", action="store_true", help="print only, leave the document alone"
     )
     args = parser.parse_args(argv)
@@ -47,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine}", flush=True)
     lab: Lab | None = None
     blocks: dict[str, str] = {}
+    results: list[ScenarioResult] = []
     failed = []
     try:
         for scenario in chosen:
@@ -61,13 +69,17 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(scenario.NAME)
                 continue
             print(report.console(result), flush=True)
+            results.append(result)
             blocks[scenario.NAME] = report.markdown(result, command, machine)
     finally:
         if lab is not None:
             lab.close()
+    fresh = regression.summarize(results)
+    print(regression.report(*regression.compare(regression.committed(args.summary, REPO), fresh)))
     if blocks and not args.no_doc:
         report.update_document(args.doc, blocks)
-        print(f"updated {args.doc}: {', '.join(blocks)}")
+        regression.update(args.summary, fresh)
+        print(f"updated {args.doc}, {args.summary.name}: {', '.join(blocks)}")
     if failed:
         print(f"scenarios that failed to run: {', '.join(failed)}", file=sys.stderr)
         return 1

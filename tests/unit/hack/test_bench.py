@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from hack.bench import report
+from hack.bench import regression, report
 from hack.bench.__main__ import SCENARIOS
 from hack.bench.results import Row, ScenarioResult, median, percentile, timing
 
@@ -41,3 +42,45 @@ def test_a_run_rewrites_only_its_own_block(tmp_path: Path) -> None:
     assert text.startswith("# Performance\n\nanalysis stays\n") and text.endswith("\nmore prose\n")
     report.update_document(doc, {"modes": "new block"})
     assert doc.read_text().endswith("<!-- bench:modes -->\nnew block\n<!-- /bench:modes -->\n")
+
+
+def _result(name: str, *rows: Row) -> ScenarioResult:
+    result = ScenarioResult(name, name)
+    for row in rows:
+        result.add(row)
+    return result
+
+
+def test_a_slowdown_beyond_noise_is_reported_and_jitter_is_not(tmp_path: Path) -> None:
+    before = regression.summarize(
+        [
+            _result(
+                "prepare",
+                timing("Prepare", [0.004] * 9),
+                Row("RSS idle", "86.0 MiB"),
+                Row("Unprepare", "p50 1.00 ms, p99 2.00 ms", 9),
+                Row("Slices / devices", "9 / 208"),  # no unit: not compared
+            )
+        ]
+    )
+    after = regression.summarize(
+        [
+            _result(
+                "prepare",
+                timing("Prepare", [0.0062] * 9),  # +55 %
+                Row("RSS idle", "60.0 MiB"),  # -30 %
+                Row("Unprepare", "p50 1.30 ms, p99 2.00 ms", 9),  # +30 % but under 0.5 ms
+                Row("Slices / devices", "9 / 9"),
+            )
+        ]
+    )
+    worse, better = regression.compare(before, after)
+    assert [(c.metric, c.before, c.after) for c in worse] == [("Prepare", 4.0, 6.2)]
+    assert [(c.metric, c.unit) for c in better] == [("RSS idle", "MiB")]
+    text = regression.report(worse, better)
+    assert "REGRESSION prepare: Prepare: 4 ms -> 6.2 ms (+55%" in text
+    # the file keeps the scenarios a run did not touch
+    path = tmp_path / "summary.json"
+    regression.update(path, before | {"discovery": {"x": {"value": 1.0, "unit": "ms"}}})
+    regression.update(path, after)
+    assert set(json.loads(path.read_text())) == {"prepare", "discovery"}
