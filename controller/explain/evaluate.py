@@ -287,7 +287,14 @@ def _trust_refinement(
     if selector is not None and "sharingGroup" in selector:
         groups = sorted({d.attribute("sharingGroup") or "" for d in excluded} - {""})
         if groups:
-            mine = f"; namespace's group: {tenancy.sharing_group}" if tenancy else ""
+            mine = (
+                f"; namespace {tenancy.namespace} is in group {tenancy.sharing_group}"
+                if tenancy and tenancy.sharing_group
+                else f"; namespace {tenancy.namespace} is at trust level {tenancy.level}, "
+                "which has no sharing group"
+                if tenancy
+                else ""
+            )
             return (
                 f"share devices here belong to sharing group(s) {_list(groups, 5)}{mine}",
                 "a share of another sharing group cannot be used; the plugin publishes a "
@@ -624,7 +631,8 @@ def judge_node(claim: Claim, node: str, ctx: Context) -> NodeVerdict:
             False,
             reason,
             otherwise_fits=devices_verdict.fits,
-            rank=(STEPS["combination"], 0.5) if devices_verdict.fits else (0, 0.0),
+            # below every node the pod may use; above those that would not fit anyway
+            rank=(0, 1.0 if devices_verdict.fits else 0.0),
         )
     return devices_verdict
 
@@ -739,9 +747,8 @@ def explain(claim: Claim, ctx: Context, pod: str | None = None, closest: int = 3
             key=lambda g: (-len(g.nodes), g.summary),
         )
     )
-    near = sorted(
-        (v for v in verdicts if not v.fits), key=lambda v: (-v.rank[0], -v.rank[1], v.node)
-    )[:closest]
+    useful = [v for v in verdicts if not v.fits and v.rank != (0, 0.0)]
+    near = sorted(useful, key=lambda v: (-v.rank[0], -v.rank[1], v.node))[:closest]
     return Explanation(
         claim.ref, pod, None, (), len(nodes), fits, groups, tuple(near),
         tuple(claim_warnings(claim, ctx)), requests,

@@ -315,6 +315,7 @@ class Claim:
     constraints: tuple[Constraint, ...]
     allocated_node: str | None = None
     allocated_devices: tuple[str, ...] = ()
+    allocated_drivers: frozenset[str] = frozenset()
 
 
 def _selectors(raw: Sequence[Json], where: str) -> tuple[Selector, ...]:
@@ -385,7 +386,10 @@ def claim_from(obj: Json, ref: str | None = None) -> Claim:
     devices = tuple(
         str(r.get("device")) for r in (allocation.get("devices") or {}).get("results") or []
     )
-    return Claim(ref, ref.split("/")[0], tuple(requests), constraints, node, devices)
+    drivers = frozenset(
+        str(r.get("driver")) for r in (allocation.get("devices") or {}).get("results") or []
+    )
+    return Claim(ref, ref.split("/")[0], tuple(requests), constraints, node, devices, drivers)
 
 
 def _allocated_node(allocation: Json) -> str:

@@ -122,7 +122,9 @@ def read_pod(api: client.ApiClient, ref: str) -> PodClaims:
 
 def ours(claim: Claim, classes: dict[str, Json], driver: str) -> bool:
     """Whether any request of ``claim`` can select devices of ``driver``: its class names
-    the driver, or names no driver at all."""
+    the driver, or names no driver at all; or it is allocated devices of the driver."""
+    if claim.allocated_drivers:
+        return driver in claim.allocated_drivers
     for alternatives in claim.requests:
         for r in alternatives:
             cls = classes.get(r.device_class)

@@ -17,7 +17,21 @@ from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
 from driver.nvml.types import GpuInfo
 from driver.sharing.devices import share_devices
 from driver.sharing.settings import SharingConfig
-from tests.unit.gpu_values import SYSTEM, h100
+from tests.unit.gpu_values import SYSTEM, h100, l4
+
+__all__ = [
+    "A",
+    "C",
+    "allocated",
+    "claim",
+    "cluster",
+    "explain_one",
+    "h100",
+    "l4",
+    "node_slices",
+    "nvlinked",
+    "request",
+]
 
 Json = dict[str, Any]
 DRIVER = DEFAULT_DRIVER_NAME
