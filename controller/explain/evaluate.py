@@ -20,6 +20,7 @@ with counters and constraints), so "fits" means the scheduler would find devices
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -267,12 +268,15 @@ def _counters_fit(device: Device, left: Mapping[CounterKey, Mapping[str, Decimal
     return True
 
 
+_EXCLUDES_DEDICATED = re.compile(r'!\s*\(\s*"dedicatedTo"\s+in\b')
+
+
 def _trust_refinement(
-    excluded: Sequence[Device], tenancy: Tenancy | None, selector: str | None
+    excluded: Sequence[Device], tenancy: Tenancy | None, expression: str
 ) -> tuple[str, str] | None:
-    """(summary, hint) when tenancy attributes are what excluded the devices."""
+    """(summary, hint) when tenancy attributes in ``expression`` excluded the devices."""
     dedicated = sorted({d.attribute("dedicatedTo") or "" for d in excluded} - {""})
-    if dedicated and all(d.attribute("dedicatedTo") for d in excluded):
+    if dedicated and (_EXCLUDES_DEDICATED.search(expression) or "dedicatedTo ==" in expression):
         own = tenancy is not None and tenancy.tenant in dedicated
         if own:
             return (
@@ -284,7 +288,7 @@ def _trust_refinement(
             f"the node's GPUs are dedicated to tenant {_list(dedicated)}",
             "only that tenant can use this node",
         )
-    if selector is not None and "sharingGroup" in selector:
+    if "sharingGroup" in expression:
         groups = sorted({d.attribute("sharingGroup") or "" for d in excluded} - {""})
         if groups:
             mine = (
@@ -348,8 +352,8 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
                 if kind == "class"
                 else f"selector `{short(selector.expression)}`"
             )
-            refined = _trust_refinement(
-                excluded, ctx.tenancy, selector.expression if kind == "selector" else None
+            refined = (
+                _trust_refinement(excluded, ctx.tenancy, selector.expression) if not kept else None
             )
             previous = cur
             cur = kept

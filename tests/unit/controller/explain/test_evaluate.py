@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the tables read best one case a line)
 """Per-node reasons on a small cluster built with the plugin's own slice code: a table of
 user-style claims, each with the node it fits on or the kind of reason it does not."""
 
