@@ -53,7 +53,7 @@ class CelSyntaxError(ValueError):
     """An expression that does not parse or uses an unknown function."""
 
 
-class CelEvalError(ValueError):
+class CelEvalError(Exception):
     """An expression that fails on one device (a missing attribute, a type mismatch)."""
 
 

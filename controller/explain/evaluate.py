@@ -362,12 +362,12 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
             summary = (
                 f"no device matches {where}"
                 if not kept
-                else f"only {len(kept)} device(s) match {where}, the request needs {needed}"
+                else f"too few devices match {where} (the request needs {needed})"
             )
             return fail(
                 kind,
                 summary,
-                f"devices here: {_kinds(previous)}",
+                f"{len(kept)} of the node's devices match; it has {_kinds(previous)}",
                 "relax the selector or choose nodes that have such devices",
                 len(kept),
             )
@@ -423,20 +423,26 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
         holders = usage.holders_of(held)
         multi = any(d.data.allow_multiple_allocations for d in held)
         kind = "capacity" if multi else "allocated"
+        usable = [d for d in free if _charged(d, usage) or _counters_fit(d, usage.counters_left)]
         what = (
             "the capacity of every matching shared device is in use"
             if multi
-            else f"all {len(cur)} matching device(s) allocated"
+            else "all matching devices allocated"
             if not free
-            else f"{len(free)} of {len(cur)} matching device(s) free, the request needs {needed}"
+            else f"too few matching devices free (the request needs {needed})"
+        )
+        count = f"{len(usable)} of {len(cur)} free" + (
+            f" ({len(free) - len(usable)} more blocked by devices on the same GPU)"
+            if len(usable) < len(free)
+            else ""
         )
         cur = free
         return fail(
             kind,
             what,
-            f"held by {_list(holders)}" if holders else "",
+            count + (f"; held by {_list(holders)}" if holders else ""),
             f"fits once {_list(holders)} release their devices" if holders else "",
-            len(free),
+            len(usable),
         )
     cur = free
     # counters: other devices of the same GPU (MIG neighbours, the whole GPU, shares)
@@ -461,9 +467,9 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
             "every matching device overlaps devices other claims hold on the same GPU "
             "(MIG neighbours, the whole GPU or shares)"
             if not counted
-            else f"{len(counted)} matching device(s) fit the GPUs' free counters, "
-            f"the request needs {needed}",
-            f"GPUs {_list(gpus)} held by {_list(neighbours)}",
+            else "too few matching devices fit beside what other claims hold on the same GPUs "
+            f"(the request needs {needed})",
+            f"{len(counted)} fit; GPUs {_list(gpus)} are used by {_list(neighbours)}",
             f"fits once {_list(neighbours)} release their devices, or ask for a profile "
             "that fits the free placements (tranche explain free)",
             len(counted),

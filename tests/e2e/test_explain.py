@@ -15,15 +15,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from controller.explain.cli import explain_objects
+from controller.explain.free import FreeView, free_view
+from controller.explain.model import usage_from
 from controller.explain.read import read_cluster
+from controller.explain.render import render_free
 from driver.cli import main
 from driver.kube.client import api_client
 from kubelet_plugin.publisher import Backoff, Publisher
@@ -198,7 +204,7 @@ def _allocated_node(api: client.ApiClient, namespace: str, name: str) -> str | N
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     capsys.readouterr()
-    rc = main(["explain", *argv])
+    rc = main(list(argv) if argv[0] == "cluster-devices" else ["explain", *argv])
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -325,11 +331,51 @@ def test_explain_agrees_with_the_scheduler(
             assert doc["state"] == "pending" and doc["fitsOn"] == [], doc
     rc, out, _ = _cli(capsys, "pod", f"{namespace}/tainted", "--kubeconfig", cluster.kubeconfig)
     assert rc == 0 and "taint gpu.tranche.dev/xid=79:NoSchedule not tolerated" in out, out
+    rc, text, _ = _cli(capsys, "cluster-devices", "--free", "--kubeconfig", cluster.kubeconfig)
+    assert rc == 0 and "Whole-GPU claims on one node that fit now" in text, text
     rc, out, _ = _cli(capsys, "free", "--kubeconfig", cluster.kubeconfig, "--output", "json")
     assert rc == 0
     free = {n["node"]: n for n in json.loads(out)["nodes"]}
+    _dump_for_docs(capsys, cluster, namespace, nodes)
     assert free[nodes["ded"]]["freeGpus"] == 0  # taken by dedicated-acme
     assert free[nodes["split"]]["largestNvlinkDomain"] <= 3
+
+
+def _dump_for_docs(
+    capsys: pytest.CaptureFixture[str], cluster: Cluster, namespace: str, nodes: dict[str, str]
+) -> None:
+    """With TRANCHE_EXPLAIN_DUMP=DIR, the text answers that docs/pending.md shows, with the
+    test's random names replaced by readable ones."""
+    where = os.environ.get("TRANCHE_EXPLAIN_DUMP")
+    if not where:
+        return
+    with cluster.api_client() as api:
+        claim_body = _claim_body("train-8", [request(count=8)], NVL)
+        client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", claim_body)  # fmt: skip
+        pod = _pod_body("train-8", "")
+        del pod["spec"]["nodeSelector"]
+        client.CoreV1Api(api).create_namespaced_pod(namespace, pod)
+    names = {namespace: "team-a"} | {v: k for k, v in nodes.items() if k != "nowhere"}
+    runs = {
+        "train-8": ("pod", f"{namespace}/train-8"),
+        "tainted": ("pod", f"{namespace}/tainted"),
+        "five-nvlink": ("pod", f"{namespace}/five-nvlink"),
+        "unguarded-profile": ("pod", f"{namespace}/unguarded-profile"),
+        "timeslice-red": ("pod", f"{namespace}/timeslice-red"),
+        "mig-on-held-gpu": ("pod", f"{namespace}/mig-on-held-gpu"),
+    }
+    Path(where).mkdir(parents=True, exist_ok=True)
+    for label, argv in runs.items():
+        _, out, err = _cli(capsys, *argv, "--kubeconfig", cluster.kubeconfig)
+        text = out + err
+        for old, new in sorted(names.items(), key=lambda kv: -len(kv[0])):
+            text = text.replace(old, new)
+        (Path(where) / f"{label}.txt").write_text(text)
+    with api_client(cluster.kubeconfig) as kube:
+        read = read_cluster(kube, DRIVER)
+    view = free_view(read.inventory, usage_from(read.inventory, read.claims))
+    renamed = FreeView(tuple(replace(n, node=names.get(n.node, n.node)) for n in view.nodes))
+    (Path(where) / "free.txt").write_text(render_free(renamed) + "\n")
 
 
 def test_explain_refuses_bad_input(
