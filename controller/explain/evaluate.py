@@ -441,7 +441,7 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
             kind,
             what,
             count + (f"; held by {_list(holders)}" if holders else ""),
-            f"fits once {_list(holders)} release their devices" if holders else "",
+            f"fits when these claims are deallocated: {_list(holders)}" if holders else "",
             len(usable),
         )
     cur = free
@@ -470,7 +470,7 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
             else "too few matching devices fit beside what other claims hold on the same GPUs "
             f"(the request needs {needed})",
             f"{len(counted)} fit; GPUs {_list(gpus)} are used by {_list(neighbours)}",
-            f"fits once {_list(neighbours)} release their devices, or ask for a profile "
+            f"fits when these claims are deallocated: {_list(neighbours)}; or ask for a profile "
             "that fits the free placements (tranche explain free)",
             len(counted),
         )
@@ -684,8 +684,9 @@ def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context)
             "combination",
             ",".join(r.name for r, _, _ in choices),
             "the requests together need more free devices than the node has",
-            "",
-            "",
+            f"needed: {sum(n for _, _, n in choices)}; free: "
+            + str(len({d.key for _, cands, _ in choices for d in cands})),
+            "ask for fewer devices, or merge the requests into one with a larger count",
         )
     return NodeVerdict(node, False, reason, rank=(STEPS[reason.kind], 0.5))
 

@@ -26,10 +26,11 @@ import pytest
 from kubernetes import client
 
 from controller.explain.cli import explain_objects
+from controller.explain.evaluate import Explanation
 from controller.explain.free import FreeView, free_view
 from controller.explain.model import usage_from
 from controller.explain.read import read_cluster
-from controller.explain.render import render_free
+from controller.explain.render import render_explanation, render_free
 from driver.cli import main
 from driver.kube.client import api_client
 from kubelet_plugin.publisher import Backoff, Publisher
@@ -283,6 +284,8 @@ def test_explain_agrees_with_the_scheduler(
             )
     assert not wrong_prediction, "\n".join(wrong_prediction)
 
+    _dump_predictions(predicted, namespace, nodes)
+
     # 3. the pods, and the scheduler's decision on each
     for name, _, _, key, _ in TABLE:
         core.create_namespaced_pod(namespace, _pod_body(name, nodes[key]))
@@ -339,6 +342,26 @@ def test_explain_agrees_with_the_scheduler(
     _dump_for_docs(capsys, cluster, namespace, nodes)
     assert free[nodes["ded"]]["freeGpus"] == 0  # taken by dedicated-acme
     assert free[nodes["split"]]["largestNvlinkDomain"] <= 3
+
+
+def _readable(text: str, namespace: str, nodes: dict[str, str]) -> str:
+    names = {namespace: "team-a"} | {v: k for k, v in nodes.items() if k != "nowhere"}
+    for old, new in sorted(names.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(old, new)
+    return text
+
+
+def _dump_predictions(
+    predicted: dict[str, Explanation], namespace: str, nodes: dict[str, str]
+) -> None:
+    """With TRANCHE_EXPLAIN_DUMP=DIR, what explain said before the pods were created."""
+    where = os.environ.get("TRANCHE_EXPLAIN_DUMP")
+    if not where:
+        return
+    Path(where).mkdir(parents=True, exist_ok=True)
+    for name in ("five-nvlink", "eight-gpus", "l4-two-requests", "timeslice-blue-gpu0"):
+        text = _readable(render_explanation(predicted[name]), namespace, nodes)
+        (Path(where) / f"before-{name}.txt").write_text(text + "\n")
 
 
 def _dump_for_docs(
