@@ -39,15 +39,15 @@ TRUE_FALSE = [
     (f'{C}.memory.compareTo(quantity("80Gi")) >= 0', False),
     (f'{C}.memory.isGreaterThan(quantity("79Gi"))', True),
     (f'{C}.memory.isLessThan(quantity("1Ti"))', True),
-    (f'{C}.multiprocessors.asInteger() == 132', True),
+    (f"{C}.multiprocessors.asInteger() == 132", True),
     (f'{C}.memory.add(quantity("1Mi")).compareTo(quantity("81560Mi")) == 0', True),
     (f'{C}.multiprocessors.sub(quantity("32")).asInteger() == 100', True),
-    (f'{C}.memory.sign() == 1 && {C}.memory.isInteger()', True),
+    (f"{C}.memory.sign() == 1 && {C}.memory.isInteger()", True),
     ('isQuantity("10Gi") && !isQuantity("ten")', True),
     (f'{A}.cudaComputeCapability.isGreaterThan(semver("8.9.0"))', True),
     (f'{A}.cudaComputeCapability.compareTo(semver("9.0.0")) == 0', True),
     (f'{A}.driverVersion.isLessThan(semver("535.0.0"))', False),
-    (f'{A}.driverVersion.major() == 570 && {A}.driverVersion.minor() == 133', True),
+    (f"{A}.driverVersion.major() == 570 && {A}.driverVersion.minor() == 133", True),
     ('semver("1.0.0-rc.1").isLessThan(semver("1.0.0"))', True),
     ('isSemver("1.2.3") && !isSemver("1.2")', True),
     ('semver("v1.2", true) == semver("1.2.0")', True),
@@ -106,5 +106,7 @@ def test_results_are_shared_by_devices_that_differ_only_in_unread_attributes() -
     twin = DeviceData(H100.driver, {**H100.attributes, "uuid": {"string": "GPU-2"}}, H100.capacity)
     assert selector.matches(H100) and selector.matches(twin)
     assert len(selector._cache) == 2  # the set of attribute names differs, values do not count
-    assert selector.matches(DeviceData(H100.driver, {**H100.attributes, "uuid": {"string": "GPU-3"}}, H100.capacity))
+    assert selector.matches(
+        DeviceData(H100.driver, {**H100.attributes, "uuid": {"string": "GPU-3"}}, H100.capacity)
+    )
     assert len(selector._cache) == 2

@@ -39,7 +39,9 @@ def test_free_gpus_domains_and_placements() -> None:
     ]
     text = render_free(view)
     assert "gpu-00000000: 1g.10gbx4" in text
-    assert "Whole-GPU claims on one node that fit now: 1 GPU: 14 (14 within one NVLink domain)" in text
+    assert (
+        "Whole-GPU claims on one node that fit now: 1 GPU: 14 (14 within one NVLink domain)" in text
+    )
 
 
 def test_gpu_with_only_mig_slots() -> None:
