@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 
 from controller.explain.evaluate import Context, Explanation, explain
 from controller.explain.free import free_view
@@ -24,12 +25,13 @@ from controller.explain.read import (
     read_cluster,
     read_pod,
 )
+from controller.explain.recommend import recommend
 from controller.explain.render import render_explanation, render_free
 from controller.kube_client import Json, add_kubeconfig_flag
 from driver.cli import Command
 from driver.devices.slices import DEFAULT_DRIVER_NAME as DEFAULT_DRIVER
 from driver.errors import TrancheError
-from driver.flags import add_flag
+from driver.flags import add_flag, add_switch
 from driver.kube.client import api_client
 from driver.trust.policy import resolve_namespace
 
@@ -44,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     )
     add_flag(parser, "--output", "text or json", default="text", choices=("text", "json"), env=env)
     add_flag(parser, "--node", "free: only this node", env=env)
+    add_switch(
+        parser,
+        "--recommend",
+        "also try one change at a time (smaller count, no matchAttribute, another MIG profile, "
+        "a selector less, a toleration, no nodeSelector) and list those that fit now",
+        env=env,
+    )
     add_kubeconfig_flag(parser, env)
 
 
@@ -54,6 +63,7 @@ def explain_objects(
     *,
     pod: Json | None = None,
     ns_labels: Mapping[str, str] | None = None,
+    recommendations: bool = False,
 ) -> list[Explanation]:
     """Pure: the explanations of ``claims`` (display ref, object) against ``cluster``."""
     pod_ref = None
@@ -82,7 +92,10 @@ def explain_objects(
             node_selector=selector,
             tenancy=tenancy,
         )
-        out.append(explain(claim, ctx, pod=pod_ref))
+        e = explain(claim, ctx, pod=pod_ref)
+        if recommendations and e.state == "pending":
+            e = replace(e, recommendations=tuple(recommend(claim, ctx)))
+        out.append(e)
     return out
 
 
@@ -117,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             args.driver_name,
             pod=pod,
             ns_labels=namespace_labels(api, namespace),
+            recommendations=args.recommend,
         )
     except ExplainError as e:
         print(f"{PROG}: {e}", file=sys.stderr)

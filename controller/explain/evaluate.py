@@ -91,6 +91,14 @@ class Group:
 
 
 @dataclass(frozen=True)
+class Recommendation:
+    """One change to the claim (``--recommend``) and the nodes it would then fit on now."""
+
+    change: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Explanation:
     claim: str
     pod: str | None
@@ -102,6 +110,7 @@ class Explanation:
     closest: tuple[NodeVerdict, ...]
     warnings: tuple[str, ...]
     requests: tuple[str, ...]
+    recommendations: tuple[Recommendation, ...] = ()
 
     @property
     def state(self) -> str:
@@ -140,6 +149,9 @@ class Explanation:
                 for v in self.closest
             ],
             "warnings": list(self.warnings),
+            "recommendations": [
+                {"change": r.change, "nodes": list(r.nodes)} for r in self.recommendations
+            ],
         }
 
 

@@ -54,6 +54,10 @@ def render_explanation(e: Explanation, max_groups: int = 8) -> str:
             lines.append(f"  {v.node}: {v.reason.summary}{detail}")
             if v.reason.hint:
                 lines.append(f"    to fit: {v.reason.hint}")
+    if e.recommendations:
+        lines.append("Would fit now with one change:")
+        for rec in e.recommendations:
+            lines.append(f"  {rec.change}: on {len(rec.nodes)} node(s) ({_nodes(rec.nodes)})")
     return "\n".join(lines)
 
 

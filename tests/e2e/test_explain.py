@@ -340,6 +340,21 @@ def test_explain_agrees_with_the_scheduler(
     assert rc == 0
     free = {n["node"]: n for n in json.loads(out)["nodes"]}
     _dump_for_docs(capsys, cluster, namespace, nodes)
+
+    # 5. --recommend: the count it proposes for five-nvlink is one the scheduler allocates
+    with api_client(cluster.kubeconfig) as kube:
+        read = read_cluster(kube, DRIVER)
+    obj = custom.get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "resourceclaims", "five-nvlink"
+    )
+    pod = {"metadata": {"namespace": namespace, "name": "five-nvlink"}, "spec": {"nodeSelector": {NODE_LABEL: nodes["split"]}}}  # fmt: skip
+    (e,) = explain_objects(read, [(f"{namespace}/five-nvlink", obj)], DRIVER, pod=pod, recommendations=True)  # fmt: skip
+    counts = [r for r in e.recommendations if r.change.startswith("request gpu: count ")]
+    assert counts and counts[0].nodes == (nodes["split"],), e.recommendations
+    fixed = int(counts[0].change.split()[3])
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", _claim_body("fixed", [request(count=fixed)], NVL))  # fmt: skip
+    core.create_namespaced_pod(namespace, _pod_body("fixed", nodes["split"]))
+    assert wait_for("the recommended claim allocated", lambda: _allocated_node(api, namespace, "fixed")) == nodes["split"]  # fmt: skip
     assert free[nodes["ded"]]["freeGpus"] == 0  # taken by dedicated-acme
     assert free[nodes["split"]]["largestNvlinkDomain"] <= 3
 
@@ -382,7 +397,7 @@ def _dump_for_docs(
     runs = {
         "train-8": ("pod", f"{namespace}/train-8"),
         "tainted": ("pod", f"{namespace}/tainted"),
-        "five-nvlink": ("pod", f"{namespace}/five-nvlink"),
+        "five-nvlink": ("pod", f"{namespace}/five-nvlink", "--recommend"),
         "unguarded-profile": ("pod", f"{namespace}/unguarded-profile"),
         "timeslice-red": ("pod", f"{namespace}/timeslice-red"),
         "mig-on-held-gpu": ("pod", f"{namespace}/mig-on-held-gpu"),

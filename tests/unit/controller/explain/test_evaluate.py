@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from controller.explain.cli import explain_objects
 from controller.explain.model import ExplainError
 from controller.explain.read import ClusterRead
 from controller.explain.render import render_explanation
@@ -182,3 +183,39 @@ def test_bad_input_is_a_clear_message(obj: dict[str, Any], message: str) -> None
     with pytest.raises(ExplainError, match=None) as got:
         explain_one(WORLD, obj)
     assert message in str(got.value)
+
+
+RECOMMEND = [
+    ("eight-one-taken", ["request gpu: count 7 instead of 8"]),
+    ("five-nvlink", ["request gpu: count 4 instead of 5", "without matchAttribute gpu.tranche.dev/nvlinkDomain", "without the pod's nodeSelector"]),
+    ("tainted", ["tolerating taint gpu.tranche.dev/xid:NoSchedule", "tolerating taint example.com/maintenance:NoExecute"]),
+    ("mig-on-full-gpu", ['request gpu: without selector `device.attributes["gpu.tranche.dev"].profile == "1g.10gb"']),
+    ("guarded-profile", ["request gpu: without selector"]),
+    ("timeslice-red", []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "changes"), RECOMMEND, ids=[r[0] for r in RECOMMEND])
+def test_recommendations_fit(case: str, changes: list[str]) -> None:
+    _, body, node, _ = next(c for c in CASES if c[0] == case)
+    obj = claim("c", *body["requests"], match_attribute=body.get("match"))
+    pod = {"metadata": {"namespace": "team", "name": "p"}, "spec": {"nodeSelector": {"node": node}}}
+    (e,) = explain_objects(
+        WORLD, [("team/c", obj)], DEFAULT_DRIVER_NAME, pod=pod, recommendations=True
+    )
+    got = [r.change for r in e.recommendations]
+    for want in changes:
+        assert any(g.startswith(want) for g in got), got
+    if not changes:
+        assert all("nodeSelector" in g for g in got), got
+    assert "Would fit now with one change:" in render_explanation(e) or not got
+
+
+def test_mig_profile_recommendation_keeps_the_gpu_pin() -> None:
+    held = [allocated("other", "mig", "dgx", ["gpu-00000001-mig-4g40gb-0"])]
+    world = cluster(node_slices("dgx", nvlinked(2, 2)), held)
+    gpu1 = h100(1).uuid
+    obj = claim("c", request(MIG, [_mig("4g.40gb", gpu1)]))
+    (e,) = explain_objects(world, [("team/c", obj)], DEFAULT_DRIVER_NAME, recommendations=True)
+    profiles = [r.change for r in e.recommendations if "MIG profile" in r.change]
+    assert profiles == ["request gpu: MIG profile 3g.40gb", "request gpu: MIG profile 2g.20gb"]
