@@ -205,7 +205,7 @@ def _allocated_node(api: client.ApiClient, namespace: str, name: str) -> str | N
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     capsys.readouterr()
-    rc = main(list(argv) if argv[0] == "cluster-devices" else ["explain", *argv])
+    rc = main(list(argv) if argv[0] in ("devices", "cluster-devices") else ["explain", *argv])
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -334,8 +334,9 @@ def test_explain_agrees_with_the_scheduler(
             assert doc["state"] == "pending" and doc["fitsOn"] == [], doc
     rc, out, _ = _cli(capsys, "pod", f"{namespace}/tainted", "--kubeconfig", cluster.kubeconfig)
     assert rc == 0 and "taint gpu.tranche.dev/xid=79:NoSchedule not tolerated" in out, out
-    rc, text, _ = _cli(capsys, "cluster-devices", "--free", "--kubeconfig", cluster.kubeconfig)
-    assert rc == 0 and "Whole-GPU claims on one node that fit now" in text, text
+    for argv in (("cluster-devices", "--free"), ("devices", "--cluster", "--free")):
+        rc, text, _ = _cli(capsys, *argv, "--kubeconfig", cluster.kubeconfig)
+        assert rc == 0 and "Whole-GPU claims on one node that fit now" in text, text
     rc, out, _ = _cli(capsys, "free", "--kubeconfig", cluster.kubeconfig, "--output", "json")
     assert rc == 0
     free = {n["node"]: n for n in json.loads(out)["nodes"]}
