@@ -68,10 +68,14 @@ def explain_objects(
     """Pure: the explanations of ``claims`` (display ref, object) against ``cluster``."""
     pod_ref = None
     selector: dict[str, str] = {}
+    terms: list[Json] = []
     if pod is not None:
         meta = pod["metadata"]
         pod_ref = f"{meta['namespace']}/{meta['name']}"
         selector = dict((pod.get("spec") or {}).get("nodeSelector") or {})
+        affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+        required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+        terms = list(required.get("nodeSelectorTerms") or [])
     parsed = [claim_from(obj, ref) for ref, obj in claims]
     mine = [c for c in parsed if ours(c, cluster.classes, driver)]
     if not mine:
@@ -90,6 +94,7 @@ def explain_objects(
             classes=cluster.classes,
             node_labels=cluster.node_labels,
             node_selector=selector,
+            node_terms=terms,
             tenancy=tenancy,
         )
         e = explain(claim, ctx, pod=pod_ref)

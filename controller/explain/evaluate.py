@@ -164,6 +164,8 @@ class Context:
     classes: Mapping[str, Json]
     node_labels: Mapping[str, Mapping[str, str]]
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    # the pod's required node affinity: nodeSelectorTerms, any of which must match
+    node_terms: Sequence[Json] = ()
     tenancy: Tenancy | None = None
     _class_selectors: dict[str, tuple[Selector, ...]] = field(default_factory=dict)
 
@@ -634,17 +636,51 @@ def _node_labels_match(labels: Mapping[str, str], selector: Mapping[str, str]) -
     return [f"{k}={v}" for k, v in sorted(selector.items()) if labels.get(k) != v]
 
 
+def _requirement(req: Json, value: str | None) -> bool:
+    op, values = req.get("operator"), [str(v) for v in req.get("values") or []]
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and values:
+        try:
+            a, b = int(value), int(values[0])
+        except ValueError:
+            return False
+        return a > b if op == "Gt" else a < b
+    return False
+
+
+def term_matches(term: Json, node: str, labels: Mapping[str, str]) -> bool:
+    """One nodeSelectorTerm: every matchExpression and matchField holds."""
+    exprs = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not exprs and not fields:
+        return False  # an empty term matches no node
+    return all(_requirement(r, labels.get(str(r.get("key")))) for r in exprs) and all(
+        _requirement(r, node if r.get("key") == "metadata.name" else None) for r in fields
+    )
+
+
 def judge_node(claim: Claim, node: str, ctx: Context) -> NodeVerdict:
     devices = ctx.inventory.on(node)
-    missing = _node_labels_match(ctx.node_labels.get(node, {}), ctx.node_selector)
+    labels = ctx.node_labels.get(node, {})
+    lacking = _node_labels_match(labels, ctx.node_selector)
+    missing = [f"node lacks label(s) {', '.join(lacking)}"] if lacking else []
+    if ctx.node_terms and not any(term_matches(t, node, labels) for t in ctx.node_terms):
+        missing.append("no required nodeAffinity term matches the node")
     devices_verdict = _judge_devices(claim, node, devices, ctx)
     if missing:
         reason = Reason(
             "node-selector",
             "*",
-            "the pod's nodeSelector excludes the node",
-            f"node lacks label(s) {', '.join(missing)}",
-            "its devices would fit if the pod's nodeSelector allowed the node"
+            "the pod's nodeSelector or node affinity excludes the node",
+            "; ".join(missing),
+            "its devices would fit if the pod's nodeSelector or affinity allowed the node"
             if devices_verdict.fits
             else "",
         )

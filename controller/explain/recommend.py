@@ -138,8 +138,12 @@ def candidates(claim: Claim, ctx: Context) -> Iterator[tuple[str, Claim | None, 
             tolerated,
             None,
         )
-    if ctx.node_selector:
-        yield ("without the pod's nodeSelector", None, replace(ctx, node_selector={}))
+    if ctx.node_selector or ctx.node_terms:
+        yield (
+            "without the pod's nodeSelector and node affinity",
+            None,
+            replace(ctx, node_selector={}, node_terms=()),
+        )
 
 
 def recommend(claim: Claim, ctx: Context) -> list[Recommendation]:

@@ -143,8 +143,10 @@ TABLE: list[tuple[str, list[Obj], str | None, str, str]] = [
     ("dedicated-acme", [request(DED, [f'{A}.dedicatedTo == "acme"'])], None, "ded", "fits"),
     ("whole-on-dedicated", [request()], None, "ded", "trust"),
     ("two-dedicated", [request(DED, [f'{A}.dedicatedTo == "acme"'], count=2)], None, "ded", "class"),
-    # a nodeSelector no node matches
+    # a nodeSelector, or a required node affinity, that no node matches; and one that does
     ("no-such-node", [request()], None, "nowhere", "node-selector"),
+    ("affinity-nowhere", [request()], None, "affinity:nowhere", "node-selector"),
+    ("affinity-split", [request()], None, "affinity:split", "fits"),
 ]  # fmt: skip
 
 
@@ -170,16 +172,25 @@ def _claim_body(name: str, requests: Sequence[Obj], match: str | None) -> Obj:
             "metadata": {"name": name}, "spec": {"devices": devices}}  # fmt: skip
 
 
-def _pod_body(name: str, node: str) -> Any:  # a V1Pod to the client's stubs
-    return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {NODE_LABEL: node},
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            "containers": [{"name": "c", "image": PAUSE, "resources": {"claims": [{"name": "gpu"}]}}],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }  # fmt: skip
+def _pod_body(name: str, node: str, affinity: bool = False) -> Any:  # a V1Pod to the stubs
+    """A pod of claim ``name`` that may only land on ``node``: by nodeSelector, or with
+    ``affinity`` by a required node affinity term."""
+    spec: Obj = {
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+        "containers": [{"name": "c", "image": PAUSE, "resources": {"claims": [{"name": "gpu"}]}}],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if affinity:
+        term = {"matchExpressions": [{"key": NODE_LABEL, "operator": "In", "values": [node]}]}
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}  # fmt: skip
+    else:
+        spec["nodeSelector"] = {NODE_LABEL: node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def _target(key: str) -> tuple[str, bool]:
+    """``split`` (nodeSelector) or ``affinity:split`` (node affinity)."""
+    return (key.split(":", 1)[1], True) if key.startswith("affinity:") else (key, False)
 
 
 def _decided(api: client.ApiClient, namespace: str, name: str) -> tuple[str, str] | None:
@@ -228,7 +239,8 @@ def nodes(
             "spec": {"deviceSelector": {"driver": DRIVER, "pool": names["taint"], "device": "gpu-00000001"},
                      "taint": {"key": "example.com/maintenance", "effect": "NoExecute"}}})  # fmt: skip
         try:
-            yield names | {"nowhere": f"nowhere-{token}"}
+            plain = names | {"nowhere": f"nowhere-{token}"}
+            yield plain | {f"affinity:{k}": v for k, v in plain.items()}
         finally:
             with contextlib.suppress(client.ApiException):
                 custom.delete_cluster_custom_object(GROUP, VERSION, "devicetaintrules", rule)
@@ -261,7 +273,8 @@ def test_explain_agrees_with_the_scheduler(
             obj: Any = custom.get_namespaced_custom_object(
                 GROUP, VERSION, namespace, "resourceclaims", name
             )
-            pod = {"metadata": {"namespace": namespace, "name": name}, "spec": {"nodeSelector": {NODE_LABEL: nodes[key]}}}  # fmt: skip
+            node, affinity = _target(key)
+            pod = _pod_body(name, nodes[node], affinity) | {"metadata": {"namespace": namespace, "name": name}}  # fmt: skip
             (e,) = explain_objects(
                 read, [(f"{namespace}/{name}", obj)], DRIVER, pod=pod, ns_labels={}
             )
@@ -288,7 +301,8 @@ def test_explain_agrees_with_the_scheduler(
 
     # 3. the pods, and the scheduler's decision on each
     for name, _, _, key, _ in TABLE:
-        core.create_namespaced_pod(namespace, _pod_body(name, nodes[key]))
+        node, affinity = _target(key)
+        core.create_namespaced_pod(namespace, _pod_body(name, nodes[node], affinity))
 
     def all_decided() -> dict[str, tuple[str, str]] | None:
         got = {n: d for n, *_ in TABLE if (d := _decided(api, namespace, n)) is not None}
@@ -361,7 +375,9 @@ def test_explain_agrees_with_the_scheduler(
 
 
 def _readable(text: str, namespace: str, nodes: dict[str, str]) -> str:
-    names = {namespace: "team-a"} | {v: k for k, v in nodes.items() if k != "nowhere"}
+    names = {namespace: "team-a"} | {
+        v: k for k, v in nodes.items() if k != "nowhere" and ":" not in k
+    }
     for old, new in sorted(names.items(), key=lambda kv: -len(kv[0])):
         text = text.replace(old, new)
     return text
@@ -394,7 +410,9 @@ def _dump_for_docs(
         pod = _pod_body("train-8", "")
         del pod["spec"]["nodeSelector"]
         client.CoreV1Api(api).create_namespaced_pod(namespace, pod)
-    names = {namespace: "team-a"} | {v: k for k, v in nodes.items() if k != "nowhere"}
+    names = {namespace: "team-a"} | {
+        v: k for k, v in nodes.items() if k != "nowhere" and ":" not in k
+    }
     runs = {
         "train-8": ("pod", f"{namespace}/train-8"),
         "tainted": ("pod", f"{namespace}/tainted"),

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from controller.explain.cli import explain_objects
+from controller.explain.evaluate import term_matches
 from controller.explain.model import ExplainError
 from controller.explain.read import ClusterRead
 from controller.explain.render import render_explanation
@@ -187,7 +188,7 @@ def test_bad_input_is_a_clear_message(obj: dict[str, Any], message: str) -> None
 
 RECOMMEND = [
     ("eight-one-taken", ["request gpu: count 7 instead of 8"]),
-    ("five-nvlink", ["request gpu: count 4 instead of 5", "without matchAttribute gpu.tranche.dev/nvlinkDomain", "without the pod's nodeSelector"]),
+    ("five-nvlink", ["request gpu: count 4 instead of 5", "without matchAttribute gpu.tranche.dev/nvlinkDomain", "without the pod's nodeSelector and node affinity"]),
     ("tainted", ["tolerating taint gpu.tranche.dev/xid:NoSchedule", "tolerating taint example.com/maintenance:NoExecute"]),
     ("mig-on-full-gpu", ['request gpu: without selector `device.attributes["gpu.tranche.dev"].profile == "1g.10gb"']),
     ("guarded-profile", ["request gpu: without selector"]),
@@ -219,3 +220,37 @@ def test_mig_profile_recommendation_keeps_the_gpu_pin() -> None:
     (e,) = explain_objects(world, [("team/c", obj)], DEFAULT_DRIVER_NAME, recommendations=True)
     profiles = [r.change for r in e.recommendations if "MIG profile" in r.change]
     assert profiles == ["request gpu: MIG profile 3g.40gb", "request gpu: MIG profile 2g.20gb"]
+
+
+def _expr(key: str, op: str, *values: str) -> dict[str, Any]:
+    return {"key": key, "operator": op, **({"values": list(values)} if values else {})}
+
+
+AFFINITY = [
+    ({"matchExpressions": [_expr("node", "In", "dgx", "l4")]}, True),
+    ({"matchExpressions": [_expr("node", "NotIn", "dgx")]}, False),
+    ({"matchExpressions": [_expr("gpus", "Exists")]}, True),
+    ({"matchExpressions": [_expr("gpus", "DoesNotExist")]}, False),
+    ({"matchExpressions": [_expr("gpus", "Gt", "7")]}, True),
+    ({"matchExpressions": [_expr("gpus", "Lt", "8")]}, False),
+    ({"matchExpressions": [_expr("node", "In", "dgx"), _expr("gpus", "Lt", "4")]}, False),
+    ({"matchFields": [_expr("metadata.name", "In", "dgx")]}, True),
+    ({}, False),  # an empty term matches nothing
+]
+
+
+@pytest.mark.parametrize(("term", "expected"), AFFINITY)
+def test_node_affinity_terms(term: dict[str, Any], expected: bool) -> None:
+    assert term_matches(term, "dgx", {"node": "dgx", "gpus": "8"}) is expected
+
+
+def test_required_node_affinity_limits_the_nodes() -> None:
+    terms = [{"matchExpressions": [_expr("node", "In", "split")]}]
+    pod = {
+        "metadata": {"namespace": "team", "name": "p"},
+        "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}},
+    }  # fmt: skip
+    (e,) = explain_objects(WORLD, [("team/c", claim("c"))], DEFAULT_DRIVER_NAME, pod=pod)
+    assert e.fits == ("split",)
+    (group,) = [g for g in e.groups if g.kind == "node-selector"]
+    assert len(group.nodes) == 5
