@@ -370,6 +370,29 @@ def test_explain_agrees_with_the_scheduler(
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", _claim_body("fixed", [request(count=fixed)], NVL))  # fmt: skip
     core.create_namespaced_pod(namespace, _pod_body("fixed", nodes["split"]))
     assert wait_for("the recommended claim allocated", lambda: _allocated_node(api, namespace, "fixed")) == nodes["split"]  # fmt: skip
+
+    # 6. a pod whose claim comes from a ResourceClaimTemplate: explained through the claim
+    # the resource claim controller generated (pod.status.resourceClaimStatuses)
+    template = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaimTemplate", "metadata": {"name": "eight"},
+                "spec": {"spec": _claim_body("x", [request(count=8)], NVL)["spec"]}}  # fmt: skip
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaimtemplates", template)  # fmt: skip
+    from_template = _pod_body("from-template", nodes["split"])
+    from_template["spec"]["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimTemplateName": "eight"}
+    ]
+    core.create_namespaced_pod(namespace, from_template)
+    wait_for("the template pod refused", lambda: _decided(api, namespace, "from-template"))
+
+    def generated() -> str | None:
+        p = core.read_namespaced_pod("from-template", namespace)
+        statuses = (p.status.resource_claim_statuses if p.status else None) or []
+        return next((str(s.resource_claim_name) for s in statuses if s.resource_claim_name), None)
+
+    claim_name = wait_for("the generated claim's name in the pod status", generated)
+    rc, out, err = _cli(capsys, "pod", f"{namespace}/from-template", *flags)
+    assert rc == 0, err
+    (doc,) = json.loads(out)
+    assert doc["claim"] == f"{namespace}/{claim_name}" and doc["state"] == "pending", doc
     assert free[nodes["ded"]]["freeGpus"] == 0  # taken by dedicated-acme
     assert free[nodes["split"]]["largestNvlinkDomain"] <= 3
 
@@ -449,6 +472,9 @@ def test_explain_refuses_bad_input(
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"},
             "spec": {"containers": [{"name": "c", "image": PAUSE}]}}  # fmt: skip
         client.CoreV1Api(api).create_namespaced_pod(namespace, plain)
+        lost = _pod_body("lost-template", "nowhere")
+        lost["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "nosuch"}]
+        client.CoreV1Api(api).create_namespaced_pod(namespace, lost)
         k = ("--kubeconfig", cluster.kubeconfig)
         cases = [
             (("pod", f"{namespace}/nosuch"), f"pod {namespace}/nosuch does not exist"),
@@ -458,6 +484,7 @@ def test_explain_refuses_bad_input(
                 f"claim {namespace}/nic requests no devices of driver {DRIVER}",
             ),
             (("claim", "no-namespace"), "give it as NAMESPACE/NAME"),
+            (("pod", f"{namespace}/lost-template"), "uses ResourceClaimTemplate"),
             (("claim",), "give the claim as NAMESPACE/NAME"),
         ]
         for argv, message in cases:
