@@ -324,6 +324,14 @@ _KNOWN = (
 )
 
 
+def _frozen(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
 class _Domains(ct.MapType):
     """``device.attributes`` / ``device.capacity``: an unknown domain is an empty map."""
 
@@ -406,14 +414,6 @@ _CALLS = re.compile(r"\.?\b([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 _MACROS = re.compile(r"\.\s*(exists|exists_one|all|map|filter)\s*\(")
 
 
-def _frozen(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
-    if isinstance(value, list | tuple):
-        return tuple(_frozen(v) for v in value)
-    return value
-
-
 @dataclass(frozen=True)
 class Selector:
     """One compiled CEL selector. Results are cached by what the expression can read of a
@@ -423,20 +423,31 @@ class Selector:
     expression: str
     program: Any
     _cache: dict[Any, bool | str] = field(default_factory=dict, compare=False, repr=False)
+    _names: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+
+    def _keep(self, name: str) -> bool:
+        kept = self._names.get(name)
+        if kept is None:
+            kept = bool(_MACROS.search(self.expression)) or (
+                name.rsplit("/", 1)[-1] in self.expression
+            )
+            self._names[name] = kept
+        return kept
 
     def _key(self, device: DeviceData) -> Any:
-        whole = bool(_MACROS.search(self.expression))
-
-        def keep(name: str) -> bool:
-            return whole or name.rsplit("/", 1)[-1] in self.expression
-
+        keep = self._keep
         return (
             device.driver,
             device.allow_multiple_allocations,
-            _frozen({k: v for k, v in device.attributes.items() if keep(k)}),
-            _frozen({k: v for k, v in device.capacity.items() if keep(k)}),
+            tuple((k, _frozen(v)) for k, v in device.attributes.items() if keep(k)),
+            # CEL sees a capacity's value only, never its request policy
+            tuple(
+                (k, v.get("value") if isinstance(v, Mapping) else v)
+                for k, v in device.capacity.items()
+                if keep(k)
+            ),
             # which names exist matters to `in` and has(): keep them all
-            tuple(sorted(device.attributes)),
+            tuple(device.attributes),
         )
 
     def matches(self, device: DeviceData) -> bool:
