@@ -475,6 +475,24 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
                 for h in usage.holders.get(d.key, ())
             }
         )
+        on_node = ctx.inventory.on(blocked[0].node)
+        free_slots = Counter(
+            (d.gpu, d.attribute("profile") or "?")
+            for d in on_node
+            if d.type == "mig"
+            and (d.pool, d.gpu) in places
+            and "+me" not in (d.attribute("profile") or "")
+            and d.key not in usage.exclusive
+            and _counters_fit(d, left)
+        )
+        slots = "; ".join(
+            f"{g}: "
+            + (
+                " ".join(f"{p}x{n}" for (gg, p), n in sorted(free_slots.items()) if gg == g)
+                or "none"
+            )
+            for g in gpus[:2]
+        )
         cur = counted
         return fail(
             "counters",
@@ -483,7 +501,8 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
             if not counted
             else "too few matching devices fit beside what other claims hold on the same GPUs "
             f"(the request needs {needed})",
-            f"{len(counted)} fit; GPUs {_list(gpus)} are used by {_list(neighbours)}",
+            f"{len(counted)} fit; GPUs {_list(gpus)} are used by {_list(neighbours)}"
+            + (f"; free MIG placements {slots}" if any(d.type == "mig" for d in blocked) else ""),
             f"fits when these claims are deallocated: {_list(neighbours)}; or ask for a profile "
             "that fits the free placements (tranche explain free)",
             len(counted),

@@ -254,3 +254,20 @@ def test_required_node_affinity_limits_the_nodes() -> None:
     assert e.fits == ("split",)
     (group,) = [g for g in e.groups if g.kind == "node-selector"]
     assert len(group.nodes) == 5
+
+
+def test_counters_name_the_neighbours_and_the_free_placements() -> None:
+    held = [
+        allocated("other", "mig", "dgx", ["gpu-00000000-mig-4g40gb-0"]),
+        allocated("other", "mig2", "dgx", ["gpu-00000000-mig-2g20gb-4"]),
+    ]
+    world = cluster(node_slices("dgx", [h100(0)]), held)
+    (e,) = explain_objects(
+        world, [("team/c", claim("c", request(MIG, [_mig("3g.40gb")])))], DEFAULT_DRIVER_NAME
+    )
+    (near,) = e.closest
+    assert near.reason is not None and near.reason.kind == "counters"
+    assert near.reason.detail == (
+        "0 fit; GPUs gpu-00000000 are used by other/mig, other/mig2; "
+        "free MIG placements gpu-00000000: 1g.10gbx1 1g.20gbx1"
+    )
