@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 
-from controller.explain.evaluate import Context, Explanation, explain
+from controller.explain.evaluate import Context, Explanation, explain, fit_together
 from controller.explain.free import free_view
 from controller.explain.model import ExplainError, claim_from, usage_from
 from controller.explain.read import (
@@ -101,6 +101,19 @@ def explain_objects(
         if recommendations and e.state == "pending":
             e = replace(e, recommendations=tuple(recommend(claim, ctx)))
         out.append(e)
+    pending = [c for c in mine if not c.allocated_node]
+    if pod_ref is not None and len(mine) > 1 and pending:
+        ctx = Context(
+            inventory=cluster.inventory,
+            usage=usage_from(cluster.inventory, cluster.claims),
+            classes=cluster.classes,
+            node_labels=cluster.node_labels,
+            node_selector=selector,
+            node_terms=terms,
+        )
+        placed = {c.allocated_node for c in mine if c.allocated_node}
+        together = fit_together(pending, placed, ctx, pod_ref)
+        out = [e if e.state == "allocated" else replace(e, together=together) for e in out]
     return out
 
 

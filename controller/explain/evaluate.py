@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -111,6 +111,8 @@ class Explanation:
     warnings: tuple[str, ...]
     requests: tuple[str, ...]
     recommendations: tuple[Recommendation, ...] = ()
+    # for a pod with several claims: the nodes where all of them fit at once (None: one claim)
+    together: tuple[str, ...] | None = None
 
     @property
     def state(self) -> str:
@@ -149,6 +151,7 @@ class Explanation:
                 for v in self.closest
             ],
             "warnings": list(self.warnings),
+            "fitsTogetherWithPodClaims": None if self.together is None else list(self.together),
             "recommendations": [
                 {"change": r.change, "nodes": list(r.nodes)} for r in self.recommendations
             ],
@@ -831,3 +834,30 @@ def explain(claim: Claim, ctx: Context, pod: str | None = None, closest: int = 3
         claim.ref, pod, None, (), len(nodes), fits, groups, tuple(near),
         tuple(claim_warnings(claim, ctx)), requests,
     )  # fmt: skip
+
+
+def merge(claims: Sequence[Claim], ref: str) -> Claim:
+    """One claim with the requests and constraints of all ``claims`` (request names prefixed
+    with the claim's index), as the scheduler must satisfy a pod's claims on one node."""
+    requests: list[tuple[Request, ...]] = []
+    constraints: list[Constraint] = []
+    for i, claim in enumerate(claims):
+        prefix = f"{i}:"
+        names = []
+        for alternatives in claim.requests:
+            requests.append(tuple(replace(r, name=prefix + r.name) for r in alternatives))
+            names.append(prefix + alternatives[0].name.split("/")[0])
+        for c in claim.constraints:
+            covered = tuple(prefix + n for n in c.requests) if c.requests else tuple(names)
+            constraints.append(Constraint(covered, c.match_attribute))
+    return Claim(ref, claims[0].namespace, tuple(requests), tuple(constraints))
+
+
+def fit_together(
+    pending: Sequence[Claim], allocated_nodes: set[str], ctx: Context, ref: str
+) -> tuple[str, ...]:
+    """Nodes where every pending claim of a pod fits at once, on the node of its allocated
+    claims if it has any."""
+    merged = merge(pending, ref)
+    nodes = [n for n in ctx.inventory.nodes if not allocated_nodes or n in allocated_nodes]
+    return tuple(n for n in nodes if judge_node(merged, n, ctx).fits)

@@ -28,6 +28,12 @@ def render_explanation(e: Explanation, max_groups: int = 8) -> str:
             lines.append(f"  fits on: {_nodes(e.fits)}")
     else:
         lines.append(f"{who}: fits on none of {e.nodes} node(s) with the driver's devices")
+    if e.together is not None:
+        lines.append(
+            f"  with the pod's other claims: all fit together on {_nodes(e.together)}"
+            if e.together
+            else "  with the pod's other claims: no node has room for all of them at once"
+        )
     for r in e.requests:
         lines.append(f"  request {r}")
     for w in e.warnings:

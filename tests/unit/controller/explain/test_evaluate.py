@@ -271,3 +271,28 @@ def test_counters_name_the_neighbours_and_the_free_placements() -> None:
         "0 fit; GPUs gpu-00000000 are used by other/mig, other/mig2; "
         "free MIG placements gpu-00000000: 1g.10gbx1 1g.20gbx1"
     )
+
+
+@pytest.mark.parametrize(
+    ("claims", "together"),
+    [
+        ([claim("a", request(selectors=[f'{A}.productName == "NVIDIA L4"'])),
+          claim("b", request(selectors=[f'{A}.productName == "NVIDIA L4"']))], ()),  # one L4 free
+        ([claim("a", request(count=4)), claim("b", request(count=3))], ("dgx", "split")),
+        ([claim("a", request(count=4), match_attribute=NVL),
+          claim("b", request(count=3), match_attribute=NVL)], ("dgx", "split")),
+        ([claim("a", request(count=4)), claim("b", request(count=4))], ()),  # 7 free at most
+        ([allocated("team", "a", "split", ["gpu-00000007"]), claim("b", request(count=6))], ("split",)),
+    ],
+    ids=["two-l4", "seven", "seven-nvlink", "eight", "beside-allocated"],
+)  # fmt: skip
+def test_claims_of_one_pod_must_fit_together(
+    claims: list[dict[str, Any]], together: tuple[str, ...]
+) -> None:
+    pod = {"metadata": {"namespace": "team", "name": "p"}, "spec": {}}
+    refs = [(f"team/{c['metadata']['name']}", c) for c in claims]
+    out = explain_objects(WORLD, refs, DEFAULT_DRIVER_NAME, pod=pod)
+    pending = [e for e in out if e.state != "allocated"]
+    assert pending and all(e.together == together for e in pending), [e.together for e in out]
+    text = render_explanation(pending[0])
+    assert ("all fit together on" in text) == bool(together)
