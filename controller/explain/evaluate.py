@@ -404,6 +404,8 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
     cur = sized
     # taints
     untainted = [d for d in cur if not _blocking(d, request)]
+    if request.all_devices:
+        needed = len(cur)  # allocationMode All takes every matching device, tainted or not
     if len(untainted) < needed:
         taints = Counter(t.text() for d in cur for t in _blocking(d, request))
         (top, _), *_ = taints.most_common(1)
@@ -423,8 +425,6 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
             len(untainted),
         )
     cur = untainted
-    if request.all_devices:
-        needed = len(cur)
     # held by other claims
     free: list[Device] = []
     for d in cur:
