@@ -130,6 +130,8 @@ TABLE: list[tuple[str, list[Obj], str | None, str, str]] = [
     ("tolerates-xid", [request(tolerations=[{"key": "gpu.tranche.dev/xid", "operator": "Exists"}])], None, "taint", "fits"),
     ("two-tolerating-xid", [request(count=2, tolerations=[{"key": "gpu.tranche.dev/xid", "operator": "Exists"}])], None, "taint", "taint"),
     ("three-on-two", [request(count=3)], None, "taint", "class"),
+    ("all-one-tainted", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tranche.dev", "allocationMode": "All",
+        "tolerations": [{"key": "gpu.tranche.dev/xid", "operator": "Exists"}]}}], None, "taint", "taint"),
     ("tolerates-all", [request(tolerations=[{"operator": "Exists"}])], None, "taint2", "fits"),
     # share: two H100 with share devices of group blue; GPU 0's time-slice share is full
     ("timeslice-blue", [request(TS, [_group()])], None, "share", "fits"),
