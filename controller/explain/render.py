@@ -26,6 +26,8 @@ def render_explanation(e: Explanation, max_groups: int = 8) -> str:
         lines.append(f"{who}: fits on {where} now; the scheduler has not placed it yet")
         if len(e.fits) > 1:
             lines.append(f"  fits on: {_nodes(e.fits)}")
+    elif e.nodes == 0:
+        lines.append(f"{who}: pending; no node publishes devices of the driver (no ResourceSlices)")
     else:
         lines.append(f"{who}: fits on none of {e.nodes} node(s) with the driver's devices")
     if e.together is not None:

@@ -300,3 +300,9 @@ def test_claims_of_one_pod_must_fit_together(
     assert pending and all(e.together == together for e in pending), [e.together for e in out]
     text = render_explanation(pending[0])
     assert ("all fit together on" in text) == bool(together)
+
+
+def test_a_cluster_without_slices_says_so() -> None:
+    (e,) = explain_objects(cluster([]), [("team/c", claim("c"))], DEFAULT_DRIVER_NAME)
+    assert e.state == "pending" and e.nodes == 0
+    assert "no node publishes devices of the driver" in render_explanation(e)
