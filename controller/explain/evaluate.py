@@ -80,6 +80,11 @@ class NodeVerdict:
     devices: tuple[str, ...] = ()
     otherwise_fits: bool = False  # refused only by the pod's nodeSelector
     rank: tuple[int, float] = (0, 0.0)
+    more: tuple[Reason, ...] = ()  # the first reasons of the other requests that fail here
+
+    @property
+    def reasons(self) -> tuple[Reason, ...]:
+        return ((self.reason,) if self.reason else ()) + self.more
 
 
 @dataclass(frozen=True)
@@ -719,6 +724,7 @@ def judge_node(claim: Claim, node: str, ctx: Context) -> NodeVerdict:
 
 def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context) -> NodeVerdict:
     choices: list[tuple[Request, list[Device], int]] = []
+    failed: list[_Funnel] = []  # each request's own first reason, in request order
     for alternatives in claim.requests:
         first: _Funnel | None = None
         picked: tuple[Request, _Funnel] | None = None
@@ -730,10 +736,15 @@ def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context)
                 break
         if picked is None:
             assert first is not None
-            return NodeVerdict(node, False, first.reason, rank=first.rank)
+            failed.append(first)
+            continue
         request, funnel = picked
         needed = len(funnel.candidates) if request.all_devices else request.count
         choices.append((request, funnel.candidates, needed))
+    if failed:
+        worst = min(failed, key=lambda f: f.rank)
+        more = tuple(f.reason for f in failed if f is not worst and f.reason is not None)
+        return NodeVerdict(node, False, worst.reason, rank=worst.rank, more=more)
     found = _search(choices, claim.constraints, ctx.usage, counters=True)
     if found is not None:
         return NodeVerdict(node, True, devices=tuple(d.name for d in found), rank=(len(STEPS), 1.0))
@@ -818,10 +829,8 @@ def explain(claim: Claim, ctx: Context, pod: str | None = None, closest: int = 3
     fits = tuple(v.node for v in verdicts if v.fits)
     grouped: dict[tuple[str, str, str], list[str]] = {}
     for v in verdicts:
-        if v.reason is not None:
-            grouped.setdefault((v.reason.kind, v.reason.request, v.reason.summary), []).append(
-                v.node
-            )
+        for r in v.reasons:
+            grouped.setdefault((r.kind, r.request, r.summary), []).append(v.node)
     groups = tuple(
         sorted(
             (Group(k, r, s, tuple(ns)) for (k, r, s), ns in grouped.items()),

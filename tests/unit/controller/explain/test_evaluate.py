@@ -306,3 +306,16 @@ def test_a_cluster_without_slices_says_so() -> None:
     (e,) = explain_objects(cluster([]), [("team/c", claim("c"))], DEFAULT_DRIVER_NAME)
     assert e.state == "pending" and e.nodes == 0
     assert "no node publishes devices of the driver" in render_explanation(e)
+
+
+def test_each_failing_request_gets_its_own_reason() -> None:
+    obj = claim(
+        "c",
+        request(name="small", selectors=[f'{A}.productName == "NVIDIA L4"']),
+        request(name="big", count=9),
+    )
+    e = explain_one(WORLD, obj, node_selector={"node": "dgx"})
+    on_dgx = {(g.request, g.kind) for g in e.groups if "dgx" in g.nodes}
+    assert on_dgx == {("small", "selector"), ("big", "class")}
+    (near,) = [v for v in e.closest if v.node == "dgx"]
+    assert near.reason is not None and near.reason.request == "big"  # class fails before selector
