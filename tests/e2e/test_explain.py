@@ -435,6 +435,7 @@ def _dump_for_docs(
         pod = _pod_body("train-8", "")
         del pod["spec"]["nodeSelector"]
         client.CoreV1Api(api).create_namespaced_pod(namespace, pod)
+        decided = wait_for("train-8 decided", lambda: _decided(api, namespace, "train-8"))
     names = {namespace: "team-a"} | {
         v: k for k, v in nodes.items() if k != "nowhere" and ":" not in k
     }
@@ -447,6 +448,7 @@ def _dump_for_docs(
         "mig-on-held-gpu": ("pod", f"{namespace}/mig-on-held-gpu"),
     }
     Path(where).mkdir(parents=True, exist_ok=True)
+    (Path(where) / "scheduler.txt").write_text(" ".join(decided) + "\n")
     for label, argv in runs.items():
         _, out, err = _cli(capsys, *argv, "--kubeconfig", cluster.kubeconfig)
         text = out + err
