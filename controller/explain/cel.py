@@ -492,11 +492,13 @@ def compile_selector(expression: str) -> Selector:
     try:
         ast = _ENV.compile(expression)
     except (CELParseError, lark.exceptions.LarkError) as e:
-        where = str(e).strip().splitlines()
-        raise CelSyntaxError(
-            f"CEL expression does not parse: {where[0] if where else e}"
-            + (f"\n    {expression}\n    {where[2]}" if len(where) > 2 else "")
-        ) from e
+        line, column = getattr(e, "line", None), getattr(e, "column", None)
+        if isinstance(line, int) and isinstance(column, int) and column > 0:
+            text = expression.splitlines()[line - 1] if expression.splitlines() else ""
+            where = f" (line {line}, column {column})\n    {text}\n    {' ' * (column - 1)}^"
+        else:
+            where = f": {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+        raise CelSyntaxError(f"CEL expression does not parse{where}") from e
     for name in _CALLS.findall(_strip_strings(expression)):
         if name not in _KNOWN:
             raise CelSyntaxError(f"CEL expression calls an undeclared function {name!r}")
