@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
-from controller.explain.cel import CelEvalError, CelSyntaxError, Selector, compile_selector
+from controller.explain.cel import CelEvalError, Selector
 from controller.explain.model import (
     Claim,
     Constraint,
@@ -40,6 +40,7 @@ from controller.explain.model import (
     Request,
     Taint,
     Usage,
+    compile_selectors,
 )
 from driver.quantity import parse_quantity
 from driver.trust.policy import Mechanism, Tenancy, judge_request
@@ -179,16 +180,8 @@ class Context:
 
     def class_selectors(self, name: str) -> tuple[Selector, ...]:
         if name not in self._class_selectors:
-            out = []
-            for i, s in enumerate((self.classes[name].get("spec") or {}).get("selectors") or []):
-                expression = (s.get("cel") or {}).get("expression")
-                if expression is None:
-                    continue
-                try:
-                    out.append(compile_selector(str(expression)))
-                except CelSyntaxError as e:
-                    raise ExplainError(f"DeviceClass {name}, selector #{i + 1}: {e}") from e
-            self._class_selectors[name] = tuple(out)
+            raw = (self.classes[name].get("spec") or {}).get("selectors") or []
+            self._class_selectors[name] = compile_selectors(raw, f"DeviceClass {name}")
         return self._class_selectors[name]
 
 
@@ -278,11 +271,13 @@ def _capacity_free(device: Device, needs: Mapping[str, Decimal], usage: Usage) -
     return True
 
 
-def _charged(device: Device, usage: Usage) -> bool:
+def charged(device: Device, usage: Usage) -> bool:
+    """A shared device another claim already holds: its counters are charged once, already."""
     return device.data.allow_multiple_allocations and device.key in usage.holders
 
 
-def _counters_fit(device: Device, left: Mapping[CounterKey, Mapping[str, Decimal]]) -> bool:
+def counters_fit(device: Device, left: Mapping[CounterKey, Mapping[str, Decimal]]) -> bool:
+    """Whether what ``device`` consumes is still left in its counter sets."""
     for counter_set, amounts in device.consumes:
         have = left.get((device.pool, counter_set), {})
         if any(have.get(c, Decimal(0)) < v for c, v in amounts.items()):
@@ -445,7 +440,7 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
         holders = usage.holders_of(held)
         multi = any(d.data.allow_multiple_allocations for d in held)
         kind = "capacity" if multi else "allocated"
-        usable = [d for d in free if _charged(d, usage) or _counters_fit(d, usage.counters_left)]
+        usable = [d for d in free if charged(d, usage) or counters_fit(d, usage.counters_left)]
         what = (
             "the capacity of every matching shared device is in use"
             if multi
@@ -469,7 +464,7 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
     cur = free
     # counters: other devices of the same GPU (MIG neighbours, the whole GPU, shares)
     left = ctx.usage.counters_left
-    counted = [d for d in cur if _charged(d, usage) or _counters_fit(d, left)]
+    counted = [d for d in cur if charged(d, usage) or counters_fit(d, left)]
     if len(counted) < needed:
         counted_keys = {d.key for d in counted}
         blocked = [d for d in cur if d.key not in counted_keys]
@@ -491,7 +486,7 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
             and (d.pool, d.gpu) in places
             and "+me" not in (d.attribute("profile") or "")
             and d.key not in usage.exclusive
-            and _counters_fit(d, left)
+            and counters_fit(d, left)
         )
         slots = "; ".join(
             f"{g}: "
@@ -552,7 +547,7 @@ def _search(
                 pinned[i] = value
                 undo.append(("pin", i))
         if counters and d.key not in charged:
-            if not _counters_fit(d, left):
+            if not counters_fit(d, left):
                 _undo(undo)
                 return None
             for counter_set, amounts in d.consumes:

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.explain.evaluate import BLOCKING_EFFECTS, _charged, _counters_fit
+from controller.explain.evaluate import BLOCKING_EFFECTS, charged, counters_fit
 from controller.explain.model import Device, Inventory, Json, Usage
 
 SIZES = (1, 2, 4, 8)
@@ -86,7 +86,7 @@ class FreeView:
 def _free(d: Device, usage: Usage) -> bool:
     if d.key in usage.exclusive or any(t.effect in BLOCKING_EFFECTS for t in d.taints):
         return False
-    return _charged(d, usage) or _counters_fit(d, usage.counters_left)
+    return charged(d, usage) or counters_fit(d, usage.counters_left)
 
 
 def _start(d: Device) -> int:

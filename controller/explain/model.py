@@ -318,7 +318,9 @@ class Claim:
     allocated_drivers: frozenset[str] = frozenset()
 
 
-def _selectors(raw: Sequence[Json], where: str) -> tuple[Selector, ...]:
+def compile_selectors(raw: Sequence[Json], where: str) -> tuple[Selector, ...]:
+    """The CEL selectors of a request or class; :class:`ExplainError` naming ``where`` and
+    the selector when one does not compile."""
     out = []
     for i, s in enumerate(raw or []):
         expression = (s.get("cel") or {}).get("expression")
@@ -341,7 +343,7 @@ def _request(raw: Json, name: str, where: str) -> Request:
     return Request(
         name=name,
         device_class=str(raw.get("deviceClassName", "")),
-        selectors=_selectors(raw.get("selectors") or [], where),
+        selectors=compile_selectors(raw.get("selectors") or [], where),
         all_devices=raw.get("allocationMode") == "All",
         count=int(raw.get("count") or 1),
         tolerations=tuple(
