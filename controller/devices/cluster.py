@@ -1,5 +1,7 @@
 """``tranche cluster-devices``: every device of the driver in the cluster.
 
+``--free`` shows what is free instead (``tranche explain free``).
+
 One row per published device: node, name, type, UUID, health (from the
 driver's own taints in the ResourceSlice), every taint that applies (slice
 taints and DeviceTaintRules, the rule named), and the claims allocated it.
@@ -15,9 +17,9 @@ from dataclasses import asdict, dataclass
 
 from controller.devices.lookup import DEFAULT_DRIVER, ClusterDevice, ClusterView, read_view
 from controller.kube_client import Json, add_kubeconfig_flag
-from driver.cli import Command
+from driver.cli import Command, load_commands
 from driver.errors import TrancheError
-from driver.flags import add_flag
+from driver.flags import add_flag, add_switch
 from driver.kube.client import api_client
 from driver.kube.http import undecodable
 
@@ -94,10 +96,37 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         parser, "--output", "table or json", default="table", choices=("table", "json"), env=env
     )
     add_flag(parser, "--node", "only this node's devices", env=env)
+    add_switch(
+        parser,
+        "--free",
+        "per node: free whole GPUs, the largest free NVLink domain, free MIG placements "
+        "(the same as `tranche explain free`)",
+        env=env,
+    )
     add_kubeconfig_flag(parser, env)
 
 
+def _run_free(args: argparse.Namespace) -> int:
+    """``--free``: the explain package's view, found through the command entry points (a
+    sibling package, so not imported)."""
+    explain = load_commands().get("explain")
+    if explain is None:
+        print(
+            "tranche cluster-devices --free: the explain command is not installed", file=sys.stderr
+        )
+        return 1
+    parser = argparse.ArgumentParser(prog="tranche cluster-devices --free")
+    explain.add_arguments(parser)
+    argv = ["free", "--driver-name", args.driver_name]
+    argv += ["--output", "json" if args.output == "json" else "text"]
+    argv += ["--node", args.node] if args.node else []
+    argv += ["--kubeconfig", args.kubeconfig] if args.kubeconfig else []
+    return explain.run(parser.parse_args(argv))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.free:
+        return _run_free(args)
     try:
         view = read_view(api_client(args.kubeconfig), args.driver_name, with_claims=True)
     except TrancheError as e:

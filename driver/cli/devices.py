@@ -74,6 +74,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "list every device of the cluster (from its ResourceSlices and "
         "DeviceTaintRules) with taints, health and the claims that hold it",
     )
+    add_switch(
+        p,
+        "--free",
+        "with --cluster: per node the free whole GPUs, the largest free NVLink domain and the "
+        "free MIG placements, and how many 1-, 2-, 4-, 8-GPU claims fit now",
+    )
     add_flag(
         p,
         "--kubeconfig",
@@ -171,6 +177,8 @@ def _run_cluster(args: argparse.Namespace) -> int:
     parser = argparse.ArgumentParser(prog="tranche devices --cluster")
     cluster.add_arguments(parser)
     argv = ["--driver-name", args.driver_name, "--output", args.output]
+    if args.free:
+        argv.append("--free")
     if args.kubeconfig:
         argv += ["--kubeconfig", args.kubeconfig]
     return cluster.run(parser.parse_args(argv))
@@ -179,6 +187,9 @@ def _run_cluster(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.cluster:
         return _run_cluster(args)
+    if args.free:
+        print("tranche devices: --free needs --cluster", file=sys.stderr)
+        return 2
     try:
         settings = _settings(args)
         nvml = _open(settings)

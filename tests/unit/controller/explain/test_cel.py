@@ -1,0 +1,112 @@
+"""DRA selectors on cel-python with the Kubernetes extensions: a table of expressions on one
+device, as kube-scheduler evaluates them."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.explain.cel import CelEvalError, CelSyntaxError, DeviceData, compile_selector
+
+A = 'device.attributes["gpu.tranche.dev"]'
+C = 'device.capacity["gpu.tranche.dev"]'
+H100 = DeviceData(
+    "gpu.tranche.dev",
+    {
+        "type": {"string": "gpu"},
+        "productName": {"string": "NVIDIA H100 80GB HBM3"},
+        "cudaComputeCapability": {"version": "9.0.0"},
+        "driverVersion": {"version": "570.133.20"},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:15"},
+        "resource.kubernetes.io/numaNode": {"int": 1},
+        "mpsMemoryLimitEnforced": {"bool": False},
+    },
+    {"memory": {"value": "81559Mi"}, "multiprocessors": {"value": "132"}},
+)
+
+TRUE_FALSE = [
+    (f'{A}.type == "gpu"', True),
+    ('device.driver == "gpu.tranche.dev"', True),
+    ('device.driver == "gpu.nvidia.com"', False),
+    (f'{A}.productName.startsWith("NVIDIA H100")', True),
+    (f'{A}.productName.matches("^NVIDIA (H100|H200)")', True),
+    (f'{A}.productName.lowerAscii().contains("h100")', True),
+    (f'{A}.productName.upperAscii() == "NVIDIA H100 80GB HBM3"', True),
+    (f'{A}.productName.split(" ")[1] == "H100"', True),
+    (f'{A}.productName.replace("NVIDIA ", "") == "H100 80GB HBM3"', True),
+    (f'{A}.productName.indexOf("H100") == 7', True),
+    (f'{A}.productName.substring(0, 6) == "NVIDIA"', True),
+    (f'{C}.memory.compareTo(quantity("40Gi")) >= 0', True),
+    (f'{C}.memory.compareTo(quantity("80Gi")) >= 0', False),
+    (f'{C}.memory.isGreaterThan(quantity("79Gi"))', True),
+    (f'{C}.memory.isLessThan(quantity("1Ti"))', True),
+    (f"{C}.multiprocessors.asInteger() == 132", True),
+    (f'{C}.memory.add(quantity("1Mi")).compareTo(quantity("81560Mi")) == 0', True),
+    (f'{C}.multiprocessors.sub(quantity("32")).asInteger() == 100', True),
+    (f"{C}.memory.sign() == 1 && {C}.memory.isInteger()", True),
+    ('isQuantity("10Gi") && !isQuantity("ten")', True),
+    (f'{A}.cudaComputeCapability.isGreaterThan(semver("8.9.0"))', True),
+    (f'{A}.cudaComputeCapability.compareTo(semver("9.0.0")) == 0', True),
+    (f'{A}.driverVersion.isLessThan(semver("535.0.0"))', False),
+    (f"{A}.driverVersion.major() == 570 && {A}.driverVersion.minor() == 133", True),
+    ('semver("1.0.0-rc.1").isLessThan(semver("1.0.0"))', True),
+    ('isSemver("1.2.3") && !isSemver("1.2")', True),
+    ('semver("v1.2", true) == semver("1.2.0")', True),
+    ('device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:15"', True),
+    ('device.attributes["resource.kubernetes.io"].numaNode == 1', True),
+    (f"{A}.mpsMemoryLimitEnforced == false", True),
+    (f'"sharing" in {A}', False),
+    (f'!("dedicatedTo" in {A})', True),
+    (f"has({A}.profile)", False),
+    (f'{A}.type == "mig" && {A}.profile == "1g.10gb"', False),  # && stops at false
+    (f'{A}.type == "gpu" || {A}.profile == "1g.10gb"', True),
+    ('device.attributes["other.example.com"].size() == 0', True),  # unknown domain: empty
+    ("device.allowMultipleAllocations == false", True),
+]
+
+
+@pytest.mark.parametrize(("expression", "expected"), TRUE_FALSE)
+def test_selector(expression: str, expected: bool) -> None:
+    assert compile_selector(expression).matches(H100) is expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        (f'{A}.profile == "1g.10gb"', "profile"),  # a missing attribute is an error, no match
+        ('device.attributes["other.example.com"].model == "x"', "model"),
+        (f"{A}.type == 1", "overload"),
+        (f'{C}.memory.compareTo(semver("1.0.0")) > 0', "both sides"),
+        ('quantity("lots") == quantity("1")', "not a quantity"),
+        (f'{A}.productName.substring(5, 99) == ""', "out of range"),
+        ('device.driver + "x"', "not a bool"),
+    ],
+)
+def test_evaluation_errors(expression: str, message: str) -> None:
+    with pytest.raises(CelEvalError, match=None) as got:
+        compile_selector(expression).matches(H100)
+    assert message in str(got.value)
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("device.driver ==", "does not parse"),
+        (f'{A}.type = "gpu"', "does not parse"),
+        ("lowerascii(device.driver)", "undeclared function 'lowerascii'"),
+    ],
+)
+def test_syntax_errors(expression: str, message: str) -> None:
+    with pytest.raises(CelSyntaxError, match=None) as got:
+        compile_selector(expression)
+    assert message in str(got.value)
+
+
+def test_results_are_shared_by_devices_that_differ_only_in_unread_attributes() -> None:
+    selector = compile_selector(f'{A}.type == "gpu"')
+    twin = DeviceData(H100.driver, {**H100.attributes, "uuid": {"string": "GPU-2"}}, H100.capacity)
+    assert selector.matches(H100) and selector.matches(twin)
+    assert len(selector._cache) == 2  # the set of attribute names differs, values do not count
+    assert selector.matches(
+        DeviceData(H100.driver, {**H100.attributes, "uuid": {"string": "GPU-3"}}, H100.capacity)
+    )
+    assert len(selector._cache) == 2

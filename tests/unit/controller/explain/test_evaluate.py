@@ -1,0 +1,321 @@
+# ruff: noqa: E501  (the tables read best one case a line)
+"""Per-node reasons on a small cluster built with the plugin's own slice code: a table of
+user-style claims, each with the node it fits on or the kind of reason it does not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller.explain.cli import explain_objects
+from controller.explain.evaluate import term_matches
+from controller.explain.model import ExplainError
+from controller.explain.read import ClusterRead
+from controller.explain.render import render_explanation
+from driver.devices.slices import DEFAULT_DRIVER_NAME
+from tests.unit.controller.explain.world import (
+    A,
+    C,
+    allocated,
+    claim,
+    cluster,
+    explain_one,
+    h100,
+    l4,
+    node_slices,
+    nvlinked,
+    request,
+)
+
+NVL = f"{DEFAULT_DRIVER_NAME}/nvlinkDomain"
+GPU0 = h100(0).uuid
+XID = {"key": "gpu.tranche.dev/xid", "value": "79", "effect": "NoSchedule"}
+RULE = {
+    "metadata": {"name": "maintenance"},
+    "spec": {
+        "deviceSelector": {
+            "driver": DEFAULT_DRIVER_NAME,
+            "pool": "tainted",
+            "device": "gpu-00000001",
+        },
+        "taint": {"key": "example.com/maintenance", "effect": "NoExecute"},
+    },
+}
+
+
+def _world() -> ClusterRead:
+    slices = (
+        node_slices("dgx", nvlinked(8, 8))
+        + node_slices("split", nvlinked(8, 4))
+        + node_slices("l4", [l4(0), l4(1)])
+        + node_slices("tainted", [h100(0), h100(1)], taints={"gpu-00000000": [XID]})
+        + node_slices("share", [h100(0), h100(1)], groups=("blue",))
+        + node_slices("ded", [h100(0)], dedicated_to="acme")
+    )
+    held = [
+        allocated("other", "mig7", "dgx", ["gpu-00000000-mig-7g80gb-0"]),
+        allocated("other", "one", "split", ["gpu-00000000"]),
+        allocated("other", "l4", "l4", ["gpu-00000000"]),
+        allocated(
+            "other", "ts", "share", ["gpu-00000000-ts-blue"], {"shares": "8", "memory": "10Gi"}
+        ),
+    ]
+    labels = {n: {"node": n} for n in ("dgx", "split", "l4", "tainted", "share", "ded")}
+    return cluster(slices, held, rules=[RULE], labels=labels)
+
+
+WORLD = _world()
+GPU = 'device.attributes["gpu.tranche.dev"].type == "gpu"'
+MIG = "mig.gpu.tranche.dev"
+TS = "timeslice.gpu.tranche.dev"
+MPS = "mps.gpu.tranche.dev"
+
+
+def _mig(profile: str, parent: str | None = None) -> str:
+    return f'{A}.profile == "{profile}"' + (f' && {A}.parentUUID == "{parent}"' if parent else "")
+
+
+def _blue(group: str = "blue") -> str:
+    return f'{A}.sharingGroup == "{group}"'
+
+
+# (id, claim body kwargs, node the pod is pinned to, "fits" or the kind of reason)
+CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    ("one-gpu", {"requests": [request()]}, "dgx", "fits"),
+    ("eight-gpus-mig-neighbour", {"requests": [request(count=8)]}, "dgx", "counters"),
+    ("seven-nvlink", {"requests": [request(count=7)], "match": NVL}, "dgx", "fits"),
+    ("eight-one-taken", {"requests": [request(count=8)]}, "split", "allocated"),
+    ("four-nvlink", {"requests": [request(count=4)], "match": NVL}, "split", "fits"),
+    ("five-nvlink", {"requests": [request(count=5)], "match": NVL}, "split", "constraint"),
+    ("l4-by-name", {"requests": [request(selectors=[f'{A}.productName == "NVIDIA L4"'])]}, "l4", "fits"),
+    ("two-l4", {"requests": [request(count=2)]}, "l4", "allocated"),
+    ("l4-all-mode", {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tranche.dev", "allocationMode": "All"}}]}, "l4", "allocated"),
+    ("memory-40gi-l4", {"requests": [request(selectors=[f'{C}.memory.compareTo(quantity("40Gi")) >= 0'])]}, "l4", "selector"),
+    ("memory-40gi-dgx", {"requests": [request(selectors=[f'{C}.memory.compareTo(quantity("40Gi")) >= 0'])]}, "dgx", "fits"),
+    ("hopper-on-l4", {"requests": [request(selectors=[f'{A}.cudaComputeCapability.isGreaterThan(semver("8.9.0"))'])]}, "l4", "selector"),
+    ("hopper-on-dgx", {"requests": [request(selectors=[f'{A}.cudaComputeCapability.isGreaterThan(semver("8.9.0"))'])]}, "dgx", "fits"),
+    ("product-lower", {"requests": [request(selectors=[f'{A}.productName.lowerAscii().matches("h100")'])]}, "dgx", "fits"),
+    ("mig-3g", {"requests": [request(MIG, [_mig("3g.40gb")])]}, "dgx", "fits"),
+    ("mig-on-full-gpu", {"requests": [request(MIG, [_mig("1g.10gb", GPU0)])]}, "dgx", "counters"),
+    ("mig-on-l4", {"requests": [request(MIG)]}, "l4", "class"),
+    ("unguarded-profile", {"requests": [request(selectors=[f'{A}.profile == "3g.40gb"'])]}, "dgx", "cel-error"),
+    ("guarded-profile", {"requests": [request(selectors=[f'has({A}.profile) && {A}.profile == "3g.40gb"'])]}, "dgx", "selector"),
+    ("tainted", {"requests": [request()]}, "tainted", "taint"),
+    ("tolerates-xid", {"requests": [request(tolerations=[{"key": "gpu.tranche.dev/xid", "operator": "Exists"}])]}, "tainted", "fits"),
+    ("two-tolerates-xid", {"requests": [request(count=2, tolerations=[{"key": "gpu.tranche.dev/xid", "operator": "Exists"}])]}, "tainted", "taint"),
+    ("tolerates-all", {"requests": [request(count=2, tolerations=[{"operator": "Exists"}])]}, "tainted", "fits"),
+    ("all-mode-one-tainted", {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tranche.dev", "allocationMode": "All",
+        "tolerations": [{"key": "gpu.tranche.dev/xid", "operator": "Exists"}]}}]}, "tainted", "taint"),
+    ("all-mode-tolerated", {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tranche.dev", "allocationMode": "All",
+        "tolerations": [{"operator": "Exists"}]}}]}, "tainted", "fits"),
+    ("timeslice-blue", {"requests": [request(TS, [_blue()])]}, "share", "fits"),
+    ("timeslice-8-shares-gpu0", {"requests": [request(TS, [_blue(), f'{A}.parentUUID == "{GPU0}"'], capacity={"shares": "1"})]}, "share", "capacity"),
+    ("mps-blue-gpu0", {"requests": [request(MPS, [_blue(), f'{A}.parentUUID == "{GPU0}"'])]}, "share", "counters"),
+    ("timeslice-red", {"requests": [request(TS, [_blue("red")])]}, "share", "trust"),
+    ("whole-on-dedicated", {"requests": [request()]}, "ded", "trust"),
+    ("dedicated-acme", {"requests": [request("dedicated.gpu.tranche.dev", [f'{A}.dedicatedTo == "acme"'])]}, "ded", "fits"),
+    ("first-available", {"requests": [{"name": "gpu", "firstAvailable": [
+        {"name": "eight", "deviceClassName": "gpu.tranche.dev", "count": 8},
+        {"name": "one", "deviceClassName": "gpu.tranche.dev", "count": 1}]}]}, "split", "fits"),
+    ("two-requests-one-l4", {"requests": [request(name="a"), request(name="b")]}, "l4", "combination"),
+    ("no-such-node-label", {"requests": [request()]}, "nowhere", "node-selector"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "node", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_reason_table(body: dict[str, Any], node: str, expected: str) -> None:
+    obj = claim("c", *body["requests"], match_attribute=body.get("match"))
+    e = explain_one(WORLD, obj, node_selector={"node": node}, ns_labels={})
+    if expected == "fits":
+        assert e.fits == (node,), render_explanation(e)
+        return
+    assert e.fits == ()
+    verdict = {n for g in e.groups for n in g.nodes}
+    assert len(verdict) == len(WORLD.inventory.nodes)
+    group = next(g for g in e.groups if node in g.nodes or expected == "node-selector")
+    assert group.kind == expected, render_explanation(e)
+    assert render_explanation(e)  # renders
+
+
+def test_constraint_names_the_largest_domain() -> None:
+    obj = claim("c", request(count=5), match_attribute=NVL)
+    e = explain_one(WORLD, obj, node_selector={"node": "split"})
+    (split,) = [g for g in e.groups if "split" in g.nodes]
+    assert split.summary == "largest free NVLink domain: 4 GPU(s), the claim needs 5"
+
+
+def test_nodes_are_grouped_and_closest_come_first() -> None:
+    e = explain_one(WORLD, claim("c", request(count=8)))
+    text = render_explanation(e)
+    assert e.state == "pending"
+    assert sum(len(g.nodes) for g in e.groups) == 6
+    assert e.closest[0].node in ("dgx", "split")  # one device short on both
+    assert "Closest:" in text and "to fit:" in text
+
+
+def test_allocated_claim_says_where() -> None:
+    obj = allocated("team", "done", "dgx", ["gpu-00000003"])
+    e = explain_one(WORLD, obj)
+    assert e.state == "allocated" and e.allocated_node == "dgx"
+    assert "allocated on node dgx (gpu-00000003)" in render_explanation(e)
+
+
+def test_trust_level_warning() -> None:
+    e = explain_one(WORLD, claim("c", request(MIG, [_mig("3g.40gb")])), ns_labels={})
+    assert any("trust level isolated" in w for w in e.warnings)
+    shared = {"gpu.tranche.dev/trust-level": "partitioned"}
+    assert (
+        explain_one(WORLD, claim("c", request(MIG, [_mig("3g.40gb")])), ns_labels=shared).warnings
+        == ()
+    )
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        (claim("c", request(selectors=["device.driver =="])), "claim team/c, request gpu, selector #1: CEL expression does not parse"),
+        (claim("c", request(selectors=["nosuch(device)"])), "undeclared function 'nosuch'"),
+        (claim("c", request("other-driver")), "requests no devices of driver gpu.tranche.dev (device classes: other-driver)"),
+        (claim("c", request("no-such-class")), "names DeviceClass no-such-class, which does not exist"),
+        (claim("c", request(capacity={"memory": "lots"})), "claim team/c, request gpu: capacity request memory"),
+    ],
+    ids=["parse", "unknown-function", "other-driver", "missing-class", "bad-quantity"],
+)  # fmt: skip
+def test_bad_input_is_a_clear_message(obj: dict[str, Any], message: str) -> None:
+    with pytest.raises(ExplainError, match=None) as got:
+        explain_one(WORLD, obj)
+    assert message in str(got.value)
+
+
+RECOMMEND = [
+    ("eight-one-taken", ["request gpu: count 7 instead of 8"]),
+    ("five-nvlink", ["request gpu: count 4 instead of 5", "without matchAttribute gpu.tranche.dev/nvlinkDomain", "without the pod's nodeSelector and node affinity"]),
+    ("tainted", ["tolerating taint gpu.tranche.dev/xid:NoSchedule", "tolerating taint example.com/maintenance:NoExecute"]),
+    ("mig-on-full-gpu", ['request gpu: without selector `device.attributes["gpu.tranche.dev"].profile == "1g.10gb"']),
+    ("guarded-profile", ["request gpu: without selector"]),
+    ("timeslice-red", []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "changes"), RECOMMEND, ids=[r[0] for r in RECOMMEND])
+def test_recommendations_fit(case: str, changes: list[str]) -> None:
+    _, body, node, _ = next(c for c in CASES if c[0] == case)
+    obj = claim("c", *body["requests"], match_attribute=body.get("match"))
+    pod = {"metadata": {"namespace": "team", "name": "p"}, "spec": {"nodeSelector": {"node": node}}}
+    (e,) = explain_objects(
+        WORLD, [("team/c", obj)], DEFAULT_DRIVER_NAME, pod=pod, recommendations=True
+    )
+    got = [r.change for r in e.recommendations]
+    for want in changes:
+        assert any(g.startswith(want) for g in got), got
+    if not changes:
+        assert all("nodeSelector" in g for g in got), got
+    assert "Would fit now with one change:" in render_explanation(e) or not got
+
+
+def test_mig_profile_recommendation_keeps_the_gpu_pin() -> None:
+    held = [allocated("other", "mig", "dgx", ["gpu-00000001-mig-4g40gb-0"])]
+    world = cluster(node_slices("dgx", nvlinked(2, 2)), held)
+    gpu1 = h100(1).uuid
+    obj = claim("c", request(MIG, [_mig("4g.40gb", gpu1)]))
+    (e,) = explain_objects(world, [("team/c", obj)], DEFAULT_DRIVER_NAME, recommendations=True)
+    profiles = [r.change for r in e.recommendations if "MIG profile" in r.change]
+    assert profiles == ["request gpu: MIG profile 3g.40gb", "request gpu: MIG profile 2g.20gb"]
+
+
+def _expr(key: str, op: str, *values: str) -> dict[str, Any]:
+    return {"key": key, "operator": op, **({"values": list(values)} if values else {})}
+
+
+AFFINITY = [
+    ({"matchExpressions": [_expr("node", "In", "dgx", "l4")]}, True),
+    ({"matchExpressions": [_expr("node", "NotIn", "dgx")]}, False),
+    ({"matchExpressions": [_expr("gpus", "Exists")]}, True),
+    ({"matchExpressions": [_expr("gpus", "DoesNotExist")]}, False),
+    ({"matchExpressions": [_expr("gpus", "Gt", "7")]}, True),
+    ({"matchExpressions": [_expr("gpus", "Lt", "8")]}, False),
+    ({"matchExpressions": [_expr("node", "In", "dgx"), _expr("gpus", "Lt", "4")]}, False),
+    ({"matchFields": [_expr("metadata.name", "In", "dgx")]}, True),
+    ({}, False),  # an empty term matches nothing
+]
+
+
+@pytest.mark.parametrize(("term", "expected"), AFFINITY)
+def test_node_affinity_terms(term: dict[str, Any], expected: bool) -> None:
+    assert term_matches(term, "dgx", {"node": "dgx", "gpus": "8"}) is expected
+
+
+def test_required_node_affinity_limits_the_nodes() -> None:
+    terms = [{"matchExpressions": [_expr("node", "In", "split")]}]
+    pod = {
+        "metadata": {"namespace": "team", "name": "p"},
+        "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}},
+    }  # fmt: skip
+    (e,) = explain_objects(WORLD, [("team/c", claim("c"))], DEFAULT_DRIVER_NAME, pod=pod)
+    assert e.fits == ("split",)
+    (group,) = [g for g in e.groups if g.kind == "node-selector"]
+    assert len(group.nodes) == 5
+
+
+def test_counters_name_the_neighbours_and_the_free_placements() -> None:
+    held = [
+        allocated("other", "mig", "dgx", ["gpu-00000000-mig-4g40gb-0"]),
+        allocated("other", "mig2", "dgx", ["gpu-00000000-mig-2g20gb-4"]),
+    ]
+    world = cluster(node_slices("dgx", [h100(0)]), held)
+    (e,) = explain_objects(
+        world, [("team/c", claim("c", request(MIG, [_mig("3g.40gb")])))], DEFAULT_DRIVER_NAME
+    )
+    (near,) = e.closest
+    assert near.reason is not None and near.reason.kind == "counters"
+    assert near.reason.detail == (
+        "0 fit; GPUs gpu-00000000 are used by other/mig, other/mig2; "
+        "free MIG placements gpu-00000000: 1g.10gbx1 1g.20gbx1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("claims", "together"),
+    [
+        ([claim("a", request(selectors=[f'{A}.productName == "NVIDIA L4"'])),
+          claim("b", request(selectors=[f'{A}.productName == "NVIDIA L4"']))], ()),  # one L4 free
+        ([claim("a", request(count=4)), claim("b", request(count=3))], ("dgx", "split")),
+        ([claim("a", request(count=4), match_attribute=NVL),
+          claim("b", request(count=3), match_attribute=NVL)], ("dgx", "split")),
+        ([claim("a", request(count=4)), claim("b", request(count=4))], ()),  # 7 free at most
+        ([allocated("team", "a", "split", ["gpu-00000007"]), claim("b", request(count=6))], ("split",)),
+    ],
+    ids=["two-l4", "seven", "seven-nvlink", "eight", "beside-allocated"],
+)  # fmt: skip
+def test_claims_of_one_pod_must_fit_together(
+    claims: list[dict[str, Any]], together: tuple[str, ...]
+) -> None:
+    pod = {"metadata": {"namespace": "team", "name": "p"}, "spec": {}}
+    refs = [(f"team/{c['metadata']['name']}", c) for c in claims]
+    out = explain_objects(WORLD, refs, DEFAULT_DRIVER_NAME, pod=pod)
+    pending = [e for e in out if e.state != "allocated"]
+    assert pending and all(e.together == together for e in pending), [e.together for e in out]
+    text = render_explanation(pending[0])
+    assert ("all fit together on" in text) == bool(together)
+
+
+def test_a_cluster_without_slices_says_so() -> None:
+    (e,) = explain_objects(cluster([]), [("team/c", claim("c"))], DEFAULT_DRIVER_NAME)
+    assert e.state == "pending" and e.nodes == 0
+    assert "no node publishes devices of the driver" in render_explanation(e)
+
+
+def test_each_failing_request_gets_its_own_reason() -> None:
+    obj = claim(
+        "c",
+        request(name="small", selectors=[f'{A}.productName == "NVIDIA L4"']),
+        request(name="big", count=9),
+    )
+    e = explain_one(WORLD, obj, node_selector={"node": "dgx"})
+    on_dgx = {(g.request, g.kind) for g in e.groups if "dgx" in g.nodes}
+    assert on_dgx == {("small", "selector"), ("big", "class")}
+    (near,) = [v for v in e.closest if v.node == "dgx"]
+    assert near.reason is not None and near.reason.request == "big"  # class fails before selector
