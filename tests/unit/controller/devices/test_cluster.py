@@ -9,17 +9,14 @@ import pytest
 from kubernetes import client
 
 from controller.devices import cluster
-from tests.unit.controller.trust.test_cli import api
-
-__all__ = ["api"]  # the canned API server, a fixture
 
 
 def test_cluster_devices_reports_the_unreadable_claim_and_lists_the_devices(
-    api: client.ApiClient, capsys: pytest.CaptureFixture[str]
+    canned_api: client.ApiClient, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = argparse.Namespace(
-        kubeconfig=None, driver_name="gpu.tranche.dev", output="table", node=None
-    )
+    parser = argparse.ArgumentParser()
+    cluster.add_arguments(parser, env={})
+    args = parser.parse_args([])
     assert cluster.run(args) == 0
     out, err = capsys.readouterr()
     assert "tranche cluster-devices: ResourceClaim b/deep: spec.devices.config[0]" in err
