@@ -121,6 +121,14 @@ class SimNode:
     def exit_code(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def hanging_at(self, point: str) -> bool:
+        """A ``hang`` fault point (``TRANCHE_FAULT_ACTION=hang``) holds a thread at ``point``."""
+        return self.running() and f"fault point reached point={point}" in self.log_tail(200)
+
     def kill(self) -> None:
         """SIGKILL the plugin's process group: a crash, nothing cleaned up."""
         if self._proc is not None and self._proc.poll() is None:

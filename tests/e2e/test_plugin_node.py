@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import signal
 import socket
 import tempfile
 import urllib.error
@@ -121,6 +122,27 @@ def test_plugin_killed_during_prepare_recovers_and_the_retry_succeeds(
     uid, _ = _prepared(pn, namespace, "one-gpu", "gpu")
     assert set(pn.cdi_specs()) == {f"gpu.tranche.dev-claim_{uid}.json"}, "no leaked spec"
 
+    delete_pod(pn.api, namespace, "one-gpu")
+    wait_for("all CDI specs gone", lambda: not pn.cdi_specs())
+    checkpoint = Checkpoint(pn.node.data_dir / "checkpoint.json")
+    wait_for("no checkpoint entry left", lambda: checkpoint.load()[0].claims == {})
+
+
+def test_plugin_sigkilled_from_outside_mid_prepare_recovers_and_the_retry_succeeds(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
+) -> None:
+    # A real SIGKILL, sent by another process while the plugin stands between applying a
+    # step and writing the CDI spec (the fault point only holds the prepare there).
+    point = "prepare:after-step"
+    pn = sim_node(env={"TRANCHE_FAULT_POINT": point, "TRANCHE_FAULT_ACTION": "hang"})
+    apply_example(cluster, "one-gpu.yaml", namespace, pn.name)
+    wait_for(f"the prepare held at {point}", lambda: pn.node.hanging_at(point))
+    assert not pn.cdi_specs(), "no spec was written before the point"
+    pn.node.kill()
+    assert pn.node.exit_code() == -signal.SIGKILL
+    pn.node.start(env={"TRANCHE_FAULT_POINT": "", "TRANCHE_FAULT_ACTION": ""})
+    uid, _ = _prepared(pn, namespace, "one-gpu", "gpu")
+    assert set(pn.cdi_specs()) == {f"gpu.tranche.dev-claim_{uid}.json"}, "no leaked spec"
     delete_pod(pn.api, namespace, "one-gpu")
     wait_for("all CDI specs gone", lambda: not pn.cdi_specs())
     checkpoint = Checkpoint(pn.node.data_dir / "checkpoint.json")
