@@ -370,7 +370,7 @@ def test_report_from_prometheus_agrees_with_the_plugins_across_a_restart(
     so at each edge of a tenant series (its first sample, the restart, the release) the
     step around it may be off by up to one scrape interval of the series' rate, either way.
     With a 1 s scrape and a 1 s sample that is up to one sample interval per claim per
-    edge; measured over 6 runs: -0.44 to +0.77 of one interval per claim, mean +0.35.
+    edge; measured over 7 runs: -0.44 to +0.77 of one interval per claim, mean +0.35.
     The bound asserted is two intervals per claim; the exact method is checked above."""
     window_min = int((time.time() - scenario.started) // 60) + 5
     doc = _report(scenario.prometheus, f"{window_min}m")
