@@ -5,12 +5,14 @@
 :func:`running_prometheus` starts the server on loopback in a temporary directory,
 scraping static targets as job ``tranche-kubelet-plugin`` (the job the alerts of
 ``deploy/prometheus/tranche-rules.yaml`` select) at a short interval, and always stops
-it (SIGTERM, then SIGKILL) when the block ends.
+it (SIGTERM, then SIGKILL) when the block ends; should the test process die without
+its teardown, the kernel kills the server (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -37,6 +39,13 @@ RULES = REPO / "deploy" / "prometheus" / "tranche-rules.yaml"
 JOB = "tranche-kubelet-plugin"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel SIGKILLs the server if the test process dies
+    without running its teardown (SIGKILL, a crash)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +122,12 @@ class PrometheusServer:
         ]
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, process_group=0
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads start Prometheus)
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
