@@ -406,7 +406,11 @@ def test_recording_rules_load_and_produce_series_and_the_alerts_see_the_nodes(
     }
     assert len(red) == 2 and all(v > 0 for v in red.values()), red
 
-    # Simulated GPUs are never busy: every held device is idle, so the idle alert is pending.
+    # Simulated GPUs are never busy: every held device is idle all its held time, so the
+    # idle alert is pending.
+    ratios = prom.query("instance_uuid:tranche_device_idle:ratio_rate5m")
+    assert {m["instance"] for m, _ in ratios} == {f"127.0.0.1:{p}" for p in scenario.ports.values()}
+    assert all(v == pytest.approx(1.0) for _, v in ratios), ratios
     idle = prom.query('ALERTS{alertname="TrancheGPUHeldIdle",alertstate="pending"}')
     assert idle, "TrancheGPUHeldIdle pending for the idle simulated devices"
     # Node b's plugin was down for a while during the restart.
