@@ -6,13 +6,12 @@
 scraping static targets as job ``tranche-kubelet-plugin`` (the job the alerts of
 ``deploy/prometheus/tranche-rules.yaml`` select) at a short interval, and always stops
 it (SIGTERM, then SIGKILL) when the block ends; should the test process die without
-its teardown, the kernel kills the server (``PR_SET_PDEATHSIG``).
+its teardown, the kernel kills the server (``setpriv --pdeathsig``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -39,13 +38,15 @@ RULES = REPO / "deploy" / "prometheus" / "tranche-rules.yaml"
 JOB = "tranche-kubelet-plugin"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
-_PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: the kernel SIGKILLs the server if the test process dies
-    without running its teardown (SIGKILL, a crash)."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def _die_with_parent() -> list[str]:
+    """A command prefix that has the kernel SIGKILL the server if the test process dies
+    without running its teardown (SIGKILL, a crash): util-linux ``setpriv --pdeathsig``.
+    Not a ``preexec_fn``: Python code between fork and exec in a process with gRPC threads
+    (the kubelet simulator) crashes the child and can upset the parent's channels."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
 @pytest.fixture(scope="session")
@@ -114,6 +115,7 @@ class PrometheusServer:
 
     def start(self) -> None:
         cmd = [
+            *_die_with_parent(),
             str(self.bin_dir / "prometheus"),
             f"--config.file={self.config_path}",
             f"--storage.tsdb.path={self.data_dir}",
@@ -127,7 +129,6 @@ class PrometheusServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 process_group=0,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads start Prometheus)
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -20,11 +20,13 @@ rule produces series on the live server and that the alerts see what happened.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import itertools
 import json
 import secrets
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -57,6 +59,9 @@ pytestmark = pytest.mark.cluster
 __all__ = ["prometheus_bin"]  # the session fixture, used by this module
 
 SAMPLE_S = 1.0  # the plugins' --sample-interval
+PERIOD_SLACK = (
+    1.1  # a sample's period: the wait plus the sample itself (a few ms, more on a busy machine)
+)
 ALLOCATED = "tranche_tenant_gpu_allocated_seconds_total"
 FAKE_MPS = REPO / "tests" / "fixtures" / "fake-mps-control"
 MIG_1G = 1 / 7  # docs/metrics.md: a MIG device's size is its compute slices / 7
@@ -152,15 +157,25 @@ def _stand_still(port: int, what: str) -> dict[Key, float]:
 
 
 def _counted_at_least(port: int, key: Key, gpu_s: float) -> Callable[[], bool]:
-    return lambda: _allocated(port).get(key, 0.0) >= gpu_s
+    """A check: the plugin's endpoint answers and shows ``gpu_s`` of ``key``."""
+
+    def check() -> bool:
+        try:
+            return _allocated(port).get(key, 0.0) >= gpu_s
+        except (OSError, http.client.HTTPException):  # a plugin starting again
+            return False
+
+    return check
 
 
 def _stop_after_scraped(scn: Scenario, name: str) -> dict[Key, float]:
-    """Stop a plugin right after Prometheus scraped its latest sample; what it had counted.
+    """Stop a plugin right after Prometheus scraped its latest sample; what it exported last.
 
     The plugin samples every second and Prometheus scrapes every second: wait until the
-    two agree, then stop at once. A sample that slips in between is at most one
-    sample interval per claim, the test's tolerance.
+    two agree, then stop. At SIGTERM the plugin stops its sampler first and its metrics
+    endpoint last, so the endpoint, read until it goes away, shows the final value. A
+    sample that slips in before the sampler stops and is not scraped is lost to
+    Prometheus: at most one sample per claim, within the test's tolerance.
     """
     port = scn.ports[name]
 
@@ -172,11 +187,23 @@ def _stop_after_scraped(scn: Scenario, name: str) -> dict[Key, float]:
 
     # Polled fast: agreement lasts from a scrape to the next sample, which may be a short
     # part of each second for a while (the two clocks drift slowly against each other).
-    counted: dict[Key, float] = wait_for(
+    last: dict[Key, float] = wait_for(
         f"Prometheus scraped node {name}'s sample", agreed, 90, interval_s=0.05
     )
-    scn.nodes[name].node.stop()
-    return counted
+    stopping = threading.Thread(target=scn.nodes[name].node.stop, name=f"stop-{name}")
+    stopping.start()
+
+    def gone() -> bool:
+        nonlocal last
+        try:
+            last = _allocated(port)
+        except (OSError, http.client.HTTPException):  # URLError too: the endpoint is closed
+            return True
+        return False
+
+    wait_for(f"node {name}'s metrics endpoint closed", gone, 60, interval_s=0.02)
+    stopping.join()
+    return last
 
 
 @contextlib.contextmanager
@@ -316,11 +343,14 @@ def _report(prom: PrometheusServer, since: str) -> dict[str, Any]:
 
 
 def _tolerance(scn: Scenario, intervals: float) -> dict[Key, float]:
-    """``intervals`` sample intervals of every claim of a tenant, in GPU-seconds."""
+    """``intervals`` sample intervals of every claim of a tenant, in GPU-seconds. One sample
+    covers the time since the previous one: the interval's wait plus the sample's own
+    duration, so an interval is counted as PERIOD_SLACK times ``--sample-interval``."""
     out: dict[Key, float] = {}
     for w in scn.workloads:
         key = (w.namespace, w.tenant)
-        out[key] = out.get(key, 0.0) + w.count * w.gpus_per_claim * SAMPLE_S * intervals
+        per_claim = w.gpus_per_claim * SAMPLE_S * PERIOD_SLACK * intervals
+        out[key] = out.get(key, 0.0) + w.count * per_claim
     return out
 
 
