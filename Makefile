@@ -8,7 +8,7 @@ PROTO_SRC := $(shell find proto -name '*.proto' 2>/dev/null)
 # Real nodes need root (and apt for their packages): only root builds their binaries up front.
 NODE_BINS := $(if $(filter 0,$(shell id -u)),node-bins,)
 
-.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins node-bins helm-bin clean
+.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins node-bins helm-bin prometheus-bin rules-test clean
 
 all: check
 
@@ -28,6 +28,21 @@ node-bins:
 
 helm-bin:
 	hack/build-helm.sh >/dev/null
+
+# prometheus and promtool 3.16.0, built from the pinned Go module (cached; progress on stderr).
+prometheus-bin:
+	hack/build-prometheus.sh >/dev/null
+
+PROM_RULES := deploy/prometheus/tranche-rules.yaml
+CHART_RULES := deploy/helm/tranche/files/prometheus/tranche-rules.yaml
+
+# The recording rules and alerts: promtool's checks and unit tests, and the chart's copy.
+rules-test: prometheus-bin
+	@bin=$$(hack/build-prometheus.sh 2>/dev/null) && \
+	  "$$bin/promtool" check rules --lint=all $(PROM_RULES) && \
+	  "$$bin/promtool" test rules deploy/prometheus/tests/*.yaml
+	@cmp -s $(PROM_RULES) $(CHART_RULES) || { \
+	  echo "$(CHART_RULES) differs from $(PROM_RULES): cp $(PROM_RULES) $(CHART_RULES)" >&2; exit 1; }
 
 generate: $(STAMP)
 	$(BIN)/python hack/generate_proto.py
@@ -50,10 +65,10 @@ check: lint typecheck contracts check-generated
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-e2e: $(STAMP) k8s-bins $(NODE_BINS) helm-bin
+e2e: $(STAMP) k8s-bins $(NODE_BINS) helm-bin prometheus-bin
 	$(BIN)/pytest tests/e2e
 
-test: $(STAMP) k8s-bins $(NODE_BINS) helm-bin check
+test: $(STAMP) k8s-bins $(NODE_BINS) helm-bin prometheus-bin check rules-test
 	$(BIN)/pytest
 
 bench: $(STAMP) k8s-bins
