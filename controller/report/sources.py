@@ -3,8 +3,13 @@
 * :func:`scrape` reads the text exposition of each ``--metrics-url``;
 * :class:`BaselineFile` keeps earlier scrapes (one JSON object a line) so a
   later run can report the increase since ``--since`` ago;
-* :func:`query_prometheus` asks a Prometheus server's ``/api/v1/query_range``
-  for ``increase`` over consecutive steps of the window.
+* :func:`query_prometheus` asks a Prometheus server for each counter's raw values over the
+  window (``/api/v1/query_range``, at most :data:`PROM_POINTS` points a series) and its last
+  value before the window (``last_over_time`` at the start, ``/api/v1/query``), and adds the
+  increases itself: a drop is a counter reset (a restarted plugin), counted from zero; a
+  series that starts inside the window counts from zero. PromQL's ``increase()`` was used
+  before: it extrapolates at every series edge (off by up to a scrape interval per claim) and
+  returns nothing for a step that holds one sample (a one-minute scrape reported no usage).
 """
 
 from __future__ import annotations
@@ -150,53 +155,83 @@ _PROM_METRICS = (
 )
 
 
-def prometheus_step(window_s: float) -> int:
-    """At most about 120 steps, at least one minute each."""
-    return max(60, math.ceil(window_s / 120 / 60) * 60)
+PROM_POINTS = 500  # evaluation points per series at most (Prometheus allows 11,000)
+BASELINE_LOOKBACK = "1d"  # how far before the window a counter's last value is looked for
+
+
+def prometheus_step(window_s: float) -> float:
+    """The evaluation step: at least a second, at most :data:`PROM_POINTS` points."""
+    return max(1.0, window_s / PROM_POINTS)
+
+
+def _series_key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
 
 
 def query_prometheus(
     base_url: str, start: float, end: float, timeout_s: float, get: Callable[[str, float], bytes]
 ) -> Report:
-    """Usage in ``(start, end]`` from a Prometheus server, one ``increase`` per step."""
-    step = prometheus_step(end - start)
-    first = start + step
+    """Usage in ``(start, end]`` from a Prometheus server: raw counter values, increases
+    added here (resets and new series counted from zero, no extrapolation)."""
+    points = max(1, math.ceil((end - start) / prometheus_step(end - start)))
+    step = (end - start) / points
+    base = base_url.rstrip("/")
     builder = UsageBuilder()
     per_time: dict[float, list[tuple[str, dict[str, str], float]]] = {}
-    for metric, by in _PROM_METRICS:
-        query = f"sum by ({by}) (increase({metric}[{step}s]))"
-        params = urllib.parse.urlencode(
-            {"query": query, "start": f"{first:.3f}", "end": f"{end:.3f}", "step": str(step)}
+    for metric, _ in _PROM_METRICS:
+        before = urllib.parse.urlencode(
+            {"query": f"last_over_time({metric}[{BASELINE_LOOKBACK}])", "time": f"{start:.3f}"}
         )
-        url = f"{base_url.rstrip('/')}/api/v1/query_range?{params}"
-        for labels, t, value in _matrix(url, get(url, timeout_s)):
-            per_time.setdefault(t, []).append((metric, labels, value))
+        url = f"{base}/api/v1/query?{before}"
+        baseline = {_series_key(labels): v for labels, _, v in _answer(url, get(url, timeout_s))}
+        params = urllib.parse.urlencode(
+            {"query": metric, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
+        )
+        url = f"{base}/api/v1/query_range?{params}"
+        series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
+        for labels, at, value in _answer(url, get(url, timeout_s)):
+            series.setdefault(_series_key(labels), []).append((at, value))
+        for key, values in series.items():
+            labels = dict(key)
+            last = baseline.get(key)
+            for at, value in sorted(values):
+                if at > start:
+                    grown = value if last is None or value < last else value - last
+                    if grown:
+                        per_time.setdefault(at, []).append((metric, labels, grown))
+                last = value
     builder.mark(start)
-    for t in sorted(per_time):
-        for metric, labels, value in per_time[t]:
+    for at in sorted(per_time):
+        for metric, labels, value in per_time[at]:
             builder.add(metric, labels, value)
-        builder.mark(t)
-    notes = [f"Prometheus increase() per {step}s step; extrapolated at series edges"]
+        builder.mark(at)
+    notes = [
+        f"Prometheus raw counters every {step:.0f}s; increases summed here, resets counted "
+        "from zero"
+    ]
     return builder.build(start, end, f"prometheus {base_url}", notes)
 
 
-def _matrix(url: str, body: bytes) -> list[tuple[dict[str, str], float, float]]:
+def _answer(url: str, body: bytes) -> list[tuple[dict[str, str], float, float]]:
+    """(labels, time, value) of a ``matrix`` (query_range) or ``vector`` (query) answer."""
     try:
         doc: Any = json.loads(body)
         if doc.get("status") != "success":
             raise SourceError(f"{url}: Prometheus answered {doc.get('error', doc)}")
-        if doc["data"]["resultType"] != "matrix":
-            raise SourceError(f"{url}: data.resultType is not matrix")
+        kind = doc["data"]["resultType"]
+        if kind not in ("matrix", "vector"):
+            raise SourceError(f"{url}: data.resultType is {kind}, not matrix or vector")
         out = []
         for series in doc["data"]["result"]:
             labels = {str(k): str(v) for k, v in series["metric"].items()}
-            for t, v in series["values"]:
+            samples = series["values"] if kind == "matrix" else [series["value"]]
+            for t, v in samples:
                 value = float(v)
                 if math.isfinite(value):
                     out.append((labels, float(t), value))
         return out
     except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise SourceError(f"{url}: not a Prometheus query_range answer: {err!r}") from err
+        raise SourceError(f"{url}: not a Prometheus query answer: {err!r}") from err
 
 
 def http_get(url: str, timeout_s: float) -> bytes:

@@ -5,11 +5,11 @@ server scraping one plugin every ``scrape`` seconds would have stored them) into
 storage directory of a fresh server; the report reads them through the HTTP API like
 any other. One tenant holds one GPU for 50 minutes, ending 5 minutes ago: 3000 GPU-seconds.
 
-The report sums ``increase(metric[step])`` over consecutive steps of at least 60 s. A
-range of one step holds a single sample when the scrape interval is the step or longer
-(Prometheus's default ``scrape_interval`` is 1m), and ``increase()`` of a single sample is
-no value: a report over two hours or less then shows nothing. See
-``test_report_with_a_one_minute_scrape_interval`` (xfail, strict).
+The report once summed ``increase(metric[step])`` over consecutive 60 s steps: a step
+held a single sample with a one-minute scrape (Prometheus's default), ``increase()`` of one
+sample is no value, and a report over two hours or less showed nothing
+(``test_report_with_a_one_minute_scrape_interval`` failed). It now reads the raw counters
+and adds the increases itself (``controller/report/sources.py``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.e2e.prometheus_server import JOB, prometheus_bin, running_prometheus
 
@@ -78,8 +76,8 @@ def _check(prometheus_bin: Path, scrape_s: float, since: str) -> None:
         stored = p.query(f"count_over_time({ALLOCATED}_total[1h])")
         assert stored, "the backfilled series is queryable"
         reported = _report_allocated(p.url, since)
-    # increase() extrapolates at the series' two ends: at most one scrape interval each.
-    assert abs(reported - HELD_S) <= 2 * scrape_s, (
+    # No extrapolation: what the stored samples say, at most the last interval unseen.
+    assert abs(reported - HELD_S) <= scrape_s, (
         f"tranche report --prometheus --since {since}: {reported:.1f} GPU-s allocated, "
         f"held {HELD_S:.0f} (scrape interval {scrape_s:.0f}s)"
     )
@@ -90,20 +88,8 @@ def test_report_with_a_fifteen_second_scrape_interval(prometheus_bin: Path) -> N
 
 
 def test_report_with_a_one_minute_scrape_over_three_hours(prometheus_bin: Path) -> None:
-    """Over three hours the step is 120 s: two samples a step, and the sum is right."""
     _check(prometheus_bin, 60.0, "3h")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # only the wrong sum; a missing server is an error, not this
-    reason=(
-        "controller/report/sources.py: sum by (namespace, tenant) (increase(m[60s])) per 60 s "
-        "step sees one sample per step with a 1m scrape interval, and increase() of one sample "
-        "is no value: the report shows 0 GPU-hours for any --since up to 2h. Fix: "
-        "step >= 2 scrape intervals, or read raw samples (m[window]) and add increases "
-        "client-side as report_data does for endpoint snapshots"
-    ),
-)
 def test_report_with_a_one_minute_scrape_interval(prometheus_bin: Path) -> None:
     _check(prometheus_bin, 60.0, "1h")

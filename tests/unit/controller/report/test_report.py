@@ -253,35 +253,49 @@ def test_counter_reset_between_snapshots_counts_as_a_fresh_start() -> None:
 
 
 class PrometheusStub(BaseHTTPRequestHandler):
-    """Answers /api/v1/query_range from a table of increase() values per metric and time."""
+    """Answers ``query_range`` of a raw counter and ``query`` of ``last_over_time`` from a table
+    of samples (time → cumulative value) per metric, as Prometheus would (the value at an
+    evaluation time is the latest sample at most five minutes older). The real server is
+    driven in ``tests/e2e/test_prometheus*.py``; this double only keeps these unit tests fast."""
 
     data: dict[str, list[tuple[dict[str, str], dict[float, float]]]] = {}
     queries: list[dict[str, str]] = []
 
+    @staticmethod
+    def _at(samples: dict[float, float], when: float, lookback: float) -> float | None:
+        seen = [t for t in samples if when - lookback <= t <= when]
+        return samples[max(seen)] if seen else None
+
     def do_GET(self) -> None:
         parsed = urllib.parse.urlparse(self.path)
         q = {k: v[0] for k, v in urllib.parse.parse_qs(parsed.query).items()}
-        if parsed.path != "/api/v1/query_range":
+        self.queries.append(q)
+        result: list[dict[str, Any]] = []
+        if parsed.path == "/api/v1/query":
+            kind = "vector"
+            metric = q["query"].split("last_over_time(")[1].split("[")[0]
+            when = float(q["time"])
+            for labels, samples in self.data.get(metric, []):
+                value = self._at(samples, when, 86400)
+                if value is not None:
+                    result.append({"metric": labels, "value": [when, str(value)]})
+        elif parsed.path == "/api/v1/query_range":
+            kind = "matrix"
+            start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
+            grid = [start + i * step for i in range(int((end - start) / step + 1e-6) + 1)]
+            for labels, samples in self.data.get(q["query"], []):
+                values = [[g, str(v)] for g in grid if (v := self._at(samples, g, 300)) is not None]
+                if values:
+                    result.append({"metric": {"__name__": q["query"], **labels}, "values": values})
+        else:
             self.send_error(404)
             return
-        self.queries.append(q)
-        start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
-        metric = q["query"].split("increase(")[1].split("[")[0]
-        result: list[dict[str, Any]] = []
-        for labels, points in self.data.get(metric, []):
-            times = [t for t in sorted(points) if start <= t <= end]
-            if any((t - start) % step for t in times):
-                self.send_error(400, "evaluation times off the step grid")
-                return
-            result.append({"metric": labels, "values": [[t, str(points[t])] for t in times]})
-        body = json.dumps(
-            {"status": "success", "data": {"resultType": "matrix", "result": result}}
-        ).encode()
+        body = json.dumps({"status": "success", "data": {"resultType": kind, "result": result}})
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(body.encode())))
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(body.encode())
 
     def log_message(self, format: str, *args: object) -> None:
         return
@@ -290,17 +304,23 @@ class PrometheusStub(BaseHTTPRequestHandler):
 def test_report_from_prometheus_query_range(tmp_path: Path) -> None:
     end = 1_800_000_000.0
     start = end - 3600
-    steps = [start + 60 * i for i in range(1, 61)]
+    steps = [start + 60 * i for i in range(61)]  # a scrape a minute, the first at the start
+    blue, green = {"namespace": "ml", "tenant": "blue"}, {"namespace": "web", "tenant": "green"}
     PrometheusStub.data = {
         "tranche_tenant_gpu_allocated_seconds_total": [
-            ({"namespace": "ml", "tenant": "blue"}, dict.fromkeys(steps, 60.0)),
-            ({"namespace": "web", "tenant": "green"}, {t: 30.0 for t in steps[30:]}),
+            # held before the window (1000 s then), 60 s a minute in it
+            (blue, {t: 1000 + 60.0 * i for i, t in enumerate(steps)}),
+            # starts halfway, counts from zero
+            (green, {t: 30.0 * (i - 30) for i, t in enumerate(steps) if i > 30}),
         ],
         "tranche_tenant_gpu_measured_seconds_total": [
-            ({"namespace": "ml", "tenant": "blue"}, dict.fromkeys(steps, 15.0)),
+            (blue, {t: 15.0 * i for i, t in enumerate(steps)}),
         ],
-        "tranche_device_idle_seconds_total": [({}, dict.fromkeys(steps, 12.0))],
-    }
+        # a plugin restart at minute 20: the counter starts again at zero
+        "tranche_device_idle_seconds_total": [
+            ({}, {t: 12.0 * (i if i < 20 else i - 20) for i, t in enumerate(steps)})
+        ],
+    }  # fmt: skip
     PrometheusStub.queries = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), PrometheusStub)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -315,15 +335,15 @@ def test_report_from_prometheus_query_range(tmp_path: Path) -> None:
         server.server_close()
         thread.join(timeout=5)
     assert PrometheusStub.queries[0]["query"] == (
-        "sum by (instance, namespace, tenant) "
-        "(increase(tranche_tenant_gpu_allocated_seconds_total[60s]))"
+        "last_over_time(tranche_tenant_gpu_allocated_seconds_total[1d])"
     )
+    assert PrometheusStub.queries[1]["query"] == "tranche_tenant_gpu_allocated_seconds_total"
     rows = {r.tenant: r for r in report.rows}
     assert rows["blue"].allocated_s == 3600.0
     assert rows["blue"].measured_s == 900.0
     assert rows["blue"].idle_s == 2700.0
     assert rows["green"].allocated_s == 900.0
-    assert report.devices.idle_s == 720.0
+    assert report.devices.idle_s == 12.0 * 19 + 12.0 * 40  # before and after the reset
     blue_line = [p.allocated_s for p in report.timeline if p.tenant == "blue"]
     assert blue_line == sorted(blue_line) and blue_line[-1] == 3600.0
     chart = tmp_path / "chart.svg"
@@ -515,25 +535,29 @@ def test_html_without_prices(plugin: Plugin, tmp_path: Path) -> None:
 
 def test_prometheus_keeps_nodes_apart_so_each_is_priced_at_its_own_rate() -> None:
     end = 1_800_000_000.0
-    steps = [end - 3600 + 60 * i for i in range(1, 61)]
+    steps = [end - 3600 + 60 * i for i in range(61)]
     a, b = {"instance": "node-a:9400"}, {"instance": "node-b:9400"}
+
+    def counting(per_minute: float) -> dict[float, float]:
+        return {t: per_minute * i for i, t in enumerate(steps)}
+
     PrometheusStub.data = {
         "tranche_tenant_gpu_allocated_seconds_total": [
-            ({**a, "namespace": "ml", "tenant": "blue"}, dict.fromkeys(steps, 60.0)),
-            ({**b, "namespace": "web", "tenant": "green"}, dict.fromkeys(steps, 60.0)),
+            ({**a, "namespace": "ml", "tenant": "blue"}, counting(60.0)),
+            ({**b, "namespace": "web", "tenant": "green"}, counting(60.0)),
         ],
         "tranche_tenant_gpu_measured_seconds_total": [
-            ({**a, "namespace": "ml", "tenant": "blue"}, dict.fromkeys(steps, 30.0)),
-            ({**b, "namespace": "web", "tenant": "green"}, dict.fromkeys(steps, 60.0)),
+            ({**a, "namespace": "ml", "tenant": "blue"}, counting(30.0)),
+            ({**b, "namespace": "web", "tenant": "green"}, counting(60.0)),
         ],
         "tranche_claim_gpu_allocated_seconds_total": [
-            ({"namespace": "ml", "claim": "train", "tenant": "blue"}, dict.fromkeys(steps, 60.0)),
+            ({"namespace": "ml", "claim": "train", "tenant": "blue"}, counting(60.0)),
         ],
         "tranche_device_held_seconds_total": [
-            ({**a, "uuid": "GPU-A"}, dict.fromkeys(steps, 60.0)),
-            ({**b, "uuid": "GPU-H"}, dict.fromkeys(steps, 60.0)),
+            ({**a, "uuid": "GPU-A"}, counting(60.0)),
+            ({**b, "uuid": "GPU-H"}, counting(60.0)),
         ],
-        "tranche_device_idle_seconds_total": [({**a, "uuid": "GPU-A"}, dict.fromkeys(steps, 30.0))],
+        "tranche_device_idle_seconds_total": [({**a, "uuid": "GPU-A"}, counting(30.0))],
     }
     server = ThreadingHTTPServer(("127.0.0.1", 0), PrometheusStub)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
