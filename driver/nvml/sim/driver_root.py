@@ -104,6 +104,22 @@ exit 0
 """
 
 
+def write_mps_control(bin_dir: Path, *, python: str | None = None) -> Path:
+    """``<bin_dir>/nvidia-cuda-mps-control``: the simulated MPS control daemon
+    (:mod:`driver.nvml.sim.mps_control`), run by ``python`` (default: this interpreter)."""
+    path = bin_dir / "nvidia-cuda-mps-control"
+    _write(
+        path,
+        f"#!{python or sys.executable}\n"
+        '"""Simulated nvidia-cuda-mps-control (Tranche): driver.nvml.sim.mps_control."""\n'
+        "import sys\n\n"
+        "from driver.nvml.sim.mps_control import main\n\n"
+        "sys.exit(main())\n",
+        0o755,
+    )
+    return path
+
+
 def create_driver_root(
     root: Path,
     driver_version: str,
@@ -124,16 +140,7 @@ def create_driver_root(
     _write(root / "etc" / "ld.so.conf", f"/{LIB_DIR}\n")
     bin_dir = root / "usr" / "bin"
     _write(bin_dir / "nvidia-smi", nvidia_smi_script(gpus, driver_version, cuda_version), 0o755)
-    interpreter = python or sys.executable
-    _write(
-        bin_dir / "nvidia-cuda-mps-control",
-        f"#!{interpreter}\n"
-        '"""Simulated nvidia-cuda-mps-control (Tranche): driver.nvml.sim.mps_control."""\n'
-        "import sys\n\n"
-        "from driver.nvml.sim.mps_control import main\n\n"
-        "sys.exit(main())\n",
-        0o755,
-    )
+    write_mps_control(bin_dir, python=python)
     for name in PLAIN_UTILITIES:
         _write(
             bin_dir / name,

@@ -35,8 +35,8 @@ SLOW_START = "TRANCHE_SIM_MPS_SLOW_START"
 
 
 def _dirs() -> tuple[Path, Path]:
-    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
-    logs = Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"))
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")).absolute()
+    logs = Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")).absolute()
     return pipe, logs
 
 
@@ -73,7 +73,10 @@ class _Daemon:
         return f"Unrecognized command: {command}", True
 
     def serve(self) -> None:
-        control = self.pipe / "control"
+        # Bound by a relative name: a Unix socket path must stay under 108 bytes, and the
+        # pipe directory may be deep (a test's temporary directory).
+        os.chdir(self.pipe)
+        control = Path("control")
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(str(control))
         server.listen(16)
@@ -103,10 +106,12 @@ class _Daemon:
 
 
 def _connect(pipe: Path, timeout_s: float = CONNECT_TIMEOUT_S) -> socket.socket | None:
+    """Connect to the daemon (from the pipe directory: the socket's path may be long)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
-        sock.connect(str(pipe / "control"))
+        os.chdir(pipe)
+        sock.connect("control")
     except OSError:
         sock.close()
         return None
@@ -134,7 +139,6 @@ def start_daemon() -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    os.chdir("/")
     delay = float(os.environ.get(SLOW_START, "0") or 0)
     if delay > 0:
         time.sleep(delay)  # a fault knob: a daemon slow to open its control socket

@@ -1,5 +1,5 @@
-"""MPS over the simulated dgx-h100 with a stand-in control daemon
-(``tests/fixtures/fake-mps-control``): the daemon's processes, what it was told, the GPU's
+"""MPS over the simulated dgx-h100 with the simulation's control daemon
+(:mod:`driver.nvml.sim.mps_control`): the daemon's processes, what it was told, the GPU's
 compute mode, the CDI contents; shares of one GPU, a dying daemon, a crash mid-start."""
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def test_a_daemon_that_dies_is_restarted_and_its_claims_stay_prepared(node: Path
 def test_a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing(
     node: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_MPS_FAIL_START", "1")
+    monkeypatch.setenv("TRANCHE_SIM_MPS_FAIL_START", "1")
     state, sharing, nvml = sharing_state(node)
     gpu = state.inventory.gpus[0]
     obj = new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
