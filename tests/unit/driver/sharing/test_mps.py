@@ -17,8 +17,9 @@ import pytest
 
 from driver.checkpoint.store import Checkpoint
 from driver.nvml.sim import create_state, open_simulated
+from driver.nvml.sim.driver_root import write_mps_control
 from driver.sharing import SharingNode
-from driver.sharing.mps import MpsDaemons
+from driver.sharing.mps import DaemonSpec, MpsDaemons
 from tests.unit.claim_values import claim, config, ref_of, result
 from tests.unit.sharing_node import sharing_state
 from tests.waiting import wait_for
@@ -254,3 +255,34 @@ def test_an_absurd_quantity_fails_its_claim_alone_naming_the_field(
     ok = new_claim(node, "ok", [share(device, "s-ok", "10Gi", "1")])
     assert state.prepare(ok, ref_of(ok)).error == ""
     assert state.unprepare(ref_of(ok)).error == ""
+
+
+def test_a_daemon_this_process_cannot_see_is_adopted_not_doubled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plugin restarted in a new PID namespace sees no marked process in ``/proc``; the
+    daemon's control pipe still answers, so it is adopted, not replaced by a second one."""
+    binary = str(write_mps_control(tmp_path / "bin"))
+    nvml = open_simulated(create_state("dgx-h100"))
+    uuid = nvml.list_gpus()[0].uuid
+    spec = DaemonSpec(key=uuid, uuid=uuid, gpu_uuid=uuid, whole_gpu=True)
+    first = MpsDaemons(binary, tmp_path / "mps", nvml)
+    first.ensure(spec)
+    pids = first.processes(uuid)
+    assert len(pids) == 1
+    assert first.record_pids(uuid) == pids
+    record = json.loads((first.dir(uuid) / "daemon.json").read_text())
+    assert record["pipe_dir"] == str(first.pipe_dir(uuid))
+
+    second = MpsDaemons(binary, tmp_path / "mps", nvml)
+    monkeypatch.setattr(second, "processes", lambda key=None: [])
+    assert not second.running(uuid)
+    second.ensure(spec)
+    assert second.restart_dead() == []
+    assert len(log_lines(second, uuid, "starts.log")) == 1
+    assert first.processes(uuid) == pids
+    assert second.record_pids(uuid) == pids
+
+    second.stop(uuid)
+    wait_for("the adopted daemon to quit", lambda: not first.processes(uuid))
+    assert not first.dir(uuid).exists()
