@@ -25,6 +25,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from hack.devcluster.realnode.node import RealNodeInfo
 from hack.devcluster.realnode.render import TEST_IMAGE
 from hack.simnode import SimNode, SimNodeConfig
@@ -79,6 +80,8 @@ def cdi_node(
             root=tmp_path_factory.mktemp("cdi-plugin"),
             kubelet_root=real.kubelet_root,
             cdi_root=real.cdi_root,
+            # MPS with no setting but the group: the simulated driver root's daemon
+            extra_args=("--sharing", json.dumps({"groups": ["blue"]})),
         )
     )
     try:
@@ -197,3 +200,27 @@ def test_a_gpu_pod_finds_libcuda_nvidia_smi_and_only_its_own_gpu(
     assert {"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"} <= set(devices)
 
     _delete_and_unprepared(cdi_node, api, namespace, pod, uid)
+
+
+def test_an_mps_pod_reaches_the_daemon_the_plugin_started_with_no_mps_setting(
+    cdi_node: CdiNode, namespace: str, api: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(api)
+    labels = {LABEL_LEVEL: "shared", LABEL_SHARING_GROUP: "blue"}
+    core.patch_namespace(namespace, {"metadata": {"labels": labels}})
+    script = (
+        '[ -S "$CUDA_MPS_PIPE_DIRECTORY/control" ] && echo "MPS_CONTROL=socket"; '
+        'env | grep "^CUDA_MPS_"; ' + SHOW
+    )
+    pod = _apply_pod(cdi_node, namespace, "mps-shares.yaml", script)
+    uid = _claim_uid(core, api, namespace, pod)
+    text = _pod_log(core, namespace, pod)
+    assert "MPS_CONTROL=socket" in text, text
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in text
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in text
+    assert "LIBCUDA1=simulated libcuda.so." in text
+    daemons = cdi_node.plugin.data_dir / "mps"
+    (record,) = [json.loads(p.read_text()) for p in daemons.glob("*/daemon.json")]
+    assert record["pids"], record
+    _delete_and_unprepared(cdi_node, api, namespace, pod, uid)
+    wait_for("the daemon to be stopped", lambda: not list(daemons.glob("*/daemon.json")))
