@@ -248,10 +248,6 @@ class MpsDaemons:
             return False
         return done.returncode == 0
 
-    def alive(self, spec: DaemonSpec) -> bool:
-        """The daemon runs: a marked process is seen, or its control pipe answers."""
-        return self.running(spec.key) or self.answers(spec)
-
     def _adopt(self, spec: DaemonSpec) -> None:
         record = self.records().get(spec.key)
         pgid = record[1] if record is not None else None
@@ -371,14 +367,18 @@ class MpsDaemons:
         """Quit the daemon, kill what is left of it, restore the compute mode; idempotent."""
         with self._lock:
             record = self.records().get(key)
-            if record is not None and self.alive(record[0]):
+            seen = self.running(key)
+            if record is not None and (seen or self.answers(record[0])):
                 try:
                     self.control(key, ["quit"])
                 except ClaimError as e:
                     log.warning("mps quit failed key=%s error=%s; killing", key, e)
                 deadline = time.monotonic() + 5.0
+                # An adopted daemon this process cannot see is gone when its pipe is.
                 control = self.pipe_dir(key) / "control"
-                while (self.running(key) or control.exists()) and time.monotonic() < deadline:
+                while (
+                    self.running(key) if seen else control.exists()
+                ) and time.monotonic() < deadline:
                     time.sleep(0.05)
             self._kill(key, record[1] if record else None)
             if record is not None:
