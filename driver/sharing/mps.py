@@ -146,8 +146,10 @@ class MpsDaemons:
         ready_timeout_s: float = 15.0,
         faults: FaultPoints = NO_FAULTS,
         environ: Mapping[str, str] | None = None,
+        cgroups: Sequence[Path] = (),
     ) -> None:
         self.binary = binary
+        self.cgroups = tuple(cgroups)
         self.root = root
         self._nvml = nvml
         self._ready_timeout_s = ready_timeout_s
@@ -286,7 +288,7 @@ class MpsDaemons:
         self._write_record(spec, None)
         try:
             proc = subprocess.Popen(
-                [self.binary, "-d"],
+                self._launch_command(),
                 env=self._env(spec),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -315,6 +317,19 @@ class MpsDaemons:
             ",".join(map(str, pids)) or "-",
             self.pipe_dir(spec.key),
         )
+
+    def _launch_command(self) -> list[str]:
+        """``<binary> -d``; with ``cgroups``, from a shell that first moves itself into each
+        (created when missing), so the daemon it forks is outside the plugin's cgroup."""
+        if not self.cgroups:
+            return [self.binary, "-d"]
+        for cgroup in self.cgroups:
+            try:
+                cgroup.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ClaimError(f"MPS control daemon cgroup {cgroup} cannot be made: {e}") from e
+        script = 'b=$1; shift; for d; do echo $$ > "$d/cgroup.procs" || exit 1; done; exec "$b" -d'
+        return ["/bin/sh", "-c", script, "sh", self.binary, *map(str, self.cgroups)]
 
     def _await_ready(self, spec: DaemonSpec, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self._ready_timeout_s

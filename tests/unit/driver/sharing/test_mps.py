@@ -286,3 +286,39 @@ def test_a_daemon_this_process_cannot_see_is_adopted_not_doubled(
     second.stop(uuid)
     wait_for("the adopted daemon to quit", lambda: not first.processes(uuid))
     assert not first.dir(uuid).exists()
+
+
+def _cgroup_hierarchy() -> Path:
+    """A cgroup hierarchy this test may make a cgroup in (v2, or v1's ``pids``)."""
+    root = Path("/sys/fs/cgroup")
+    if os.geteuid() != 0:
+        pytest.skip("moving a process between cgroups needs root")
+    if (root / "cgroup.controllers").exists():
+        return root
+    if (root / "pids" / "cgroup.procs").exists():
+        return root / "pids"
+    pytest.skip("no cgroup v2 and no cgroup v1 pids hierarchy here")
+
+
+def test_a_daemon_started_in_the_configured_cgroup_is_outside_the_plugins(tmp_path: Path) -> None:
+    """With ``mpsCgroups`` the daemon leaves the plugin's cgroup (its container's), so
+    stopping the container does not end it."""
+    hierarchy = _cgroup_hierarchy()
+    name = f"tranche-mps-test-{os.getpid()}-{tmp_path.name[-12:]}"
+    cgroup = hierarchy / name
+    binary = str(write_mps_control(tmp_path / "bin"))
+    nvml = open_simulated(create_state("dgx-h100"))
+    uuid = nvml.list_gpus()[0].uuid
+    daemons = MpsDaemons(binary, tmp_path / "mps", nvml, cgroups=[cgroup])
+    try:
+        daemons.ensure(DaemonSpec(key=uuid, uuid=uuid, gpu_uuid=uuid, whole_gpu=True))
+        (pid,) = daemons.processes(uuid)
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        assert any(line.endswith(f":/{name}") for line in lines), lines
+        assert f"pid={pid}" in log_lines(daemons, uuid, "starts.log")[0]
+        daemons.stop(uuid)
+        assert daemons.processes(uuid) == []
+    finally:
+        daemons.sweep(set())
+        wait_for("the cgroup to empty", lambda: not (cgroup / "cgroup.procs").read_text().strip())
+        cgroup.rmdir()
