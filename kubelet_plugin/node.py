@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -30,9 +31,10 @@ from driver.kube.http import KubeClient
 from driver.metrics import Metrics
 from driver.nvml.facade import Nvml
 from driver.prepare.cdi import CdiSpecs, DeviceNumbers
+from driver.prepare.driver_root import DriverFiles, find_driver_files
 from driver.prepare.executor import DeviceState, RecoveryReport
 from driver.prepare.plan import CreateMigDevice
-from driver.sharing import SharingNode
+from driver.sharing import SharingConfig, SharingNode
 from driver.sharing import managed_mig_uuids as sharing_mig_uuids
 from driver.usage.attribution import UsageSampler
 from driver.usage.records import checkpoint_records
@@ -50,6 +52,8 @@ from kubelet_plugin.settings import PluginSettings
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.json"
+SIM_DRIVER_ROOT = "sim-driver-root"
+MPS_CONTROL = "nvidia-cuda-mps-control"
 LOCK_FILE = "plugin.lock"
 HEALTH_FILE = "health.json"
 
@@ -71,6 +75,44 @@ def _device_numbers(settings: PluginSettings) -> DeviceNumbers | None:
     from driver.nvml.sim import PROC_DEVICES  # noqa: PLC0415 (no simulation on a real node)
 
     return DeviceNumbers.from_proc_devices(PROC_DEVICES)
+
+
+def driver_files(settings: PluginSettings, nvml: Nvml) -> DriverFiles:
+    """The driver's files for every claim's CDI spec, found once at start.
+
+    With ``--nvml simulated`` the simulated driver root is written first: at
+    ``--driver-root``, or ``<state dir>/sim-driver-root`` when that is ``/``.
+    """
+    root = settings.driver_root
+    if settings.nvml == "simulated":
+        from driver.nvml.sim import write_driver_root  # noqa: PLC0415 (a real node never loads it)
+
+        if root == Path("/"):
+            root = settings.data_dir / SIM_DRIVER_ROOT
+        write_driver_root(root, nvml.system_info(), nvml.list_gpus())
+    host_root = str(settings.host_driver_root or root)
+    files = find_driver_files(root, host_root, hook_path=settings.cdi_hook_path)
+    if files.missing:
+        log.error(
+            "driver root lacks libraries CUDA containers need driver_root=%s missing=%s",
+            root,
+            ",".join(files.missing),
+            extra={"node": settings.node_name},
+        )
+    return files
+
+
+def sharing_config(settings: PluginSettings, files: DriverFiles) -> SharingConfig:
+    """The sharing settings, with the driver root's ``nvidia-cuda-mps-control`` when the
+    setting names the binary without a path (a plugin container has no driver on ``PATH``)."""
+    config = settings.sharing
+    if config.mps_control != MPS_CONTROL:
+        return config
+    for path in files.utilities:
+        if Path(path).name == MPS_CONTROL:
+            binary = files.root / path.lstrip("/")
+            return config.model_copy(update={"mps_control": str(binary)})
+    return config
 
 
 class NodePlugin:
@@ -104,10 +146,11 @@ class NodePlugin:
         )
         for note in self.inventory.notes:
             log.info("inventory note=%s", note, extra={"node": settings.node_name})
+        self.driver_files = driver_files(settings, nvml)
         self.sharing = SharingNode(
             nvml,
             self.inventory,
-            settings.sharing,
+            sharing_config(settings, self.driver_files),
             state_dir=data_dir,
             faults=faults,
             simulated=settings.nvml == "simulated",
@@ -116,7 +159,12 @@ class NodePlugin:
         self.state = DeviceState(
             nvml,
             self.inventory,
-            CdiSpecs(settings.cdi_root, faults=faults, numbers=_device_numbers(settings)),
+            CdiSpecs(
+                settings.cdi_root,
+                faults=faults,
+                numbers=_device_numbers(settings),
+                node_edits=self.driver_files.edits(),
+            ),
             self.checkpoint,
             lock_path=data_dir / LOCK_FILE,
             driver_name=settings.driver_name,

@@ -32,6 +32,9 @@ class PluginSettings(BaseModel):
     driver_name: str = Field(default=DEFAULT_DRIVER_NAME, min_length=1, max_length=63)
     kubelet_root_dir: Path = Path("/var/lib/kubelet")
     cdi_root: Path = Path("/var/run/cdi")
+    driver_root: Path = Path("/")  # where this process sees the driver's files
+    host_driver_root: Path | None = None  # the same on the host (default: driver_root)
+    cdi_hook_path: str | None = None  # host path of nvidia-cdi-hook (default: in the root)
     state_dir: Path | None = None  # default: <kubelet-root>/plugins/<driver>
     nvml: Literal["real", "simulated"] = "real"
     profile: str = "dgx-h100"
@@ -77,6 +80,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
     add_flag(p, "--kubelet-root-dir", "kubelet root directory", default="/var/lib/kubelet")
     add_flag(p, "--cdi-root", "directory for CDI spec files", default="/var/run/cdi")
+    add_flag(
+        p,
+        "--driver-root",
+        "where this process sees the NVIDIA driver's files (the chart mounts the host's at "
+        "/driver-root); with --nvml simulated a simulated driver root is written here "
+        "(default there: <state-dir>/sim-driver-root)",
+        default="/",
+    )
+    add_flag(
+        p,
+        "--host-driver-root",
+        "the driver root as the host sees it, for CDI host paths (default: --driver-root)",
+    )
+    add_flag(
+        p,
+        "--cdi-hook-path",
+        "host path of nvidia-cdi-hook for the CDI hooks that make the driver's libraries "
+        "loadable (default: found in the driver root; none: libraries mounted by soname)",
+    )
     add_flag(
         p,
         "--state-dir",
@@ -194,6 +216,9 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             driver_name=args.driver_name,
             kubelet_root_dir=Path(args.kubelet_root_dir),
             cdi_root=Path(args.cdi_root),
+            driver_root=Path(args.driver_root or "/"),
+            host_driver_root=Path(args.host_driver_root) if args.host_driver_root else None,
+            cdi_hook_path=args.cdi_hook_path or None,
             state_dir=Path(args.state_dir) if args.state_dir else None,
             nvml=args.nvml,
             profile=args.profile,

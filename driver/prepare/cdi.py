@@ -94,10 +94,21 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class Hook:
+    """An OCI hook the runtime runs for the container (CDI ``hooks[]``); ``path`` on the host."""
+
+    hook_name: str
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ContainerEdits:
     env: tuple[str, ...] = ()
     device_nodes: tuple[str, ...] = ()
     mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
 
     def __add__(self, other: ContainerEdits) -> ContainerEdits:
         return ContainerEdits(
@@ -105,6 +116,7 @@ class ContainerEdits:
             device_nodes=self.device_nodes
             + tuple(n for n in other.device_nodes if n not in self.device_nodes),
             mounts=self.mounts + other.mounts,
+            hooks=self.hooks + other.hooks,
         )
 
     def to_json(self, numbers: DeviceNumbers | None = None) -> dict[str, Any]:
@@ -122,6 +134,13 @@ class ContainerEdits:
                 | ({"options": list(m.options)} if m.options else {})
                 | ({"type": m.type} if m.type else {})
                 for m in self.mounts
+            ]
+        if self.hooks:
+            out["hooks"] = [
+                {"hookName": h.hook_name, "path": h.path}
+                | ({"args": list(h.args)} if h.args else {})
+                | ({"env": list(h.env)} if h.env else {})
+                for h in self.hooks
             ]
         return out
 
@@ -219,6 +238,9 @@ class CdiSpecs:
 
     ``numbers`` describe device nodes by type and numbers (a simulated node, whose host
     has no NVIDIA device nodes); None names them by path only (a real node).
+    ``node_edits`` are the node's driver edits (:mod:`driver.prepare.driver_root`: libraries,
+    utilities, IPC sockets, control device nodes, hooks), found once at start and written
+    into the spec-wide ``containerEdits`` of every claim's spec.
     """
 
     def __init__(
@@ -226,17 +248,20 @@ class CdiSpecs:
         cdi_dir: Path = DEFAULT_CDI_DIR,
         faults: FaultPoints = NO_FAULTS,
         numbers: DeviceNumbers | None = None,
+        node_edits: ContainerEdits | None = None,
     ) -> None:
         self.dir = cdi_dir
         self._faults = faults
         self._numbers = numbers
+        self._node_edits = node_edits or ContainerEdits()
 
     def path(self, claim_uid: str) -> Path:
         return self.dir / f"{VENDOR}-{CLASS}_{claim_uid}.json"
 
     def write(self, claim_uid: str, devices: Sequence[CdiDevice], common: ContainerEdits) -> Path:
         path = self.path(claim_uid)
-        data = json.dumps(build_spec(devices, common, self._numbers), indent=2).encode() + b"\n"
+        spec = build_spec(devices, common + self._node_edits, self._numbers)
+        data = json.dumps(spec, indent=2).encode() + b"\n"
         # Not fsynced: the spec is whole for the runtime at once (page cache), and after a
         # machine crash start-up recovery rewrites the spec of every prepared claim (its
         # directory is a tmpfs on most nodes anyway).

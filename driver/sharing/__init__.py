@@ -117,6 +117,7 @@ class SharingNode:
             nvml,
             ready_timeout_s=config.mps_ready_timeout_s,
             faults=faults,
+            cgroups=config.mps_cgroups,
         )
         self.supervisor = MpsSupervisor(self.daemons, config.mps_check_interval_s)
         gpus = [g.uuid for g in inventory.gpus if g.advertised]

@@ -9,11 +9,19 @@ limits as ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` / ``CUDA_MPS_PINNED_DEVICE_MEM_L
 
 Each daemon lives in ``<root>/<hash of key>/`` (``pipe/``, ``log/``, ``daemon.json``);
 ``key`` is the GPU UUID or the MIG device name. ``daemon.json`` is written right
-after the spawn, before anything waits, and every daemon process carries
-``TRANCHE_MPS_ROOT`` / ``TRANCHE_MPS_KEY`` in its environment, so a plugin killed
-mid-start leaves nothing that recovery cannot find and kill (its process group,
-and any process marked with the root). A supervisor thread restarts a daemon
-that died while claims still use it; those claims stay prepared.
+after the spawn, before anything waits, and again with the daemon's pids once it
+answers; every daemon process carries ``TRANCHE_MPS_ROOT`` / ``TRANCHE_MPS_KEY`` in
+its environment, so a plugin killed mid-start leaves nothing that recovery cannot
+find and kill (its process group, and any process marked with the root). A
+supervisor thread restarts a daemon that died while claims still use it; those
+claims stay prepared.
+
+Daemons are detached from the plugin: ``nvidia-cuda-mps-control -d`` runs in a session
+of its own and daemonizes (the launcher exits, the daemon is nobody's child in the
+plugin), so a plugin that is killed leaves its daemons serving their clients. A
+restarted plugin adopts a daemon whose control pipe answers (``get_server_list``), even
+one it cannot see in ``/proc`` (a new PID namespace), instead of clearing its pipe
+directory and starting a second one on the same GPU; a dead one is restarted.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ RECORD = "daemon.json"
 MARK_ROOT = "TRANCHE_MPS_ROOT"
 MARK_KEY = "TRANCHE_MPS_KEY"
 CONTROL_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 3.0  # a live daemon answers get_server_list at once
 
 
 class ComputeModeControl(Protocol):
@@ -137,8 +146,10 @@ class MpsDaemons:
         ready_timeout_s: float = 15.0,
         faults: FaultPoints = NO_FAULTS,
         environ: Mapping[str, str] | None = None,
+        cgroups: Sequence[Path] = (),
     ) -> None:
         self.binary = binary
+        self.cgroups = tuple(cgroups)
         self.root = root
         self._nvml = nvml
         self._ready_timeout_s = ready_timeout_s
@@ -170,6 +181,15 @@ class MpsDaemons:
 
     # records --------------------------------------------------------------------------------
 
+    def record_pids(self, key: str) -> list[int]:
+        """The daemon pids recorded for ``key`` (written once it answered)."""
+        try:
+            raw = json.loads((self.dir(key) / RECORD).read_text())
+        except (OSError, ValueError):
+            return []
+        pids = raw.get("pids") if isinstance(raw, dict) else None
+        return [p for p in pids if isinstance(p, int)] if isinstance(pids, list) else []
+
     def records(self) -> dict[str, tuple[DaemonSpec, int | None]]:
         """Every daemon the node wants, with the process group it was started in."""
         out: dict[str, tuple[DaemonSpec, int | None]] = {}
@@ -185,8 +205,16 @@ class MpsDaemons:
                 log.error("mps record unreadable path=%s error=%s", path, e)
         return out
 
-    def _write_record(self, spec: DaemonSpec, pgid: int | None) -> None:
-        data = json.dumps({"spec": spec.to_json(), "pgid": pgid}, indent=2).encode()
+    def _write_record(self, spec: DaemonSpec, pgid: int | None, pids: Sequence[int] = ()) -> None:
+        data = json.dumps(
+            {
+                "spec": spec.to_json(),
+                "pgid": pgid,
+                "pids": list(pids),
+                "pipe_dir": str(self.pipe_dir(spec.key)),
+            },
+            indent=2,
+        ).encode()
         write_atomic(self.dir(spec.key) / RECORD, data)
 
     def processes(self, key: str | None = None) -> list[int]:
@@ -204,12 +232,47 @@ class MpsDaemons:
     def running(self, key: str) -> bool:
         return bool(self.processes(key))
 
+    def answers(self, spec: DaemonSpec) -> bool:
+        """Whether a daemon serves the control pipe of ``spec.key`` (``get_server_list``)."""
+        if not (self.pipe_dir(spec.key) / "control").exists():
+            return False
+        try:
+            done = subprocess.run(
+                [self.binary],
+                env=self._env(spec),
+                input=b"get_server_list\n",
+                capture_output=True,
+                timeout=PROBE_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("mps control probe failed key=%s error=%s", spec.key, e)
+            return False
+        return done.returncode == 0
+
+    def _adopt(self, spec: DaemonSpec) -> None:
+        record = self.records().get(spec.key)
+        pgid = record[1] if record is not None else None
+        pids = self.processes(spec.key) or self.record_pids(spec.key)
+        self._write_record(spec, pgid, pids)
+        log.info(
+            "mps daemon adopted key=%s uuid=%s pids=%s pipe_dir=%s",
+            spec.key,
+            spec.uuid,
+            ",".join(map(str, pids)) or "-",
+            self.pipe_dir(spec.key),
+        )
+
     # start / stop ---------------------------------------------------------------------------
 
     def ensure(self, spec: DaemonSpec) -> None:
-        """Start the daemon of ``spec.key`` unless it runs already."""
+        """Start the daemon of ``spec.key`` unless it runs already; adopt one that answers
+        but that this process does not see (another PID namespace)."""
         with self._lock:
             if self.running(spec.key):
+                return
+            if self.answers(spec):
+                self._adopt(spec)
                 return
             self._start(spec)
 
@@ -218,14 +281,14 @@ class MpsDaemons:
         pipe.mkdir(parents=True, exist_ok=True)
         logs.mkdir(parents=True, exist_ok=True)
         for leftover in pipe.iterdir():
-            if leftover.is_file() or leftover.is_fifo():
+            if leftover.is_file() or leftover.is_fifo() or leftover.is_socket():
                 leftover.unlink()
         if spec.whole_gpu:
             self._nvml.set_compute_mode(spec.gpu_uuid, "ExclusiveProcess")
         self._write_record(spec, None)
         try:
             proc = subprocess.Popen(
-                [self.binary, "-d"],
+                self._launch_command(),
                 env=self._env(spec),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -244,7 +307,29 @@ class MpsDaemons:
         except TrancheError:
             self.stop(spec.key)
             raise
-        log.info("mps daemon started key=%s uuid=%s pgid=%d", spec.key, spec.uuid, proc.pid)
+        pids = self.processes(spec.key)
+        self._write_record(spec, proc.pid, pids)
+        log.info(
+            "mps daemon started key=%s uuid=%s pgid=%d pids=%s pipe_dir=%s",
+            spec.key,
+            spec.uuid,
+            proc.pid,
+            ",".join(map(str, pids)) or "-",
+            self.pipe_dir(spec.key),
+        )
+
+    def _launch_command(self) -> list[str]:
+        """``<binary> -d``; with ``cgroups``, from a shell that first moves itself into each
+        (created when missing), so the daemon it forks is outside the plugin's cgroup."""
+        if not self.cgroups:
+            return [self.binary, "-d"]
+        for cgroup in self.cgroups:
+            try:
+                cgroup.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ClaimError(f"MPS control daemon cgroup {cgroup} cannot be made: {e}") from e
+        script = 'b=$1; shift; for d; do echo $$ > "$d/cgroup.procs" || exit 1; done; exec "$b" -d'
+        return ["/bin/sh", "-c", script, "sh", self.binary, *map(str, self.cgroups)]
 
     def _await_ready(self, spec: DaemonSpec, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self._ready_timeout_s
@@ -297,13 +382,18 @@ class MpsDaemons:
         """Quit the daemon, kill what is left of it, restore the compute mode; idempotent."""
         with self._lock:
             record = self.records().get(key)
-            if self.running(key) and record is not None:
+            seen = self.running(key)
+            if record is not None and (seen or self.answers(record[0])):
                 try:
                     self.control(key, ["quit"])
                 except ClaimError as e:
                     log.warning("mps quit failed key=%s error=%s; killing", key, e)
                 deadline = time.monotonic() + 5.0
-                while self.running(key) and time.monotonic() < deadline:
+                # An adopted daemon this process cannot see is gone when its pipe is.
+                control = self.pipe_dir(key) / "control"
+                while (
+                    self.running(key) if seen else control.exists()
+                ) and time.monotonic() < deadline:
                     time.sleep(0.05)
             self._kill(key, record[1] if record else None)
             if record is not None:
@@ -357,6 +447,9 @@ class MpsDaemons:
         with self._lock:
             for key, (spec, pgid) in self.records().items():
                 if self.running(key):
+                    continue
+                if self.answers(spec):
+                    self._adopt(spec)
                     continue
                 log.warning("mps daemon died key=%s pgid=%s; restarting", key, pgid)
                 self._kill(key, pgid)

@@ -43,6 +43,10 @@ class SharingConfig(BaseModel):
     mps_control: str = Field(default=DEFAULT_MPS_CONTROL, min_length=1, alias="mpsControl")
     mps_ready_timeout_s: float = Field(default=15.0, gt=0, le=300, alias="mpsReadyTimeoutSeconds")
     mps_check_interval_s: float = Field(default=5.0, gt=0, le=600, alias="mpsCheckIntervalSeconds")
+    # Cgroup directories (one per hierarchy on cgroup v1, one on v2, as this process sees
+    # them) the MPS control daemons start in, outside the plugin container's cgroup, so that
+    # stopping the container does not end them; empty: the plugin's own cgroup.
+    mps_cgroups: tuple[Path, ...] = Field(default=(), alias="mpsCgroups")
     mig_minors: Path = Field(default=DEFAULT_MIG_MINORS, alias="migMinors")
     cgroup_root: Path = Field(default=Path("/sys/fs/cgroup"), alias="cgroupRoot")
 

@@ -21,6 +21,7 @@ from driver.devices.inventory import AdvertiseConfig, Inventory, build_inventory
 from driver.devices.slices import build_slices
 from driver.nvml.facade import Nvml
 from driver.nvml.sim import create_state, open_simulated
+from driver.nvml.sim.driver_root import write_mps_control
 from driver.prepare.cdi import CdiSpecs
 from driver.prepare.executor import DeviceState
 from driver.sharing import SharingConfig, SharingNode
@@ -36,7 +37,6 @@ pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "docs" / "examples"
-FAKE_MPS = ROOT / "tests" / "fixtures" / "fake-mps-control"
 Obj = dict[str, Any]
 
 
@@ -235,7 +235,8 @@ def test_mps_share_runs_a_daemon_with_the_claims_limits(
 ) -> None:
     name = f"mps-{secrets.token_hex(3)}"
     node = make_node(name, labels={NODE_LABEL: name})
-    config = SharingConfig(groups=("blue",), timeslice=False, mps_control=str(FAKE_MPS))
+    mps_control = write_mps_control(tmp_path / "bin")  # the simulation's control daemon
+    config = SharingConfig(groups=("blue",), timeslice=False, mps_control=str(mps_control))
     sim = SimNode(tmp_path, node, "l4-x4", config)
     with cluster.api_client() as api, sim.published(api):
         (pod,) = _apply(cluster, namespace, "mps-shares.yaml", node)

@@ -8,7 +8,8 @@ that one L4 and the scheduler's capacity accounting is visible. The examples of
 kubelet simulator prepares and unprepares over the plugin's gRPC sockets. After
 each step the test reads what a user (or the GPU) would see: the CDI spec, the
 simulated GPU's state file (MIG instances, compute mode, time-slice interval) and
-the stand-in MPS daemon's own logs and processes.
+the MPS daemon's own logs and processes: the simulated ``nvidia-cuda-mps-control`` the
+plugin finds in its simulated driver root, with no MPS setting at all.
 
 The crash tests kill the plugin at a fault point (``TRANCHE_FAULT_POINT``) in the
 middle of a MIG create or an MPS start, start it again, and let the kubelet
@@ -18,6 +19,8 @@ simulator retry.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,6 @@ from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import unschedulable
 from tests.e2e.sim_nodes import (
     EXAMPLES,
-    REPO,
     PluginNode,
     apply_example,
     delete_pod,
@@ -47,7 +49,6 @@ from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
-FAKE_MPS = REPO / "tests" / "fixtures" / "fake-mps-control"
 SHARED_BLUE = {LABEL_LEVEL: "shared", LABEL_SHARING_GROUP: "blue"}
 PARTITIONED = {LABEL_LEVEL: "partitioned"}
 COMPUTE_MODE_EXCLUSIVE_PROCESS = 3  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
@@ -72,7 +73,7 @@ def node(cluster: Cluster) -> Iterator[ShareNode]:
     name = fresh_node_name("share")
     gpus = sim_gpu_uuids("mixed", name)  # H100, H100, L4, L4
     advertise = {"*": [], gpus[0]: ["mig"], gpus[2]: ["gpu"]}
-    sharing = {"groups": ["blue"], "mpsControl": str(FAKE_MPS)}
+    sharing = {"groups": ["blue"]}  # MPS: the simulated driver root's control daemon
     args = ("--advertise", json.dumps(advertise), "--sharing", json.dumps(sharing))
     with node_with_plugin(cluster, "share", name=name, profile="mixed", extra_args=args) as pn:
         yield ShareNode(pn, gpus[0], gpus[2])
@@ -172,7 +173,7 @@ def _nothing_left(pn: PluginNode) -> None:
 
 
 def _daemons(pn: PluginNode) -> list[int]:
-    """Live stand-in MPS daemons started for this node (found by their pipe directory)."""
+    """Live MPS control daemons started for this node (found by their pipe directory)."""
     root = str(pn.node.data_dir.resolve())
     found = []
     for entry in Path("/proc").iterdir():
@@ -185,13 +186,13 @@ def _daemons(pn: PluginNode) -> list[int]:
         except OSError:
             continue
         pipe = f"CUDA_MPS_PIPE_DIRECTORY={root}/".encode()
-        if b"fake-mps-control" in cmdline and pipe in environ and state not in ("Z", "X"):
+        if b"nvidia-cuda-mps-control" in cmdline and pipe in environ and state not in ("Z", "X"):
             found.append(int(entry.name))
     return found
 
 
 def _daemon_log(mounts: dict[str, str], name: str) -> list[str]:
-    """A log of the stand-in daemon, read from the host side of the container's log mount."""
+    """A log of the daemon, read from the host side of the container's log mount."""
     path = Path(mounts["/var/log/nvidia-mps"]) / name
     return path.read_text().splitlines() if path.exists() else []
 
@@ -290,8 +291,11 @@ def test_mps_shares_use_one_daemon_with_each_claims_limits(
         assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M" in env
         assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in env
         assert "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps" in env
-        assert set(mounts) == {"/tmp/nvidia-mps", "/var/log/nvidia-mps"}
-        assert Path(mounts["/tmp/nvidia-mps"], "control").is_fifo(), "the daemon's pipe"
+        mps_mounts = {m for m in mounts if "nvidia-mps" in m}
+        assert mps_mounts == {"/tmp/nvidia-mps", "/var/log/nvidia-mps"}
+        # and the driver's files from the simulated driver root (the plugin's own)
+        assert "/usr/bin/nvidia-cuda-mps-control" in mounts
+        assert Path(mounts["/tmp/nvidia-mps"], "control").is_socket(), "the daemon's pipe"
     assert len(_daemons(pn)) == 1, "one daemon for the GPU"
     assert _daemon_log(mounts, "starts.log") == [f"pid={_daemons(pn)[0]} devices={node.share_gpu}"]
     assert _daemon_log(mounts, "commands.log") == [], "share limits go to the clients only"
@@ -447,5 +451,55 @@ def test_plugin_killed_during_an_mps_start_leaves_one_daemon(
     assert set(pn.cdi_specs()) == {_spec_file(pn, uid).name}
 
     _released(pn, namespace, [pod], [uid])
+    assert _hardware(pn, node.share_gpu).compute_mode == 0
+    _nothing_left(pn)
+
+
+def _plugin_starts(pn: PluginNode) -> int:
+    """How often the plugin logged that it started (recovered, published, serving)."""
+    return pn.node.log_path.read_text(errors="replace").count("plugin started node=")
+
+
+def _control(pn: PluginNode, pipe: str, command: str) -> subprocess.CompletedProcess[str]:
+    """``echo COMMAND | nvidia-cuda-mps-control`` against a pipe directory, as a client would."""
+    binary = pn.node.data_dir / "sim-driver-root" / "usr" / "bin" / "nvidia-cuda-mps-control"
+    return subprocess.run(
+        [str(binary)],
+        env=os.environ | {"CUDA_MPS_PIPE_DIRECTORY": pipe},
+        input=command + "\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_mps_daemon_outlives_a_killed_plugin_and_the_restarted_plugin_adopts_it(
+    cluster: Cluster, namespace: str, node: ShareNode
+) -> None:
+    pn = node.pn
+    _label(pn, namespace, SHARED_BLUE)
+    (pod,) = _copies(cluster, "mps-shares.yaml", namespace, pn.name, 1)
+    uid, _ = _prepared(pn, namespace, pod)
+    view = _edits(pn, uid)
+    pipe = view[2]["/tmp/nvidia-mps"]
+    (daemon,) = _daemons(pn)
+    record = json.loads((Path(pipe).parent / "daemon.json").read_text())
+    assert record["pids"] == [daemon] and record["pipe_dir"] == pipe
+
+    pn.node.kill()  # SIGKILL to the plugin's process group: nothing cleaned up
+    assert _daemons(pn) == [daemon], "the daemon outlives the plugin"
+    assert _edits(pn, uid) == view, "the client's CDI view is unchanged"
+    assert _control(pn, pipe, "get_server_list").returncode == 0, "the pipe still answers"
+
+    starts = _plugin_starts(pn)
+    pn.node.start()
+    wait_for("the restarted plugin to recover and serve", lambda: _plugin_starts(pn) > starts)
+    assert _daemons(pn) == [daemon], "adopted: no second daemon for the GPU"
+    assert len(_daemon_log(view[2], "starts.log")) == 1
+    assert _hardware(pn, node.share_gpu).compute_mode == COMPUTE_MODE_EXCLUSIVE_PROCESS
+
+    _released(pn, namespace, [pod], [uid])
+    assert not Path(pipe).exists(), "the daemon quit and its directories are removed"
     assert _hardware(pn, node.share_gpu).compute_mode == 0
     _nothing_left(pn)

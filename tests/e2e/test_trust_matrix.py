@@ -34,7 +34,6 @@ from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import unschedulable
 from tests.e2e.sim_nodes import (
-    REPO,
     PluginNode,
     apply_example,
     delete_pod,
@@ -48,7 +47,6 @@ from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
-FAKE_MPS = REPO / "tests" / "fixtures" / "fake-mps-control"
 DRIVER = "gpu.tranche.dev"
 GPU, MIG = "gpu.tranche.dev", "mig.gpu.tranche.dev"
 TIMESLICE, MPS = "timeslice.gpu.tranche.dev", "mps.gpu.tranche.dev"
@@ -78,7 +76,7 @@ def node(cluster: Cluster, trust_policy: client.ApiClient) -> Iterator[MatrixNod
     name = fresh_node_name("trust")
     uuids = sim_gpu_uuids("mixed", name)
     advertise = {uuids[0]: ["mig"], uuids[1]: ["gpu", "mig"], "*": ["gpu"]}
-    sharing = {"groups": ["blue", "red"], "mpsControl": str(FAKE_MPS)}
+    sharing = {"groups": ["blue", "red"]}  # MPS: the simulated driver root's daemon
     args = ("--advertise", json.dumps(advertise), "--sharing", json.dumps(sharing))
     with node_with_plugin(cluster, "trust", name=name, profile="mixed", extra_args=args) as pn:
         yield MatrixNode(cluster, pn, uuids)

@@ -18,16 +18,22 @@ from driver.devices.inventory import build_inventory
 from driver.faults import NO_FAULTS, FaultPoints
 from driver.nvml.facade import Nvml
 from driver.nvml.sim import open_simulated
+from driver.nvml.sim.driver_root import write_mps_control
 from driver.prepare.cdi import CdiSpecs
 from driver.prepare.executor import DeviceState
 from driver.sharing import SharingConfig, SharingNode, managed_mig_uuids
+from driver.sharing.settings import DEFAULT_MPS_CONTROL
 
 DRIVER = "gpu.tranche.dev"
 NODE = "node-a"
-FAKE_MPS = Path(__file__).resolve().parents[1] / "fixtures" / "fake-mps-control"
-CONFIG = SharingConfig(
-    groups=("blue",), mps_control=str(FAKE_MPS), mps_ready_timeout_s=20, mps_check_interval_s=0.2
-)
+# The MPS control daemon is the simulation's (written to ``<workdir>/bin`` by sharing_state).
+CONFIG = SharingConfig(groups=("blue",), mps_ready_timeout_s=20, mps_check_interval_s=0.2)
+
+
+def sim_mps_control(workdir: Path) -> Path:
+    """The simulated ``nvidia-cuda-mps-control`` of ``workdir`` (written when missing)."""
+    path = workdir / "bin" / "nvidia-cuda-mps-control"
+    return path if path.exists() else write_mps_control(workdir / "bin")
 
 
 def sharing_state(
@@ -37,6 +43,8 @@ def sharing_state(
     boot_id: str = "boot-1",
 ) -> tuple[DeviceState, SharingNode, Nvml]:
     nvml = open_simulated(workdir / "sim.json")
+    if config.mps_control == DEFAULT_MPS_CONTROL:
+        config = config.model_copy(update={"mps_control": str(sim_mps_control(workdir))})
     state_dir = workdir / "state"
     managed = managed_mig_uuids(nvml, state_dir)
     inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), managed_mig_uuids=managed)

@@ -7,14 +7,17 @@ processes and load into the same file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from driver.nvml.facade import Nvml, OnCall
 from driver.nvml.sim.control import SimControl
+from driver.nvml.sim.driver_root import SimGpuLine, create_driver_root
 from driver.nvml.sim.host import SimHost, SimTimeslice
 from driver.nvml.sim.lib import SimulatedNvmlLib
 from driver.nvml.sim.profiles import NodeProfile, load_profile, shipped_profiles
 from driver.nvml.sim.state import SimState, SimStore, state_from_profile
+from driver.nvml.types import GpuInfo, SystemInfo
 
 __all__ = [
     "PROC_DEVICES",
@@ -27,6 +30,7 @@ __all__ = [
     "load_profile",
     "open_simulated",
     "shipped_profiles",
+    "write_driver_root",
 ]
 
 # The character-device majors of a simulated node, as its /proc/devices would list them:
@@ -61,3 +65,11 @@ def open_simulated(store: SimStore | Path, *, on_call: OnCall | None = None) -> 
     )
     nvml.init()
     return nvml
+
+
+def write_driver_root(root: Path, system: SystemInfo, gpus: Sequence[GpuInfo]) -> Path:
+    """The simulated driver root (:mod:`driver.nvml.sim.driver_root`) of a node whose NVML
+    reports ``system`` and ``gpus``, written at ``root``."""
+    lines = [SimGpuLine(g.index, g.product_name, g.uuid, g.memory_bytes >> 20) for g in gpus]
+    major, minor = system.cuda_driver_version
+    return create_driver_root(root, system.driver_version, f"{major}.{minor}", lines)

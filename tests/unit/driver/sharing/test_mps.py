@@ -1,5 +1,5 @@
-"""MPS over the simulated dgx-h100 with a stand-in control daemon
-(``tests/fixtures/fake-mps-control``): the daemon's processes, what it was told, the GPU's
+"""MPS over the simulated dgx-h100 with the simulation's control daemon
+(:mod:`driver.nvml.sim.mps_control`): the daemon's processes, what it was told, the GPU's
 compute mode, the CDI contents; shares of one GPU, a dying daemon, a crash mid-start."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import pytest
 
 from driver.checkpoint.store import Checkpoint
 from driver.nvml.sim import create_state, open_simulated
+from driver.nvml.sim.driver_root import write_mps_control
 from driver.sharing import SharingNode
-from driver.sharing.mps import MpsDaemons
+from driver.sharing.mps import DaemonSpec, MpsDaemons
 from tests.unit.claim_values import claim, config, ref_of, result
 from tests.unit.sharing_node import sharing_state
 from tests.waiting import wait_for
@@ -175,7 +176,7 @@ def test_a_daemon_that_dies_is_restarted_and_its_claims_stay_prepared(node: Path
 def test_a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing(
     node: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_MPS_FAIL_START", "1")
+    monkeypatch.setenv("TRANCHE_SIM_MPS_FAIL_START", "1")
     state, sharing, nvml = sharing_state(node)
     gpu = state.inventory.gpus[0]
     obj = new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
@@ -254,3 +255,70 @@ def test_an_absurd_quantity_fails_its_claim_alone_naming_the_field(
     ok = new_claim(node, "ok", [share(device, "s-ok", "10Gi", "1")])
     assert state.prepare(ok, ref_of(ok)).error == ""
     assert state.unprepare(ref_of(ok)).error == ""
+
+
+def test_a_daemon_this_process_cannot_see_is_adopted_not_doubled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plugin restarted in a new PID namespace sees no marked process in ``/proc``; the
+    daemon's control pipe still answers, so it is adopted, not replaced by a second one."""
+    binary = str(write_mps_control(tmp_path / "bin"))
+    nvml = open_simulated(create_state("dgx-h100"))
+    uuid = nvml.list_gpus()[0].uuid
+    spec = DaemonSpec(key=uuid, uuid=uuid, gpu_uuid=uuid, whole_gpu=True)
+    first = MpsDaemons(binary, tmp_path / "mps", nvml)
+    first.ensure(spec)
+    pids = first.processes(uuid)
+    assert len(pids) == 1
+    assert first.record_pids(uuid) == pids
+    record = json.loads((first.dir(uuid) / "daemon.json").read_text())
+    assert record["pipe_dir"] == str(first.pipe_dir(uuid))
+
+    second = MpsDaemons(binary, tmp_path / "mps", nvml)
+    monkeypatch.setattr(second, "processes", lambda key=None: [])
+    assert not second.running(uuid)
+    second.ensure(spec)
+    assert second.restart_dead() == []
+    assert len(log_lines(second, uuid, "starts.log")) == 1
+    assert first.processes(uuid) == pids
+    assert second.record_pids(uuid) == pids
+
+    second.stop(uuid)
+    wait_for("the adopted daemon to quit", lambda: not first.processes(uuid))
+    assert not first.dir(uuid).exists()
+
+
+def _cgroup_hierarchy() -> Path:
+    """A cgroup hierarchy this test may make a cgroup in (v2, or v1's ``pids``)."""
+    root = Path("/sys/fs/cgroup")
+    if os.geteuid() != 0:
+        pytest.skip("moving a process between cgroups needs root")
+    if (root / "cgroup.controllers").exists():
+        return root
+    if (root / "pids" / "cgroup.procs").exists():
+        return root / "pids"
+    pytest.skip("no cgroup v2 and no cgroup v1 pids hierarchy here")
+
+
+def test_a_daemon_started_in_the_configured_cgroup_is_outside_the_plugins(tmp_path: Path) -> None:
+    """With ``mpsCgroups`` the daemon leaves the plugin's cgroup (its container's), so
+    stopping the container does not end it."""
+    hierarchy = _cgroup_hierarchy()
+    name = f"tranche-mps-test-{os.getpid()}-{tmp_path.name[-12:]}"
+    cgroup = hierarchy / name
+    binary = str(write_mps_control(tmp_path / "bin"))
+    nvml = open_simulated(create_state("dgx-h100"))
+    uuid = nvml.list_gpus()[0].uuid
+    daemons = MpsDaemons(binary, tmp_path / "mps", nvml, cgroups=[cgroup])
+    try:
+        daemons.ensure(DaemonSpec(key=uuid, uuid=uuid, gpu_uuid=uuid, whole_gpu=True))
+        (pid,) = daemons.processes(uuid)
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        assert any(line.endswith(f":/{name}") for line in lines), lines
+        assert f"pid={pid}" in log_lines(daemons, uuid, "starts.log")[0]
+        daemons.stop(uuid)
+        assert daemons.processes(uuid) == []
+    finally:
+        daemons.sweep(set())
+        wait_for("the cgroup to empty", lambda: not (cgroup / "cgroup.procs").read_text().strip())
+        cgroup.rmdir()
