@@ -1,7 +1,9 @@
 """A simulated GPU node: the real ``tranche kubelet-plugin`` process over simulated NVML.
 
-Used by the end-to-end tests, the demo and the benchmarks. The plugin runs as
-a child process in its own process group (so tests can SIGKILL it at a fault
+Used by the end-to-end tests, the demo and the benchmarks. Its kubelet is either the
+simulator (``hack/kubeletsim``, the default directories under ``root``) or a real kubelet
+of ``hack/dev-cluster add-node --kubelet`` (``kubelet_root`` and ``cdi_root`` of that node).
+The plugin runs as a child process in its own process group (so tests can SIGKILL it at a fault
 point and start it again); the simulated GPUs live in a state file that
 outlives the process, as hardware would.
 """
@@ -35,6 +37,10 @@ class SimNodeConfig:
     driver_name: str = "gpu.tranche.dev"
     extra_args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # A real node's directories (``hack/dev-cluster add-node --kubelet`` prints them); by
+    # default ``root/kubelet`` and ``root/cdi``, for the kubelet simulator.
+    kubelet_root: Path | None = None
+    cdi_root: Path | None = None
 
 
 class SimNode:
@@ -42,8 +48,8 @@ class SimNode:
 
     def __init__(self, config: SimNodeConfig) -> None:
         self.config = config
-        self.kubelet_root = config.root / "kubelet"
-        self.cdi_root = config.root / "cdi"
+        self.kubelet_root = config.kubelet_root or config.root / "kubelet"
+        self.cdi_root = config.cdi_root or config.root / "cdi"
         self.sim_state = config.root / "gpus.json"
         self.log_path = config.root / "plugin.log"
         self._proc: subprocess.Popen[bytes] | None = None
