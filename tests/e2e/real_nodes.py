@@ -133,7 +133,8 @@ def _machine_now() -> _MachineBefore:
     )
 
 
-def _add(cluster: Cluster, bin_dir: Path, name: str) -> RealNodeInfo:
+def add_real_node(cluster: Cluster, bin_dir: Path, name: str) -> RealNodeInfo:
+    """Start real node ``name`` in ``cluster``; the test fails when it does not come up."""
     state = Path(cluster.state_dir)
     dev = DevCluster(ClusterConfig(state_dir=state, bin_dir=Path(cluster.bin_dir)))
     try:
@@ -148,7 +149,7 @@ def _add(cluster: Cluster, bin_dir: Path, name: str) -> RealNodeInfo:
         pytest.fail(f"real node {name} did not start: {e}", pytrace=False)
 
 
-def _remove(cluster: Cluster, name: str) -> None:
+def remove_real_node(cluster: Cluster, name: str) -> None:
     with cluster.api_client() as api:
         RealNodes(Path(cluster.state_dir)).remove(name, api=api)
 
@@ -160,11 +161,11 @@ def real_node(
     sweep_stale_runs()
     before = _machine_now()
     pytestconfig.stash[_LOGS] = Path(cluster.state_dir) / "logs"
-    node = _add(cluster, node_bin_dir, "rn1")
+    node = add_real_node(cluster, node_bin_dir, "rn1")
     try:
         yield node
     finally:
-        _remove(cluster, node.name)
+        remove_real_node(cluster, node.name)
     problems = leftovers(node)
     after = _machine_now()
     if after.sysctls != before.sysctls:
@@ -184,14 +185,14 @@ def start_real_node(
     started: list[RealNodeInfo] = []
 
     def start(name: str) -> RealNodeInfo:
-        node = _add(cluster, node_bin_dir, name)
+        node = add_real_node(cluster, node_bin_dir, name)
         started.append(node)
         return node
 
     yield start
     problems = []
     for node in started:
-        _remove(cluster, node.name)
+        remove_real_node(cluster, node.name)
         problems += leftovers(node)
     if problems:
         pytest.fail("real node teardown left things behind:\n" + "\n".join(problems))

@@ -17,8 +17,10 @@ count; see its module docstring for what only the simulator can do.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -33,15 +35,20 @@ import pytest
 import yaml
 from kubernetes import client
 
+from controller.devices.taint import taint_command, untaint_command
+from driver.checkpoint.records import ClaimRecord
 from driver.checkpoint.store import Checkpoint
+from driver.cli import build_parser
 from driver.devices.bridge import bridge_device_class
 from driver.nvml.sim.state import SimStore
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
-from hack.devcluster.realnode.node import RealNodeInfo
+from hack.devcluster.realnode.node import RealNodeInfo, RealNodes
 from hack.devcluster.realnode.render import TEST_IMAGE
+from hack.kubeletsim.client import ClaimRequest, PluginConnection, Registration
 from hack.simnode import SimNode, SimNodeConfig
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
+from tests.e2e.real_nodes import add_real_node, leftovers, remove_real_node, sweep_stale_runs
 from tests.e2e.sim_nodes import DEVICE_CLASSES, EXAMPLES, REPO, kubectl, sim_gpu_uuids
 from tests.waiting import wait_for
 
@@ -101,6 +108,7 @@ class TrancheNode:
     api: client.ApiClient
     cluster: Cluster
     gpus: list[str]  # simulated GPU UUIDs by index
+    nodes: RealNodes  # to stop and start the node's kubelet or containerd
 
     @property
     def name(self) -> str:
@@ -119,6 +127,15 @@ class TrancheNode:
         store = SimStore(path=self.plugin.sim_state)
         out: dict[str, int] = store.read(lambda s: {g.uuid: g.minor for g in s.gpus})
         return out
+
+    def registrations(self) -> int:
+        """How often the kubelet confirmed the plugin's registration (NotifyRegistrationStatus)."""
+        return self.plugin.log_path.read_text(errors="replace").count("registered with the kubelet")
+
+    def wait_registered(self, more_than: int = 0) -> None:
+        """A pod bound before the kubelet registered the plugin fails its prepare with "not
+        registered" and is retried only at the kubelet's next pod resync (about a minute)."""
+        wait_for("the kubelet to register the plugin", lambda: self.registrations() > more_than)
 
     def sim(self, *args: str) -> None:
         """``tranche sim ACTION --state <this node's state> ...``, as an operator would."""
@@ -170,9 +187,12 @@ class TrancheNode:
     def spec_file(self, uid: str) -> Path:
         return self.real.cdi_root / f"{DRIVER}-claim_{uid}.json"
 
-    def checkpoint_claims(self) -> set[str]:
+    def plugin_records(self) -> list[ClaimRecord]:
         state, _ = Checkpoint(self.plugin.data_dir / "checkpoint.json").load()
-        return set(state.claims)
+        return list(state.claims.values())
+
+    def checkpoint_claims(self) -> set[str]:
+        return {r.uid for r in self.plugin_records()}
 
     def log(self, namespace: str, pod: str, container: str | None = None) -> str:
         if container:
@@ -281,21 +301,42 @@ def start_plugin(
 
 
 def plugin_args(gpus: list[str]) -> tuple[str, ...]:
-    advertise = {"*": [], gpus[0]: ["mig"], gpus[1]: ["gpu"], gpus[2]: ["gpu"]}
+    advertise = {"*": ["gpu"], gpus[0]: ["mig"]}
     sharing = {"groups": ["blue"], "mpsControl": str(FAKE_MPS)}
     return ("--advertise", json.dumps(advertise), "--sharing", json.dumps(sharing))
 
 
 @pytest.fixture(scope="module")
-def tn(cluster: Cluster, real_node: RealNodeInfo) -> Iterator[TrancheNode]:
+def plugin_real_node(cluster: Cluster, node_bin_dir: Path) -> Iterator[RealNodeInfo]:
+    """A real node of this module's own. Its name is unique: a node's cgroup root and CNI
+    bridge are named after it, and two kubelets sharing a cgroup root (another test run's
+    ``rn1`` on the same machine) kill each other's pods as orphans."""
+    sweep_stale_runs()
+    node = add_real_node(cluster, node_bin_dir, f"rnp{secrets.token_hex(3)}")
+    try:
+        yield node
+    finally:
+        remove_real_node(cluster, node.name)
+    problems = leftovers(node)
+    if problems:
+        pytest.fail("real node teardown left things behind:\n" + "\n".join(problems))
+
+
+@pytest.fixture(scope="module")
+def tn(
+    cluster: Cluster, plugin_real_node: RealNodeInfo, node_bin_dir: Path
+) -> Iterator[TrancheNode]:
+    real_node = plugin_real_node
     kubectl(cluster, "apply", "--server-side", "-f", str(DEVICE_CLASSES))
     gpus = sim_gpu_uuids("mixed", real_node.name)
     root = Path(tempfile.mkdtemp(prefix="rnp", dir="/tmp"))
     api = cluster.api_client()
     plugin = start_plugin(real_node, cluster, root, plugin_args(gpus))
-    node = TrancheNode(real_node, plugin, api, cluster, gpus)
+    nodes = RealNodes(Path(cluster.state_dir), node_bin_dir)
+    node = TrancheNode(real_node, plugin, api, cluster, gpus, nodes)
     try:
         wait_for("the plugin's ResourceSlices", node.slices, timeout_s=120)
+        node.wait_registered()
         yield node
     finally:
         core = client.CoreV1Api(api)
@@ -416,7 +457,7 @@ def test_consumable_timeslice_shares_run_on_one_gpu(tn: TrancheNode, namespace: 
         assert result["device"].endswith("-ts-blue") and result["consumedCapacity"]["memory"]
         uuid = tn.device_uuid(result["device"])
         seen = tn.seen(namespace, p)
-        assert seen.visible == uuid == tn.gpus[2]
+        assert seen.visible == uuid
         assert seen.gpu_nodes == {f"/dev/nvidia{tn.minor(uuid)}"}
         uids.append(claim["metadata"]["uid"])
     tn.delete_and_unprepared(namespace, pods, uids)
@@ -438,7 +479,7 @@ def test_mps_share_pod_sees_the_daemons_pipe_and_its_limits(
     (result,) = allocated_results(claim)
     assert result["device"].endswith("-mps-blue")
     seen = tn.seen(namespace, "mps-worker")
-    assert seen.visible == tn.gpus[2]
+    assert seen.visible == tn.device_uuid(result["device"])
     assert seen.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert seen.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     assert seen.env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
@@ -556,3 +597,247 @@ def real_node_gates(tn: TrancheNode) -> dict[str, bool]:
         lines = [x for x in done.stdout.splitlines() if tn.cluster.state_dir in x]
         assert lines and "ResourceHealthStatus=true" in lines[0], component
     return gates
+
+
+# ---- 5: the kubelet and the runtime as the subject ----------------------------------------
+
+
+def _one_gpu(tn: TrancheNode, namespace: str, pod: str = "one-gpu") -> Obj:
+    """Apply docs/examples/one-gpu.yaml (the pod renamed ``pod``); its claim object."""
+    docs = example("one-gpu.yaml")
+    for d in docs:
+        if d["kind"] == "Pod":
+            d["metadata"]["name"] = pod
+    apply_real(tn.cluster, namespace, docs, tn.name)
+    return tn.pod_claim(namespace, pod, "gpu")
+
+
+def _container(pod: Obj) -> tuple[str, int]:
+    (cs,) = pod["status"]["containerStatuses"]
+    return str(cs["containerID"]), int(cs["restartCount"])
+
+
+def _assert_sees_claim(tn: TrancheNode, namespace: str, pod: str, claim: Obj) -> None:
+    (result,) = allocated_results(claim)
+    uuid = tn.device_uuid(result["device"])
+    seen = tn.seen(namespace, pod)
+    assert seen.visible == uuid
+    assert seen.gpu_nodes == {f"/dev/nvidia{tn.minor(uuid)}"}
+
+
+def test_kubelet_restart_republishes_slices_and_leaves_running_pods_alone(
+    tn: TrancheNode, namespace: str
+) -> None:
+    claim = _one_gpu(tn, namespace)
+    uid = claim["metadata"]["uid"]
+    before = _container(tn.running(namespace, "one-gpu"))
+    completed = {r.uid: r.completed_at for r in tn.plugin_records()}[uid]
+    old_slices = {s["metadata"]["uid"] for s in tn.slices()}
+    registered = tn.registrations()
+
+    tn.nodes.stop_component(tn.name, "kubelet")
+    tn.nodes.start_component(tn.name, "kubelet")
+
+    tn.wait_registered(more_than=registered)
+    wait_for(
+        "slices deleted by the starting kubelet and republished by the plugin",
+        lambda: (now := {s["metadata"]["uid"] for s in tn.slices()}) and not now & old_slices,
+        timeout_s=120,
+    )
+    pod = tn.running(namespace, "one-gpu")
+    assert _container(pod) == before, "the container was not restarted or replaced"
+    again = {r.uid: r.completed_at for r in tn.plugin_records()}[uid]
+    assert again == completed, "the claim was not prepared again"
+    assert tn.spec_file(uid).exists()
+    tn.delete_and_unprepared(namespace, ["one-gpu"], [uid])
+
+
+@pytest.mark.parametrize("point", ["prepare:after-started", "prepare:after-cdi"])
+def test_plugin_killed_mid_prepare_and_the_kubelets_retry_succeeds(
+    tn: TrancheNode, namespace: str, point: str
+) -> None:
+    registered = tn.registrations()
+    tn.plugin.stop()
+    tn.plugin.start(env={"TRANCHE_FAULT_POINT": point})
+    try:
+        tn.wait_registered(more_than=registered)
+        claim = _one_gpu(tn, namespace)
+        assert tn.plugin.wait_exit(timeout_s=120) == 137, f"the plugin died at {point}"
+    finally:
+        registered = tn.registrations()
+        if not tn.plugin.running():
+            tn.plugin.start(env={"TRANCHE_FAULT_POINT": ""})
+    tn.wait_registered(more_than=registered)
+    # The kubelet retries the pod (at its next resync, within about a minute).
+    tn.running(namespace, "one-gpu", timeout_s=180)
+    _assert_sees_claim(tn, namespace, "one-gpu", claim)
+    uid = claim["metadata"]["uid"]
+    specs = {p.name for p in tn.real.cdi_root.glob(f"{DRIVER}-claim_*.json")}
+    assert specs == {tn.spec_file(uid).name}
+    tn.delete_and_unprepared(namespace, ["one-gpu"], [uid])
+
+
+def test_kubelet_restart_while_prepares_are_in_flight_loses_nothing(
+    tn: TrancheNode, namespace: str
+) -> None:
+    pods = ["in-flight-0", "in-flight-1"]
+    lock = tn.plugin.data_dir / "plugin.lock"
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the plugin's node lock: prepares wait for it
+        claims = [_one_gpu(tn, namespace, p) for p in pods]
+        for p in pods:
+            wait_for(
+                f"the kubelet to start preparing {p}",
+                lambda p=p: f'pod="{namespace}/{p}"' in tn.real.kubelet_log.read_text(),  # type: ignore[misc]
+            )
+        tn.nodes.stop_component(tn.name, "kubelet")
+        fcntl.flock(held, fcntl.LOCK_UN)
+    registered = tn.registrations()
+    tn.nodes.start_component(tn.name, "kubelet")
+    tn.wait_registered(more_than=registered)
+    for p, claim in zip(pods, claims, strict=True):
+        tn.running(namespace, p, timeout_s=180)
+        _assert_sees_claim(tn, namespace, p, claim)
+    uids = [c["metadata"]["uid"] for c in claims]
+    assert tn.checkpoint_claims() == set(uids)
+    specs = {p.name for p in tn.real.cdi_root.glob(f"{DRIVER}-claim_*.json")}
+    assert specs == {tn.spec_file(u).name for u in uids}
+    tn.delete_and_unprepared(namespace, pods, uids)
+
+
+def test_containerd_down_prepares_answer_and_the_pods_error_is_the_runtimes(
+    tn: TrancheNode, namespace: str
+) -> None:
+    tn.nodes.stop_component(tn.name, "containerd")
+    try:
+        claim = _one_gpu(tn, namespace)
+        uid = claim["metadata"]["uid"]
+        wait_for("the claim allocated", lambda: tn.claim(namespace, claim["metadata"]["name"])
+                 .get("status", {}).get("allocation"))  # fmt: skip
+        # The plugin answers NodePrepareResources as always (the kubelet's own call, or
+        # this one over its DRA socket when the kubelet stopped syncing pods).
+        conn = PluginConnection(
+            Registration(DRIVER, str(tn.plugin.data_dir / "dra.sock"), "", (), "v1.DRAPlugin", "")
+        )
+        try:
+            name = claim["metadata"]["name"]
+            answer = conn.prepare([ClaimRequest(namespace, uid, name)])[uid]
+        finally:
+            conn.close()
+        assert answer.error == "" and answer.devices, answer
+        # What holds the pod is the runtime: the Node says so, and no DRA error is recorded.
+        wait_for(
+            "the kubelet to report the container runtime down",
+            lambda: "container runtime" in _ready_message(tn),
+            timeout_s=120,
+        )
+        assert tn.plugin.running(), "the plugin did not crash"
+        assert not [e for e in _events(tn, namespace, "one-gpu") if "DynamicResources" in e]
+        assert tn.pod(namespace, "one-gpu")["status"].get("phase") == "Pending"
+    finally:
+        tn.nodes.start_component(tn.name, "containerd")
+    tn.running(namespace, "one-gpu", timeout_s=180)
+    _assert_sees_claim(tn, namespace, "one-gpu", claim)
+    tn.delete_and_unprepared(namespace, ["one-gpu"], [uid])
+
+
+def _ready_message(tn: TrancheNode) -> str:
+    node = get_json(tn.api, f"/api/v1/nodes/{tn.name}")
+    for c in node.get("status", {}).get("conditions") or []:
+        if c["type"] == "Ready":
+            return f"{c['status']} {c.get('reason', '')} {c.get('message', '')}"
+    return ""
+
+
+def _events(tn: TrancheNode, namespace: str, pod: str) -> list[str]:
+    items = get_json(
+        tn.api,
+        f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name={pod}",
+    )["items"]
+    return [f"{e.get('reason')}: {e.get('message')}" for e in items]
+
+
+def test_cdi_spec_the_runtime_rejects_is_an_event_on_the_pod(
+    tn: TrancheNode, namespace: str
+) -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "shared-gpu"},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.tranche.dev"}}]}},
+    }  # fmt: skip
+    pods = []
+    for name in ("first", "second"):
+        pods.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared-gpu"}],
+                    "containers": [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}],
+                },
+            }
+        )
+    apply_real(tn.cluster, namespace, [claim, pods[0]], tn.name)
+    tn.running(namespace, "first")
+    obj = tn.claim(namespace, "shared-gpu")
+    uid = obj["metadata"]["uid"]
+    (result,) = allocated_results(obj)
+    # The spec now names a device node the host lacks, without numbers: containerd refuses it.
+    path = tn.spec_file(uid)
+    original = path.read_text()
+    spec = json.loads(original)
+    for device in spec["devices"]:
+        device["containerEdits"]["deviceNodes"] = [{"path": "/dev/nvidia-tranche-missing"}]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(spec))
+    tmp.rename(path)
+    try:
+        apply_real(tn.cluster, namespace, [pods[1]], tn.name)
+        event = wait_for(
+            "a CDIDeviceRejected Event on the pod",
+            lambda: next(
+                (e for e in _events(tn, namespace, "second") if e.startswith("CDIDeviceRejected")),
+                None,
+            ),
+            timeout_s=120,
+        )
+        assert f"claim {namespace}/shared-gpu" in event
+        assert result["device"] in event
+        assert f"{DRIVER}/claim={uid}-{result['device']}" in event
+        assert "nvidia-tranche-missing" in event, "the runtime's own message is quoted"
+    finally:
+        tmp.write_text(original)
+        tmp.rename(path)
+    tn.delete_and_unprepared(namespace, ["first", "second"], [uid])
+
+
+def test_noexecute_device_taint_evicts_the_running_pod(tn: TrancheNode, namespace: str) -> None:
+    claim = _one_gpu(tn, namespace)
+    tn.running(namespace, "one-gpu")
+    (result,) = allocated_results(claim)
+    device = result["device"]
+    assert _tranche(tn, "taint", tn.name, device, "--effect", "NoExecute", "--reason", "e2e") == 0
+    try:
+        # The device-taint-eviction controller deletes the pod; the kubelet stops its
+        # container and the plugin unprepares the claim.
+        wait_for(
+            "pod one-gpu evicted and gone",
+            lambda: not tn._exists(namespace, "one-gpu"),
+            timeout_s=120,
+        )
+        uid = claim["metadata"]["uid"]
+        wait_for("CDI spec removed", lambda: not tn.spec_file(uid).exists())
+        wait_for("checkpoint entry removed", lambda: uid not in tn.checkpoint_claims())
+    finally:
+        assert _tranche(tn, "untaint", tn.name, device) == 0
+
+
+def _tranche(tn: TrancheNode, *argv: str) -> int:
+    commands = {"taint": taint_command, "untaint": untaint_command}
+    args = build_parser(commands).parse_args(
+        [*argv, "--driver-name", DRIVER, "--kubeconfig", tn.cluster.kubeconfig]
+    )
+    rc: int = args._run(args)
+    return rc
