@@ -15,12 +15,12 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from hack.bench import attribution, discovery, health, modes, prepare, report
+from hack.bench import attribution, discovery, health, modes, prepare, realnode, report
 from hack.bench.lab import Lab
 from hack.bench.machine import REPO, describe
 
 SCENARIOS: dict[str, ModuleType] = {
-    m.NAME: m for m in (discovery, prepare, modes, health, attribution)
+    m.NAME: m for m in (discovery, prepare, modes, health, attribution, realnode)
 }
 
 

@@ -366,6 +366,19 @@ def tn(
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _node_drained(tn: TrancheNode) -> Iterator[None]:
+    """Each test starts with no claim prepared on the node: a failed test's pods are
+    force-deleted with its namespace, and their claims are unprepared by the kubelet a
+    little later; a GPU still held would refuse the next test's claim at prepare."""
+    yield
+    wait_for(
+        "the node's claims unprepared after the test",
+        lambda: not tn.checkpoint_claims(),
+        timeout_s=180,
+    )
+
+
 # ---- 3: a pod with a Tranche claim runs and sees its GPU -----------------------------------
 
 
