@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from driver.checkpoint.store import Checkpoint
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from hack.bench.lab import RESOURCE_V1, Lab, request_json
 from hack.bench.results import Row, ScenarioResult, ms, timing
@@ -92,9 +93,14 @@ def _wait(what: str, check: Any, timeout_s: float = TIMEOUT_S) -> None:
         time.sleep(POLL_S)
 
 
-def _delete_all(lab: Lab, namespace: str) -> None:
+def _delete_all(lab: Lab, namespace: str, plugin: SimNode) -> None:
+    """Delete the pods; wait until they are gone and the plugin unprepared every claim (a GPU
+    still held would refuse the next claim at prepare, and the kubelet retries only at its
+    next pod resync, about a minute later)."""
     request_json(lab.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods")
     _wait(f"pods of {namespace} gone", lambda: not _phases(lab, namespace))
+    checkpoint = Checkpoint(plugin.data_dir / "checkpoint.json")
+    _wait("claims unprepared", lambda: not checkpoint.load()[0].claims)
 
 
 def _node_up(lab: Lab, nodes: RealNodes, name: str) -> tuple[RealNodeInfo, float]:
@@ -142,9 +148,9 @@ def run(lab: Lab | None) -> ScenarioResult:
         "`blue`) in the node's kubelet root and CDI directory. Pods run the busybox test image "
         f"(`imagePullPolicy: Never`); the benchmark POSTs them and polls their phase every "
         f"{POLL_S * 1000:.0f} ms. One pod: {ONE_POD_RUNS} runs, one at a time, each deleted "
-        f"before the next. Many: {MANY_PODS} pods POSTed back to back, each with its own "
-        "time-slice share claim (8 GPUs cannot hold 30 exclusive claims), timed to the last "
-        "Running."
+        f"before the next (and its claim unprepared). Many: {MANY_PODS} pods POSTed back to "
+        "back, each with its own time-slice share claim (8 GPUs cannot hold 30 exclusive "
+        "claims), timed to the last Running."
     )
     return result
 
@@ -185,7 +191,7 @@ def _pods(lab: Lab, info: RealNodeInfo, result: ScenarioResult) -> None:
             pod = f"one-{i}"
             _wait(f"pod {pod} Running", lambda p=pod: _phases(lab, namespace).get(p) == "Running")
             one.append(time.monotonic() - t0)
-            _delete_all(lab, namespace)
+            _delete_all(lab, namespace, plugin)
         result.add(timing("one pod, one GPU claim: apply to Running", one, 2.0))
         t0 = time.monotonic()
         for i in range(MANY_PODS):
@@ -206,6 +212,6 @@ def _pods(lab: Lab, info: RealNodeInfo, result: ScenarioResult) -> None:
                 many < 15.0,
             )
         )
-        _delete_all(lab, namespace)
+        _delete_all(lab, namespace, plugin)
     finally:
         plugin.stop()

@@ -562,8 +562,10 @@ def test_device_health_in_pod_status_stays_true_and_follows_faults(
     assert real_node_gates.get("ResourceHealthStatus") is True
     apply_real(tn.cluster, namespace, example("one-gpu.yaml"), tn.name)
     tn.running(namespace, "one-gpu")
-    (result,) = allocated_results(tn.pod_claim(namespace, "one-gpu", "gpu"))
-    rid = f"{DRIVER}/{result['pool']}/{result['device']}"
+    claim = tn.pod_claim(namespace, "one-gpu", "gpu")
+    (result,) = allocated_results(claim)
+    # The kubelet names each resource by the CDI device id of the prepare answer.
+    rid = f"{DRIVER}/claim={claim['metadata']['uid']}-{result['device']}"
     uuid = tn.device_uuid(result["device"])
     first = wait_for(
         "device health in the pod status",
@@ -622,7 +624,12 @@ def _one_gpu(tn: TrancheNode, namespace: str, pod: str = "one-gpu") -> Obj:
         if d["kind"] == "Pod":
             d["metadata"]["name"] = pod
     apply_real(tn.cluster, namespace, docs, tn.name)
-    return tn.pod_claim(namespace, pod, "gpu")
+    name = tn.pod_claim(namespace, pod, "gpu")["metadata"]["name"]
+    claim: Obj = wait_for(
+        f"claim of pod {pod} allocated",
+        lambda: (c := tn.claim(namespace, name)).get("status", {}).get("allocation") and c,
+    )
+    return claim
 
 
 def _container(pod: Obj) -> tuple[str, int]:
