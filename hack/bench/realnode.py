@@ -212,6 +212,20 @@ def _pods(lab: Lab, info: RealNodeInfo, result: ScenarioResult) -> None:
                 many < 15.0,
             )
         )
+        result.notes.extend(_warnings(lab, namespace))
         _delete_all(lab, namespace, plugin)
     finally:
         plugin.stop()
+
+
+def _warnings(lab: Lab, namespace: str) -> list[str]:
+    """Warning Events of the run by reason (count, first message): why a pod waited."""
+    items = request_json(lab.api, "GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+    by_reason: dict[str, tuple[int, str]] = {}
+    for e in items:
+        reason = str(e.get("reason"))
+        if e.get("type") != "Warning" or reason == "MissingClusterDNS":
+            continue
+        count, first = by_reason.get(reason, (0, str(e.get("message", ""))[:300]))
+        by_reason[reason] = (count + int(e.get("count") or 1), first)
+    return [f"Warning `{r}` x{n} during the run, e.g.: {m}" for r, (n, m) in by_reason.items()]
