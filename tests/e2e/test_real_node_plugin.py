@@ -303,7 +303,13 @@ def start_plugin(
 def plugin_args(gpus: list[str]) -> tuple[str, ...]:
     advertise = {"*": ["gpu"], gpus[0]: ["mig"]}
     sharing = {"groups": ["blue"], "mpsControl": str(FAKE_MPS)}
-    return ("--advertise", json.dumps(advertise), "--sharing", json.dumps(sharing))
+    # Faults heal after 1 quiet second (default 300), so the health test sees the recovery.
+    health = {"quiet_seconds": 1, "probe_interval_seconds": 0.2, "event_wait_seconds": 0.2}
+    return (
+        "--advertise", json.dumps(advertise),
+        "--sharing", json.dumps(sharing),
+        "--health-policy", json.dumps(health),
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -560,7 +566,14 @@ def test_device_health_in_pod_status_stays_true_and_follows_faults(
     tn: TrancheNode, namespace: str, real_node_gates: dict[str, bool]
 ) -> None:
     assert real_node_gates.get("ResourceHealthStatus") is True
-    apply_real(tn.cluster, namespace, example("one-gpu.yaml"), tn.name)
+    docs = example("one-gpu.yaml")
+    # The claim tolerates the plugin's NoExecute health taint, so the pod outlives the lost
+    # GPU and its status shows the recovery (without it the eviction controller ends it).
+    template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
+        {"operator": "Exists", "effect": "NoExecute"}
+    ]
+    apply_real(tn.cluster, namespace, docs, tn.name)
     tn.running(namespace, "one-gpu")
     claim = tn.pod_claim(namespace, "one-gpu", "gpu")
     (result,) = allocated_results(claim)
