@@ -211,12 +211,22 @@ def _pods(lab: Lab, info: RealNodeInfo, result: ScenarioResult) -> None:
                 )
                 request_json(lab.api, "POST", pods, manifest)
 
+            started: dict[str, float] = {}
+
             def all_running() -> bool:
-                phases = _phases(lab, namespace)
-                return sum(1 for p in phases.values() if p == "Running") == MANY_PODS
+                now = time.monotonic() - t0
+                for name, phase in _phases(lab, namespace).items():
+                    if phase == "Running":
+                        started.setdefault(name, now)
+                return len(started) == MANY_PODS
 
             _wait(f"{MANY_PODS} pods Running", all_running)
             many = time.monotonic() - t0
+            within = sum(1 for s in started.values() if s < 15.0)
+            result.notes.append(
+                f"{variant}: {within} of {MANY_PODS} pods Running within 15 s; "
+                f"median {ms(sorted(started.values())[MANY_PODS // 2])}"
+            )
             how = (
                 "a claim template each"
                 if variant == "template"
