@@ -213,7 +213,7 @@ def _pods(lab: Lab, info: RealNodeInfo, result: ScenarioResult) -> None:
 
             started: dict[str, float] = {}
 
-            def all_running() -> bool:
+            def all_running(t0: float = t0, started: dict[str, float] = started) -> bool:
                 now = time.monotonic() - t0
                 for name, phase in _phases(lab, namespace).items():
                     if phase == "Running":
