@@ -53,7 +53,7 @@ class SimNode:
         self.sim_state = config.root / "gpus.json"
         self.log_path = config.root / "plugin.log"
         self._proc: subprocess.Popen[bytes] | None = None
-        for d in (self.kubelet_root, self.cdi_root):
+        for d in (config.root, self.kubelet_root, self.cdi_root):
             d.mkdir(parents=True, exist_ok=True)
         if not self.sim_state.exists():
             create_state(config.profile, self.sim_state, node=config.node_name)

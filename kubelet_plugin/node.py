@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from driver.checkpoint.records import ClaimRecord
 from driver.checkpoint.store import Checkpoint, CheckpointData
 from driver.devices.inventory import build_inventory
 from driver.devices.slices import build_slices
@@ -47,6 +48,7 @@ from kubelet_plugin.health_events import HealthEvents
 from kubelet_plugin.measured_driver import MeasuredDriver
 from kubelet_plugin.namespace_cache import WatchedNamespaces
 from kubelet_plugin.publisher import Publisher
+from kubelet_plugin.runtime_errors import RuntimeErrorWatcher
 from kubelet_plugin.settings import PluginSettings
 
 log = logging.getLogger(__name__)
@@ -204,6 +206,12 @@ class NodePlugin:
             if settings.device_plugin_check
             else None
         )
+        self.runtime_errors = RuntimeErrorWatcher(
+            kube,
+            settings.node_name,
+            self._claim_records,
+            self.events,
+        )
         self.plugin_driver = PluginDriver(
             self.state,
             ApiClaimReader(kube),
@@ -270,6 +278,10 @@ class NodePlugin:
         if name in ("sync_error", "field_dropped"):
             self.metrics.count_error("publish")
 
+    def _claim_records(self) -> list[ClaimRecord]:
+        state, _ = self.checkpoint.load()
+        return list(state.claims.values())
+
     def prepared_count(self) -> int:
         state, _ = self.checkpoint.load()
         return sum(1 for r in state.claims.values() if r.state == "PrepareCompleted")
@@ -303,6 +315,7 @@ class NodePlugin:
             self.device_plugins.start()  # a device plugin deployed later stops new prepares
         self.publisher.start()
         self.namespaces.start()
+        self.runtime_errors.start()
         self.republish()
         self.watcher.start()
         self.server.start()
@@ -325,6 +338,7 @@ class NodePlugin:
             self.device_plugins.stop()
         self.publisher.stop()
         self.namespaces.stop()
+        self.runtime_errors.stop()
         self.driver.close()
         self.plugin_driver.close()
         self.events.close()

@@ -94,6 +94,7 @@ class Lab:
         )
         info = self.cluster.up()
         self.kubeconfig = str(info.kubeconfig)
+        self.server = info.server
         self.api = self.cluster.api_client()
         self._nodes: list[BenchNode] = []
         for path in sorted((REPO / "deploy" / "deviceclasses").glob("*.yaml")):

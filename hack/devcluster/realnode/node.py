@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,14 +247,7 @@ class RealNodes:
         )
         host.create_cgroup(settings.cgroup_root)
 
-        env = {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-        ctd = ProcessSpec(
-            name="containerd",
-            argv=(str(self.bin_dir / "containerd"), "--config", str(layout.containerd_config)),
-            log_file=render.node_log(self.state_dir, settings.name, "containerd"),
-            pid_file=layout.pid_file("containerd"),
-            env=env,
-        )
+        ctd = self._spec(settings, layout, "containerd")
         proc = start(ctd, die_with_parent=die_with_parent)
         _CHILDREN[(str(layout.root), "containerd")] = proc
         self._wait(ctd, proc, lambda: self._ctr(layout, "version").returncode == 0, timeout_s)
@@ -271,16 +265,7 @@ class RealNodes:
                 )
         log.info("images imported node=%s seconds=%.2f", settings.name, time.monotonic() - t0)
 
-        args = render.kubelet_args(settings, layout)
-        if labels:
-            args.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())))
-        kubelet = ProcessSpec(
-            name="kubelet",
-            argv=(str(self.bin_dir / "kubelet"), *args),
-            log_file=render.node_log(self.state_dir, settings.name, "kubelet"),
-            pid_file=layout.pid_file("kubelet"),
-            env=env,
-        )
+        kubelet = self._spec(settings, layout, "kubelet", labels)
         proc = start(kubelet, die_with_parent=die_with_parent)
         _CHILDREN[(str(layout.root), "kubelet")] = proc
         with api_client(server, pki) as api:
@@ -288,6 +273,72 @@ class RealNodes:
             self._wait(kubelet, proc, lambda: _node_ready(core, settings.name), timeout_s)
         log.info("node ready node=%s seconds=%.2f", settings.name, time.monotonic() - t0)
         return self.info(settings.name)
+
+    def _spec(
+        self,
+        settings: NodeSettings,
+        layout: NodeLayout,
+        component: str,
+        labels: dict[str, str] | None = None,
+    ) -> ProcessSpec:
+        assert self.bin_dir is not None
+        env = {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        if component == "containerd":
+            argv = [str(self.bin_dir / "containerd"), "--config", str(layout.containerd_config)]
+        else:
+            argv = [str(self.bin_dir / "kubelet"), *render.kubelet_args(settings, layout)]
+            if labels:
+                argv.append(
+                    "--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+                )
+        return ProcessSpec(
+            name=component,
+            argv=tuple(argv),
+            log_file=render.node_log(self.state_dir, settings.name, component),
+            pid_file=layout.pid_file(component),
+            env=env,
+        )
+
+    # --- stop and start one component of a running node (node tests) ---------------------
+
+    def stop_component(self, name: str, component: str) -> int | None:
+        """Stop the kubelet or containerd of node ``name`` (SIGTERM, then SIGKILL): the
+        containers keep running, as on a real node. The pid it had, or None."""
+        if component not in _COMPONENTS:
+            raise ValueError(f"unknown component {component!r}")
+        pid = self.running(name)[component]
+        if pid is not None:
+            stop_group(pid, timeout_s=10)
+            child = _CHILDREN.pop((str(NodeLayout.of(self.state_dir, name).root), component), None)
+            if child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=5)
+            log.info("stopped node component node=%s component=%s pid=%d", name, component, pid)
+        return pid
+
+    def start_component(
+        self, name: str, component: str, *, timeout_s: float = 60.0, die_with_parent: bool = False
+    ) -> int:
+        """Start the stopped kubelet or containerd of node ``name`` again with the settings it
+        was added with; wait until it serves (containerd: its socket; kubelet: healthz)."""
+        if self.bin_dir is None:
+            raise ClusterError("start node component", "no node binary directory")
+        if component not in _COMPONENTS:
+            raise ValueError(f"unknown component {component!r}")
+        if self.running(name)[component] is not None:
+            raise ClusterError("start node component", f"{component} of {name} already runs")
+        layout = NodeLayout.of(self.state_dir, name)
+        settings = NodeSettings.from_json(layout.settings_file.read_text())
+        spec = self._spec(settings, layout, component)
+        proc = start(spec, die_with_parent=die_with_parent)
+        _CHILDREN[(str(layout.root), component)] = proc
+        if component == "containerd":
+            probe = lambda: self._ctr(layout, "version").returncode == 0  # noqa: E731
+        else:
+            probe = lambda: _healthz(settings.healthz_port)  # noqa: E731
+        self._wait(spec, proc, probe, timeout_s)
+        log.info("started node component node=%s component=%s pid=%d", name, component, proc.pid)
+        return proc.pid
 
     def _ctr(self, layout: NodeLayout, *args: str) -> subprocess.CompletedProcess[str]:
         assert self.bin_dir is not None
@@ -418,6 +469,14 @@ class RealNodes:
         for item in done:
             log.info("node teardown node=%s what=%r", name, item)
         return done
+
+
+def _healthz(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
 
 
 def _node_ready(core: client.CoreV1Api, name: str) -> bool:
