@@ -19,6 +19,7 @@ from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
 from driver.flags import add_flag, add_switch, flag_text, parse_address
 from driver.health.policy import HealthPolicy
+from driver.nvml.driver_root import DriverRoot
 from driver.sharing import SharingConfig, parse_sharing
 from driver.trust.policy import TrustLevel
 
@@ -34,6 +35,12 @@ class PluginSettings(BaseModel):
     cdi_root: Path = Path("/var/run/cdi")
     state_dir: Path | None = None  # default: <kubelet-root>/plugins/<driver>
     nvml: Literal["real", "simulated"] = "real"
+    # The host's NVIDIA driver as this process sees it (the chart mounts it at /driver-root):
+    # libnvidia-ml.so.1, nvidia-smi and nvidia-cuda-mps-control are taken from there by path.
+    driver_root: Path = Path("/")
+    # The host's procfs (the chart mounts it read-only at /host/proc): NVML reports GPU
+    # processes by host PID, and the usage sampler reads /proc/<pid>/cgroup of other pods'.
+    proc_root: Path = Path("/proc")
     profile: str = "dgx-h100"
     sim_state: Path | None = None
     advertise: AdvertiseConfig = AdvertiseConfig()
@@ -88,6 +95,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "GPU library: the real libnvidia-ml or the simulation",
         default="real",
         choices=("real", "simulated"),
+    )
+    add_flag(
+        p,
+        "--driver-root",
+        "directory of the NVIDIA driver (the host's driver root as mounted in the container): "
+        "libnvidia-ml.so.1, nvidia-smi and nvidia-cuda-mps-control are taken from there by path",
+        default="/",
+    )
+    add_flag(
+        p,
+        "--proc-root",
+        "the host's /proc as mounted in the container: NVML names GPU processes by host PID, "
+        "and their pods are found from <proc-root>/<pid>/cgroup",
+        default="/proc",
     )
     add_flag(
         p,
@@ -184,6 +205,17 @@ def parse_health_policy(value: str) -> HealthPolicy:
         raise ConfigError(f"{source}: {e}") from e
 
 
+def _mps_from_driver_root(sharing: SharingConfig, driver_root: Path) -> SharingConfig:
+    """The MPS control binary by path: a bare name (the default ``nvidia-cuda-mps-control``)
+    is taken from the driver root, never from ``PATH``; a path is the operator's choice."""
+    control = DriverRoot(driver_root).binary(sharing.mps_control)
+    return (
+        sharing
+        if control == sharing.mps_control
+        else sharing.model_copy(update={"mps_control": control})
+    )
+
+
 def settings_from_args(args: argparse.Namespace) -> PluginSettings:
     """Validate once; a bad value raises :class:`ConfigError` naming the flag."""
     if not args.node_name:
@@ -196,10 +228,12 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             cdi_root=Path(args.cdi_root),
             state_dir=Path(args.state_dir) if args.state_dir else None,
             nvml=args.nvml,
+            driver_root=Path(args.driver_root),
+            proc_root=Path(args.proc_root),
             profile=args.profile,
             sim_state=Path(args.sim_state) if args.sim_state else None,
             advertise=parse_advertise(args.advertise),
-            sharing=parse_sharing(args.sharing),
+            sharing=_mps_from_driver_root(parse_sharing(args.sharing), Path(args.driver_root)),
             dedicated_to=args.dedicated_to or None,
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
             metrics_address=args.metrics_address,
