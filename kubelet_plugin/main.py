@@ -62,6 +62,9 @@ def open_nvml(
     path = settings.sim_state
     if path is not None and path.exists():
         return open_simulated(path, on_call=on_call)
+    if path is not None:
+        # The chart keeps it in the plugin's state directory, which the first start creates.
+        path.parent.mkdir(parents=True, exist_ok=True)
     store = create_state(settings.profile, path, node=settings.node_name)
     return open_simulated(store, on_call=on_call)
 

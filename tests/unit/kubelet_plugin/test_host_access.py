@@ -110,3 +110,17 @@ def test_gpu_processes_are_attributed_from_the_hosts_procfs(
     nvml = open_nvml(settings, lambda name, s: None, lib=FakePynvml())
     (process,) = nvml.device_usage(MIG).processes
     assert (process.pid, process.cgroup) == (4242, POD_CGROUP)
+
+
+def test_a_simulated_state_file_in_a_directory_not_made_yet_is_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart keeps the simulated node's state in the plugin's state directory, which the
+    plugin creates later in its start."""
+    state = tmp_path / "plugins/gpu.tranche.dev/sim-state.json"
+    settings = settings_from_env(
+        monkeypatch, TRANCHE_NVML="simulated", TRANCHE_SIM_STATE=str(state)
+    )
+    nvml = open_nvml(settings, lambda name, s: None)
+    assert nvml.list_gpus()
+    assert state.is_file()
