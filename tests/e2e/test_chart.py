@@ -128,7 +128,7 @@ def test_rendered_daemonset_asks_for_surge_updates_gpu_nodes_and_node_critical_p
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["TRANCHE_ROLLING_UPDATE_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert env["TRANCHE_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    paths = {v["hostPath"]["path"] for v in pod["volumes"]}
+    paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi",
             "/dev", "/"} <= paths  # fmt: skip
 
@@ -1009,7 +1009,9 @@ def test_the_plugin_takes_the_drivers_files_by_path_and_reads_the_hosts_procfs(
     assert env["TRANCHE_DRIVER_ROOT"] == mounts["driver-root"]["mountPath"]
     assert mounts["driver-root"]["readOnly"] is True
     assert not spec.get("hostPID") and not spec.get("hostIPC") and not spec.get("hostNetwork")
-    (proc,) = [m for m in mounts.values() if volumes[m["name"]]["hostPath"]["path"] == "/proc"]
+    (proc,) = [
+        m for m in mounts.values() if volumes[m["name"]].get("hostPath", {}).get("path") == "/proc"
+    ]
     assert proc["readOnly"] is True
     assert env["TRANCHE_PROC_ROOT"] == proc["mountPath"]
 
