@@ -39,7 +39,8 @@ from tests.e2e.dra_objects import claim
 from tests.e2e.tcp_relay import TcpRelay
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.cluster
+# The first test's setup may build the image (a few minutes cold) and install the chart.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
