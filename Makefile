@@ -8,7 +8,7 @@ PROTO_SRC := $(shell find proto -name '*.proto' 2>/dev/null)
 # Real nodes need root (and apt for their packages): only root builds their binaries up front.
 NODE_BINS := $(if $(filter 0,$(shell id -u)),node-bins,)
 
-.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins node-bins helm-bin prometheus-bin rules-test clean
+.PHONY: all venv generate check-generated lint typecheck contracts check test unit e2e bench demo k8s-bins node-bins helm-bin prometheus-bin rules-test image clean
 
 all: check
 
@@ -43,6 +43,12 @@ rules-test: prometheus-bin
 	  "$$bin/promtool" test rules deploy/prometheus/tests/*.yaml
 	@cmp -s $(PROM_RULES) $(CHART_RULES) || { \
 	  echo "$(CHART_RULES) differs from $(PROM_RULES): cp $(PROM_RULES) $(CHART_RULES)" >&2; exit 1; }
+
+# The image from deploy/Containerfile with buildah (installed when missing), no Docker, no
+# registry: localhost/tranche:<version> and dist/tranche-image.tar (the last line printed),
+# cached outside the repository by its inputs (hack/build-image.sh).
+image:
+	hack/build-image.sh
 
 generate: $(STAMP)
 	$(BIN)/python hack/generate_proto.py

@@ -7,8 +7,10 @@ Layout (as the Go helper ``k8s.io/dynamic-resource-allocation/kubeletplugin``)::
 
 With rolling updates (two plugin pods of one node serving at once) both names
 carry the pod UID: ``dra-<uid>.sock`` and ``<driver>-<uid>-reg.sock``; where
-the registration path would be too long, a hash of the UID replaces it, as the
-Go helper does (:func:`registration_socket_name`).
+a path would be too long, a hash of the UID replaces it, for the registration
+socket as the Go helper does (:func:`registration_socket_name`), for the DRA
+socket likewise (:func:`dra_socket_name`; the kubelet learns its path from the
+registration).
 
 ``start()`` replaces stale sockets, serves DRA, then opens the registration
 socket. ``stop(grace)`` removes the registration socket first (the kubelet
@@ -67,8 +69,16 @@ def registration_socket_name(registry_dir: str, driver_name: str, pod_uid: str |
     return candidates[-1]
 
 
-def dra_socket_name(pod_uid: str | None) -> str:
-    return f"dra-{pod_uid}.sock" if pod_uid else "dra.sock"
+def dra_socket_name(plugin_dir: str, pod_uid: str | None) -> str:
+    """Basename of the DRA socket: ``dra.sock``; with rolling updates ``dra-<uid>.sock``, or
+    ``dra-<b64(sha256(uid))[:12 bytes]>.sock`` where the UID would make the path too long
+    (a long kubelet root dir or driver name)."""
+    if not pod_uid:
+        return "dra.sock"
+    full = f"dra-{pod_uid}.sock"
+    if len(str(Path(plugin_dir) / full).encode()) <= UNIX_PATH_MAX:
+        return full
+    return f"dra-{_b64(hashlib.sha256(pod_uid.encode()).digest()[:12])}.sock"
 
 
 def _prepare_socket_path(path: Path, flag: str) -> None:
@@ -135,7 +145,9 @@ class PluginServer:
         registry_dir = root / "plugins_registry"
         self.driver_name = driver_name
         self.plugin_data_dir = root / "plugins" / driver_name
-        self._dra_path = self.plugin_data_dir / dra_socket_name(rolling_update_uid)
+        self._dra_path = self.plugin_data_dir / dra_socket_name(
+            str(self.plugin_data_dir), rolling_update_uid
+        )
         self._reg_path = registry_dir / registration_socket_name(
             str(registry_dir), driver_name, rolling_update_uid
         )

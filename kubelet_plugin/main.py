@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import prometheus_client
 import pynvml
@@ -25,7 +26,9 @@ from driver.flags import parse_address
 from driver.kube.http import KubeClient
 from driver.logs import configure
 from driver.metrics import Metrics
+from driver.nvml.driver_root import DriverRoot, load_nvml
 from driver.nvml.facade import Nvml
+from driver.nvml.host import NvidiaSmiTimeslice, SysfsHost
 from kubelet_plugin.liveness import HealthEndpoint, probe_sockets
 from kubelet_plugin.node import NodePlugin
 from kubelet_plugin.settings import (
@@ -40,10 +43,17 @@ STOP_GRACE_S = 10.0
 STARTING = "starting: recovering claims, waiting for the API server"
 
 
-def open_nvml(settings: PluginSettings, on_call: Callable[[str, float], None]) -> Nvml:
-    """The real libnvidia-ml, or the simulation (file-backed with ``--sim-state``)."""
+def open_nvml(
+    settings: PluginSettings, on_call: Callable[[str, float], None], lib: Any = pynvml
+) -> Nvml:
+    """The real libnvidia-ml of ``--driver-root``, loaded by its path (and ``nvidia-smi`` from
+    there too), or the simulation (file-backed with ``--sim-state``)."""
     if settings.nvml == "real":
-        nvml = Nvml(pynvml, on_call=on_call)
+        root = DriverRoot(settings.driver_root)
+        load_nvml(root, lib)
+        timeslice = NvidiaSmiTimeslice(root.binary("nvidia-smi"))
+        host = SysfsHost(proc_root=settings.proc_root)
+        nvml = Nvml(lib, host=host, timeslice=timeslice, on_call=on_call)
         nvml.init()
         return nvml
     # Imported here: a real node never loads the simulation (about 140 ms and several MiB).
@@ -52,6 +62,9 @@ def open_nvml(settings: PluginSettings, on_call: Callable[[str, float], None]) -
     path = settings.sim_state
     if path is not None and path.exists():
         return open_simulated(path, on_call=on_call)
+    if path is not None:
+        # The chart keeps it in the plugin's state directory, which the first start creates.
+        path.parent.mkdir(parents=True, exist_ok=True)
     store = create_state(settings.profile, path, node=settings.node_name)
     return open_simulated(store, on_call=on_call)
 

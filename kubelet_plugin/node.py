@@ -30,6 +30,7 @@ from driver.health.store import HealthStateFile
 from driver.health.watch import HealthWatcher
 from driver.kube.http import KubeClient
 from driver.metrics import Metrics
+from driver.nvml.driver_root import DriverRoot
 from driver.nvml.facade import Nvml
 from driver.prepare.cdi import CdiSpecs, DeviceNumbers
 from driver.prepare.driver_root import DriverFiles, find_driver_files
@@ -55,7 +56,6 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.json"
 SIM_DRIVER_ROOT = "sim-driver-root"
-MPS_CONTROL = "nvidia-cuda-mps-control"
 LOCK_FILE = "plugin.lock"
 HEALTH_FILE = "health.json"
 
@@ -105,16 +105,14 @@ def driver_files(settings: PluginSettings, nvml: Nvml) -> DriverFiles:
 
 
 def sharing_config(settings: PluginSettings, files: DriverFiles) -> SharingConfig:
-    """The sharing settings, with the driver root's ``nvidia-cuda-mps-control`` when the
-    setting names the binary without a path (a plugin container has no driver on ``PATH``)."""
+    """The sharing settings with the MPS control binary by path: a bare name (the default
+    ``nvidia-cuda-mps-control``) is the driver root's, never one on ``PATH`` (a plugin
+    container has no driver there); a path is the operator's choice."""
     config = settings.sharing
-    if config.mps_control != MPS_CONTROL:
+    if "/" in config.mps_control:
         return config
-    for path in files.utilities:
-        if Path(path).name == MPS_CONTROL:
-            binary = files.root / path.lstrip("/")
-            return config.model_copy(update={"mps_control": str(binary)})
-    return config
+    binary = DriverRoot(files.root).binary(config.mps_control)
+    return config.model_copy(update={"mps_control": binary})
 
 
 class NodePlugin:

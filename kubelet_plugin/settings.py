@@ -32,11 +32,17 @@ class PluginSettings(BaseModel):
     driver_name: str = Field(default=DEFAULT_DRIVER_NAME, min_length=1, max_length=63)
     kubelet_root_dir: Path = Path("/var/lib/kubelet")
     cdi_root: Path = Path("/var/run/cdi")
-    driver_root: Path = Path("/")  # where this process sees the driver's files
+    # The host's NVIDIA driver as this process sees it (the chart mounts it at /driver-root):
+    # libnvidia-ml.so.1, nvidia-smi and nvidia-cuda-mps-control are taken from there by path,
+    # and every claim's CDI spec mounts its libraries and utilities.
+    driver_root: Path = Path("/")
     host_driver_root: Path | None = None  # the same on the host (default: driver_root)
     cdi_hook_path: str | None = None  # host path of nvidia-cdi-hook (default: in the root)
     state_dir: Path | None = None  # default: <kubelet-root>/plugins/<driver>
     nvml: Literal["real", "simulated"] = "real"
+    # The host's procfs (the chart mounts it read-only at /host/proc): NVML reports GPU
+    # processes by host PID, and the usage sampler reads /proc/<pid>/cgroup of other pods'.
+    proc_root: Path = Path("/proc")
     profile: str = "dgx-h100"
     sim_state: Path | None = None
     advertise: AdvertiseConfig = AdvertiseConfig()
@@ -84,8 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p,
         "--driver-root",
         "where this process sees the NVIDIA driver's files (the chart mounts the host's at "
-        "/driver-root); with --nvml simulated a simulated driver root is written here "
-        "(default there: <state-dir>/sim-driver-root)",
+        "/driver-root): libnvidia-ml.so.1, nvidia-smi and nvidia-cuda-mps-control are taken "
+        "from there by path, and CDI specs mount its libraries; with --nvml simulated a "
+        "simulated driver root is written here (default there: <state-dir>/sim-driver-root)",
         default="/",
     )
     add_flag(
@@ -110,6 +117,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "GPU library: the real libnvidia-ml or the simulation",
         default="real",
         choices=("real", "simulated"),
+    )
+    add_flag(
+        p,
+        "--proc-root",
+        "the host's /proc as mounted in the container: NVML names GPU processes by host PID, "
+        "and their pods are found from <proc-root>/<pid>/cgroup",
+        default="/proc",
     )
     add_flag(
         p,
@@ -221,6 +235,7 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             cdi_hook_path=args.cdi_hook_path or None,
             state_dir=Path(args.state_dir) if args.state_dir else None,
             nvml=args.nvml,
+            proc_root=Path(args.proc_root),
             profile=args.profile,
             sim_state=Path(args.sim_state) if args.sim_state else None,
             advertise=parse_advertise(args.advertise),

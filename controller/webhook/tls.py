@@ -26,6 +26,37 @@ from controller.webhook.certs import CertPolicy, TlsBundle, rotate, rotation_rea
 log = logging.getLogger(__name__)
 
 
+def server_context(bundle: TlsBundle) -> ssl.SSLContext:
+    """A TLS server context serving ``bundle``'s certificate and key.
+
+    ``load_cert_chain`` reads only files. The controller runs with a read-only root file system
+    and no writable volume, so the PEM goes to anonymous in-memory files (``memfd_create``) that
+    are closed at once: nothing is written to any directory, ``$TMPDIR`` included. Only where
+    the platform has no memfd does it fall back to a private temporary directory.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if hasattr(os, "memfd_create"):
+        cert_fd = os.memfd_create("tranche-tls-crt")
+        key_fd = os.memfd_create("tranche-tls-key")
+        try:
+            os.write(cert_fd, bundle.cert)
+            os.write(key_fd, bundle.key)
+            ctx.load_cert_chain(f"/proc/self/fd/{cert_fd}", f"/proc/self/fd/{key_fd}")
+        finally:
+            os.close(cert_fd)
+            os.close(key_fd)
+        return ctx
+    with tempfile.TemporaryDirectory(prefix="tranche-tls-") as tmp:
+        cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+        cert.write_bytes(bundle.cert)
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(bundle.key)
+        ctx.load_cert_chain(cert, key)
+    return ctx
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -139,15 +170,6 @@ class WebhookTls:
         with self._lock:
             if self._bundle == bundle and self._context is not None:
                 return
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        # load_cert_chain reads files: write them to a private directory and remove them.
-        with tempfile.TemporaryDirectory(prefix="tranche-tls-") as tmp:
-            cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-            cert.write_bytes(bundle.cert)
-            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(bundle.key)
-            ctx.load_cert_chain(cert, key)
+        ctx = server_context(bundle)
         with self._lock:
             self._bundle, self._context = bundle, ctx

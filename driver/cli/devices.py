@@ -35,7 +35,9 @@ from driver.flags import add_flag, add_switch
 from driver.health.monitor import HealthMonitor, device_gpu_map
 from driver.health.policy import HealthPolicy
 from driver.health.store import HealthStateFile
+from driver.nvml.driver_root import DriverRoot, load_nvml
 from driver.nvml.facade import Nvml
+from driver.nvml.host import NvidiaSmiTimeslice
 from driver.nvml.sim import create_state, open_simulated
 
 GIB = 2**30
@@ -47,6 +49,7 @@ class DevicesSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     nvml: Literal["real", "simulated"]
+    driver_root: Path
     profile: str
     sim_state: Path | None
     node_name: str
@@ -59,6 +62,8 @@ class DevicesSettings(BaseModel):
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--nvml", "GPU library: the real libnvidia-ml or the simulation",
              default="real", choices=("real", "simulated"))  # fmt: skip
+    add_flag(p, "--driver-root", "directory of the NVIDIA driver: libnvidia-ml.so.1 is "
+             "loaded from its lib directories by path", default="/")  # fmt: skip
     add_flag(p, "--profile", "simulation profile: a shipped name or a JSON file",
              default="dgx-h100")  # fmt: skip
     add_flag(p, "--sim-state", "simulation state file (from `tranche sim init`); "
@@ -94,6 +99,7 @@ def _settings(args: argparse.Namespace) -> DevicesSettings:
     try:
         return DevicesSettings(
             nvml=args.nvml,
+            driver_root=Path(args.driver_root),
             profile=args.profile,
             sim_state=Path(args.sim_state) if args.sim_state else None,
             node_name=args.node_name,
@@ -108,7 +114,9 @@ def _settings(args: argparse.Namespace) -> DevicesSettings:
 
 def _open(settings: DevicesSettings) -> Nvml:
     if settings.nvml == "real":
-        nvml = Nvml(pynvml)
+        root = DriverRoot(settings.driver_root)
+        load_nvml(root, pynvml)
+        nvml = Nvml(pynvml, timeslice=NvidiaSmiTimeslice(root.binary("nvidia-smi")))
         nvml.init()
         return nvml
     if settings.sim_state is not None:

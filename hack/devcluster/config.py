@@ -35,6 +35,12 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "pod-garbage-collector-controller",
     "validatingadmissionpolicy-status-controller",
+    # The chart's workloads on real nodes: the plugin DaemonSet (and its rolling update), the
+    # controller Deployment, and the kube-root-ca.crt ConfigMap their API tokens' volumes read.
+    "daemonset-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "root-ca-certificate-publisher-controller",
 )
 
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")

@@ -15,13 +15,17 @@ from urllib.parse import urlparse
 
 
 class TcpRelay:
-    def __init__(self, target_url: str) -> None:
+    def __init__(self, target_url: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Relay to ``target_url`` from ``host:port`` (a free port when 0)."""
         parsed = urlparse(target_url)
         self._target = (parsed.hostname or "127.0.0.1", parsed.port or 443)
         self._scheme = parsed.scheme
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = int(probe.getsockname()[1])
+        self.host = host
+        self.port = port
+        if not port:
+            with socket.socket() as probe:
+                probe.bind((host, 0))
+                self.port = int(probe.getsockname()[1])
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -29,12 +33,12 @@ class TcpRelay:
 
     @property
     def url(self) -> str:
-        return f"{self._scheme}://127.0.0.1:{self.port}"
+        return f"{self._scheme}://{self.host}:{self.port}"
 
     def up(self) -> None:
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener.bind((self.host, self.port))
         listener.listen(16)
         self._listener = listener
         t = threading.Thread(target=self._accept, args=(listener,), daemon=True)

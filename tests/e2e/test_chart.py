@@ -128,7 +128,7 @@ def test_rendered_daemonset_asks_for_surge_updates_gpu_nodes_and_node_critical_p
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["TRANCHE_ROLLING_UPDATE_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert env["TRANCHE_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    paths = {v["hostPath"]["path"] for v in pod["volumes"]}
+    paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi",
             "/dev", "/"} <= paths  # fmt: skip
 
@@ -984,3 +984,46 @@ def test_legacy_examples_are_accepted_by_the_api_server(
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
+
+
+def _plugin_container(objs: list[Obj]) -> tuple[Obj, Obj]:
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    spec = ds["spec"]["template"]["spec"]
+    return spec, spec["containers"][0]
+
+
+@pytest.mark.parametrize("values", sorted(VALUE_SETS))
+def test_the_plugin_takes_the_drivers_files_by_path_and_reads_the_hosts_procfs(
+    helm: str, values: str
+) -> None:
+    """No LD_LIBRARY_PATH (it would load the host's libc into the container's Python): the
+    plugin gets the mounted driver root and opens libnvidia-ml, nvidia-smi and
+    nvidia-cuda-mps-control there by path. Not hostPID: the host's procfs, read-only, is
+    what the usage sampler needs (NVML names GPU processes by host PID)."""
+    spec, container = _plugin_container(render(helm, "tranche", "tranche", *VALUE_SETS[values]))
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert "LD_LIBRARY_PATH" not in env
+    assert "PATH" not in env
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert env["TRANCHE_DRIVER_ROOT"] == mounts["driver-root"]["mountPath"]
+    assert mounts["driver-root"]["readOnly"] is True
+    assert not spec.get("hostPID") and not spec.get("hostIPC") and not spec.get("hostNetwork")
+    (proc,) = [
+        m for m in mounts.values() if volumes[m["name"]].get("hostPath", {}).get("path") == "/proc"
+    ]
+    assert proc["readOnly"] is True
+    assert env["TRANCHE_PROC_ROOT"] == proc["mountPath"]
+
+
+def test_the_plugin_runs_the_simulated_nvml_when_asked(helm: str) -> None:
+    _, container = _plugin_container(
+        render(helm, "tranche", "tranche", "--set", "kubeletPlugin.nvml=simulated",
+               "--set", "kubeletPlugin.simulatedProfile=dgx-a100")
+    )  # fmt: skip
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TRANCHE_NVML"] == "simulated"
+    assert env["TRANCHE_PROFILE"] == "dgx-a100"
+    assert env["TRANCHE_SIM_STATE"].startswith("/var/lib/kubelet/plugins/gpu.tranche.dev/")
+    _, default = _plugin_container(render(helm, "tranche", "tranche"))
+    assert {e["name"]: e.get("value") for e in default["env"]}["TRANCHE_NVML"] == "real"

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hack.devcluster.components import SERVICE_CIDR
+
 RUNC = Path("/usr/sbin/runc")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 BUSYBOX = Path("/bin/busybox")
@@ -72,6 +74,11 @@ class NodeSettings:
     @property
     def pod_subnet(self) -> str:
         return f"10.88.{self.index}.0/24"
+
+    @property
+    def pod_gateway(self) -> str:
+        """The host side of the node's bridge, when a test gives it an address."""
+        return f"10.88.{self.index}.1"
 
     @property
     def network_name(self) -> str:
@@ -289,7 +296,11 @@ def cni_conflist(settings: NodeSettings, layout: NodeLayout) -> dict[str, Any]:
                 "hairpinMode": False,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": settings.pod_subnet}]],
+                    "ranges": [[{"subnet": settings.pod_subnet, "gateway": settings.pod_gateway}]],
+                    # The Service network (the kubernetes Service, 10.0.0.1) via the bridge's
+                    # host side: pods reach it only where a test gives the bridge the gateway
+                    # address and relays the Service address (tests/e2e/test_chart_install.py).
+                    "routes": [{"dst": SERVICE_CIDR, "gw": settings.pod_gateway}],
                     "dataDir": str(layout.cni_ipam_dir),
                 },
             }

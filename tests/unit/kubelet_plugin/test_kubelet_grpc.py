@@ -23,7 +23,7 @@ from hack.kubeletsim.client import (
     choose_services,
     register,
 )
-from kubelet_plugin.grpc_server import PluginServer, registration_socket_name
+from kubelet_plugin.grpc_server import PluginServer, dra_socket_name, registration_socket_name
 from proto.gen.dra.v1 import api_pb2 as dra_v1
 from proto.gen.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from proto.gen.pluginregistration import api_pb2 as reg
@@ -351,6 +351,19 @@ def test_rolling_update_socket_names_fit_unix_path_limit() -> None:
     assert len(f"{deep}/{shortest}") <= 107
     assert shortest != registration_socket_name(deep, long_driver, uid + "x")
     assert registration_socket_name(registry, "gpu.nvidia.com", None) == "gpu.nvidia.com-reg.sock"
+
+
+def test_a_dra_socket_under_a_long_kubelet_root_gets_a_hashed_name_that_fits() -> None:
+    """A real node's kubelet root of 52 bytes (the dev cluster's): the per-pod DRA socket
+    with the full UID would be 122 bytes, and the plugin refused to start."""
+    uid = "db788049-2e1d-4bb0-a817-9b3cfc86a7b4"
+    assert dra_socket_name("/var/lib/kubelet/plugins/gpu.nvidia.com", uid) == f"dra-{uid}.sock"
+    plugin_dir = "/tmp/pytest-of-root/pytest-217/dev-cluster0/n/rn1/kl/plugins/gpu.tranche.dev"
+    name = dra_socket_name(plugin_dir, uid)
+    assert uid not in name and name.startswith("dra-")
+    assert len(f"{plugin_dir}/{name}") <= 107
+    assert name != dra_socket_name(plugin_dir, uid + "x")
+    assert dra_socket_name(plugin_dir, None) == "dra.sock"
 
 
 @pytest.mark.parametrize(

@@ -57,3 +57,19 @@ inside the pod. */ -}}
 {{- $host := .Values.kubeletPlugin.metricsBindAddress | default "" | toString -}}
 {{- if not (or (hasPrefix "127." $host) (eq $host "::1") (eq $host "localhost")) -}}true{{- end -}}
 {{- end }}
+
+{{/*
+The API token of a pod's ServiceAccount, mounted explicitly where in-cluster clients look
+(what the ServiceAccount admission plugin would add, so the pods do not depend on it): a
+bound token the kubelet rotates, the cluster CA, the namespace. Pods set
+automountServiceAccountToken: false, so no second token is mounted.
+*/}}
+{{- define "tranche.apiTokenVolume" -}}
+- name: api-token
+  projected:
+    defaultMode: 0444
+    sources:
+      - serviceAccountToken: {path: token, expirationSeconds: 3607}
+      - configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}
+      - downwardAPI: {items: [{path: namespace, fieldRef: {fieldPath: metadata.namespace}}]}
+{{- end }}

@@ -109,3 +109,11 @@ def test_bad_input_is_a_clear_error(
     code, out, err = _run(["--nvml", "simulated", *argv], capsys)
     assert code == 1 and not out
     assert fragment in err
+
+
+def test_the_real_nvml_is_taken_from_the_driver_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run(["--nvml", "real", "--driver-root", str(tmp_path)], capsys)
+    assert code == 1
+    assert f"libnvidia-ml.so.1 not found under the driver root {tmp_path} " in err

@@ -113,7 +113,10 @@ def test_cni_bridge_without_gateway_or_masquerade() -> None:
     assert bridge["ipMasq"] is False
     assert bridge["bridge"] == settings.bridge
     assert bridge["ipam"]["dataDir"] == "/s/n/rn1/cni/ipam"
-    assert bridge["ipam"]["ranges"] == [[{"subnet": "10.88.1.0/24"}]]
+    assert bridge["ipam"]["ranges"] == [[{"subnet": "10.88.1.0/24", "gateway": "10.88.1.1"}]]
+    # Only the Service network goes to the bridge's host side (no default route), where a
+    # test that relays the kubernetes Service gives the bridge that address.
+    assert bridge["ipam"]["routes"] == [{"dst": "10.0.0.0/24", "gw": "10.88.1.1"}]
     assert conf["name"] == "tranche-rn1"
 
 
