@@ -266,24 +266,30 @@ class Savings:
     cost: Decimal | None  # with prices: held now minus held as the smaller kind, to the cent
 
 
+def exact_savings(
+    allocated_s: float, current: Kind, candidate: Kind, prices: Prices | None = None
+) -> tuple[Fraction, Fraction | None]:
+    """GPU-hours and money saved, exact (hours and prices as fractions)."""
+    allocated_h = Fraction(Decimal(repr(max(allocated_s, 0.0)))) / 3600
+    wall_h = allocated_h / current.size
+    saved_h = allocated_h - wall_h * candidate.size
+    if prices is None:
+        return saved_h, None
+    now = Fraction(hour_price(current, prices))
+    after = Fraction(hour_price(candidate, prices))
+    return saved_h, wall_h * (now - after)
+
+
 def savings(
     allocated_s: float,
     current: Kind,
     candidate: Kind,
     prices: Prices | None = None,
 ) -> Savings:
-    """``allocated_s`` GPU-seconds held as ``current`` → the same wall time as ``candidate``.
-
-    Exact: hours and prices as fractions, rounded once, to the cent (half up)."""
-    allocated_h = Fraction(Decimal(repr(max(allocated_s, 0.0)))) / 3600
-    wall_h = allocated_h / current.size
-    saved_h = allocated_h - wall_h * candidate.size
-    cost = None
-    if prices is not None:
-        now = Fraction(hour_price(current, prices))
-        after = Fraction(hour_price(candidate, prices))
-        cost = _money(wall_h * (now - after))
-    return Savings(_decimal(saved_h), cost)
+    """``allocated_s`` GPU-seconds held as ``current`` → the same wall time as ``candidate``;
+    money rounded once, to the cent (half up)."""
+    hours, cost = exact_savings(allocated_s, current, candidate, prices)
+    return Savings(_decimal(hours), _money(cost) if cost is not None else None)
 
 
 def _money(amount: Fraction) -> Decimal:
@@ -437,16 +443,16 @@ def advise(
             allocated_s=allocated,
             notes=notes,
         )
-    saved_h = Decimal(0)
-    saved_cost: Decimal | None = Decimal(0) if prices is not None else None
-    for c in workload.claims:
+    saved_h = Fraction(0)
+    saved_cost: Fraction | None = Fraction(0) if prices is not None else None
+    for c in workload.claims:  # exact per claim, rounded once for the workload
         assert c.kind is not None
         if c.kind.size <= choice.kind.size:
             continue
-        s = savings(c.allocated_s, c.kind, choice.kind, prices)
-        saved_h += s.gpu_hours
-        if saved_cost is not None and s.cost is not None:
-            saved_cost += s.cost
+        hours, cost = exact_savings(c.allocated_s, c.kind, choice.kind, prices)
+        saved_h += hours
+        if saved_cost is not None and cost is not None:
+            saved_cost += cost
     return Advice(
         workload,
         "recommend",
@@ -455,7 +461,7 @@ def advise(
         current,
         choice.kind,
         choice.forbidden,
-        Savings(saved_h, saved_cost),
+        Savings(_decimal(saved_h), _money(saved_cost) if saved_cost is not None else None),
         allocated,
         notes,
     )

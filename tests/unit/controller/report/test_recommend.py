@@ -49,7 +49,7 @@ def h100_slices(max_shares: int = 8) -> list[dict[str, Any]]:
     gpus = nvml.list_gpus()
     nvml.set_mig_mode(gpus[1].uuid, True)
     inventory = build_inventory(nvml.list_gpus()[:2], nvml.system_info())
-    config = SharingConfig(groups=("team",), maxShares=max_shares)
+    config = SharingConfig(groups=("team",), max_shares=max_shares)
     return build_slices(inventory, NODE, extra_devices=share_devices(inventory, config))
 
 
