@@ -25,6 +25,13 @@ from controller.report.sources import ClaimSeries
 from driver.trust.policy import resolve_tenants
 
 GIB = float(1 << 30)
+SHORT = {
+    "recommend": "",
+    "fits-now": "(fits now)",
+    "no-fit": "(none fits)",
+    "unknown-device": "(device unknown)",
+    "too-little-data": "(too little data)",
+}
 STATUS_ORDER = ("recommend", "fits-now", "no-fit", "unknown-device", "too-little-data")
 
 
@@ -84,7 +91,7 @@ def recommendations(
         workloads.setdefault(owner, []).append(
             ClaimData(key[0], key[1], allocated.get(key, 0.0), kind, samples)
         )
-        if why:
+        if why and not (why == "claim gone" and owner.note == why):
             kind_notes.setdefault(owner, []).append(f"claim {key[1]}: {why}")
     advice = []
     for owner, claims in workloads.items():
@@ -146,7 +153,7 @@ def render_text(r: Recommendations) -> str:
             f"{_percent(s.sm_peak)}/{_percent(s.sm_p95)}" if s else "-",
             f"{s.memory_peak / GIB:.1f}/{s.memory_p95 / GIB:.1f}" if s else "-",
             a.current.name if a.current else "-",
-            a.candidate.name if a.candidate else "-",
+            a.candidate.name if a.candidate else SHORT[a.status],
             str(a.savings.gpu_hours.quantize(Decimal("0.001"))) if a.savings else "-",
         ]
         if r.currency:

@@ -436,7 +436,8 @@ def advise(
         return Advice(
             workload,
             "fits-now",
-            f"{current.name} is already the smallest kind that fits",
+            f"{current.name} is already the smallest kind that fits"
+            + (" that its trust level allows" if choice.forbidden else ""),
             st,
             current,
             forbidden=choice.forbidden,
