@@ -15,13 +15,13 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from hack.bench import attribution, discovery, health, modes, prepare, regression, report
+from hack.bench import attribution, discovery, explain, health, modes, prepare, regression, report
 from hack.bench.lab import Lab
 from hack.bench.machine import REPO, describe
 from hack.bench.results import ScenarioResult
 
 SCENARIOS: dict[str, ModuleType] = {
-    m.NAME: m for m in (discovery, prepare, modes, health, attribution)
+    m.NAME: m for m in (discovery, prepare, modes, health, attribution, explain)
 }
 
 
