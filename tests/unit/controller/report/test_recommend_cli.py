@@ -14,20 +14,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, start_http_server
 
 from controller.report.cli import ReportSettings, add_arguments, run
 from controller.report.owners import Cluster
 from driver.devices.inventory import build_inventory
 from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
-from driver.nvml.sim import create_state, open_simulated
+from driver.metrics import Metrics
+from driver.nvml.sim import SimControl, create_state, open_simulated
 from driver.sharing.devices import share_devices
 from driver.sharing.settings import SharingConfig
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
+from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "recommend" / "prometheus.json"
 SERIES = json.loads(FIXTURE.read_text())
 H100 = "NVIDIA H100 80GB HBM3"
 NODE = "node-a"
+GIB = 1 << 30
 
 
 class Recorded(BaseHTTPRequestHandler):
@@ -199,3 +203,44 @@ def test_bad_recommend_flags_are_named(
     assert recommend(["--prometheus", prometheus, *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tranche report: ") and needle in err and "Traceback" not in err
+
+
+def test_recommend_from_plugin_endpoints_says_there_is_no_history(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A plugin's own counters (one claim of the fixture's cluster, sampled an hour apart):
+    its workload is listed, never guessed."""
+    store = create_state("dgx-h100")
+    nvml = open_simulated(store)
+    gpu = nvml.list_gpus()[0].uuid
+    pod_uid = "3f1e2c9a-1b2c-4d5e-8f90-123456789abc"
+    SimControl(store).add_process(
+        gpu, 10, used_memory_bytes=GIB, sm_util=5, cgroup=f"0::/kubepods/pod{pod_uid}/{'a' * 64}\n"
+    )
+    record = ClaimAllocation(
+        "u", "ml", "serve-a", "ml", frozenset({pod_uid}), (HeldDevice.whole(gpu, "g0"),), 0.0
+    )
+    registry = CollectorRegistry()
+    now = [0.0]
+    sampler = UsageSampler(nvml, lambda: [record], Metrics(registry), clock=lambda: now[0])
+    sampler.sample_once()
+    now[0] = 3600.0
+    sampler.sample_once()
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        assert recommend(["--metrics-url", url, "--output", "json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert recommend(["--metrics-url", url]) == 0
+        text = capsys.readouterr().out
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    (serve,) = doc["workloads"]
+    assert (serve["kind"], serve["name"], serve["claims"]) == ("Deployment", "serve", ["serve-a"])
+    assert serve["status"] == "too-little-data" and "no history" in serve["reason"]
+    assert serve["allocated_gpu_hours"] == pytest.approx(1.0)
+    assert "recommended" not in serve and doc["saved_gpu_hours"] == "0.000"
+    assert "ml Deployment/serve: too-little-data: no history" in text
+    assert "use --prometheus" in text
