@@ -169,8 +169,8 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add_flag(
         parser,
         "--headroom",
-        "With --recommend: room kept above the peak, e.g. 20% or 0.2.",
-        default="20%",
+        "With --recommend: room kept above the peak, a fraction (0.2) or a percentage (20%%).",
+        default="0.2",
         env=env,
     )
     add_flag(

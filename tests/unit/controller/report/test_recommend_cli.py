@@ -244,3 +244,10 @@ def test_recommend_from_plugin_endpoints_says_there_is_no_history(
     assert "recommended" not in serve and doc["saved_gpu_hours"] == "0.000"
     assert "ml Deployment/serve: too-little-data: no history" in text
     assert "use --prometheus" in text
+
+
+def test_help_renders() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, env={})
+    text = parser.format_help()
+    assert "--recommend" in text and "percentage (20%)" in text
