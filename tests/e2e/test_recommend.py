@@ -1,5 +1,6 @@
 """``tranche report --recommend`` on plugin endpoints: the real plugin on a simulated H100 node,
-a Deployment whose pod holds one GPU, a bare pod, usage driven through the simulated NVML.
+a Deployment whose pod holds one GPU, a bare pod, their usage driven through the simulated
+NVML with ``tranche sim set-util`` and ``tranche sim add-process``.
 
 Plugin endpoints keep counters, not history, so no peak can be measured: every workload is
 listed as too little data, grouped by its owner read from the real API server (the pod's
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +28,6 @@ from tests.e2e.conftest import Cluster
 from tests.e2e.sim_nodes import PluginNode, kubectl
 from tests.waiting import wait_for
 
-GIB = 1 << 30
 CLAIM_MEASURED = "tranche_claim_gpu_measured_seconds_total"
 
 
@@ -135,6 +137,14 @@ def _prepared(pn: PluginNode, uid: str) -> Callable[[], object]:
     return lambda: pn.kubelet.prepared.get(uid)
 
 
+def _sim(pn: PluginNode, action: str, *args: str) -> None:
+    """``tranche sim ACTION --state <the node's state file> ARGS``, as an operator runs it."""
+    state = str(pn.node.sim_state)
+    cmd = [sys.executable, "-m", "driver.cli", "sim", action, "--state", state, *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, f"tranche sim {action}: {done.stderr}"
+
+
 def _scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         return str(r.read().decode())
@@ -154,21 +164,16 @@ def test_recommend_on_plugin_endpoints_lists_too_little_data_by_owner(
         lambda: (c := _pod_claims(pn, namespace)) and len(c) == 2 and c,
         timeout_s=120,
     )
-    control = pn.node.control()
     for pid, (_pod, (pod_uid, claim)) in enumerate(sorted(claims.items()), start=100):
         uid = pn.claim(namespace, claim)["metadata"]["uid"]
         wait_for(f"prepared claim {claim}", _prepared(pn, uid))
         device = pn.claim(namespace, claim)["status"]["allocation"]["devices"]["results"][0]
         gpu = pn.device_attribute(device["device"], "uuid")
         assert gpu is not None
-        control.set_utilization(gpu, gpu_percent=6)
-        control.add_process(
-            gpu,
-            pid,
-            used_memory_bytes=3 * GIB,
-            sm_util=6,
-            cgroup=f"0::/kubepods/burstable/pod{pod_uid}/{'c' * 64}\n",
-        )
+        cgroup = f"0::/kubepods/burstable/pod{pod_uid}/{'c' * 64}\n"
+        _sim(pn, "set-util", "--gpu", gpu, "--percent", "6")
+        _sim(pn, "add-process", "--device", gpu, "--pid", str(pid), "--memory-mib", "3072",
+             "--sm-util", "6", "--cgroup", cgroup)  # fmt: skip
     wait_for(
         "measured usage of both claims in the plugin's metrics",
         lambda: all(
