@@ -432,7 +432,7 @@ def advise(
             allocated_s=allocated,
             notes=notes,
         )
-    if (choice.kind.size, choice.kind.memory_bytes) >= (current.size, current.memory_bytes):
+    if choice.kind.size >= current.size:  # e.g. a 7g.80gb instead of the whole GPU saves nothing
         return Advice(
             workload,
             "fits-now",

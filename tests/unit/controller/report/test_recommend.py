@@ -207,8 +207,11 @@ def test_a_busy_workload_is_told_it_fits_now_or_nothing_fits(model: Model) -> No
     busy = (ClaimData("ml", "a", 3600.0, model.whole, samples(10, 0.9, 70)),)
     a = advise(workload(TrustLevel.SHARED, busy), {H100: model})
     assert a.status == "no-fit"
-    mid = (ClaimData("ml", "a", 3600.0, model.whole, samples(10, 0.7, 60)),)
+    mid = (ClaimData("ml", "a", 3600.0, model.whole, samples(10, 0.35, 30)),)
     assert advise(workload(TrustLevel.SHARED, mid), {H100: model}).status == "recommend"
+    big = (ClaimData("ml", "a", 3600.0, model.whole, samples(10, 0.5, 40)),)
+    a = advise(workload(TrustLevel.PARTITIONED, big), {H100: model})
+    assert (a.status, a.savings) == ("fits-now", None)  # a 7g.80gb is no smaller
     one_g = next(k for k in model.mig if k.profile == "1g.10gb")
     small = (ClaimData("ml", "a", 3600.0, one_g, samples(10, 0.05, 4)),)
     assert advise(workload(TrustLevel.PARTITIONED, small), {H100: model}).status == "fits-now"
