@@ -11,7 +11,14 @@ from hack.bench.results import Row, ScenarioResult, median, percentile, timing
 
 
 def test_every_scenario_is_selectable_by_name() -> None:
-    assert sorted(SCENARIOS) == ["attribution", "discovery", "explain", "health", "modes", "prepare"]
+    assert sorted(SCENARIOS) == [
+        "attribution",
+        "discovery",
+        "explain",
+        "health",
+        "modes",
+        "prepare",
+    ]
     for name, module in SCENARIOS.items():
         assert name == module.NAME
         assert callable(module.run)
