@@ -424,6 +424,9 @@ class Selector:
     program: Any
     _cache: dict[Any, bool | str] = field(default_factory=dict, compare=False, repr=False)
     _names: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+    _kept_names: dict[tuple[str, ...], tuple[str, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def _keep(self, name: str) -> bool:
         kept = self._names.get(name)
@@ -434,20 +437,30 @@ class Selector:
             self._names[name] = kept
         return kept
 
+    def _kept(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The names of ``names`` the expression may read (cached: devices of one kind share
+        their attribute names)."""
+        kept = self._kept_names.get(names)
+        if kept is None:
+            kept = tuple(n for n in names if self._keep(n))
+            self._kept_names[names] = kept
+        return kept
+
     def _key(self, device: DeviceData) -> Any:
-        keep = self._keep
+        attributes, capacity = device.attributes, device.capacity
+        names = tuple(attributes)
         return (
             device.driver,
             device.allow_multiple_allocations,
-            tuple((k, _frozen(v)) for k, v in device.attributes.items() if keep(k)),
+            tuple((k, _frozen(attributes[k])) for k in self._kept(names)),
             # CEL sees a capacity's value only, never its request policy
             tuple(
                 (k, v.get("value") if isinstance(v, Mapping) else v)
-                for k, v in device.capacity.items()
-                if keep(k)
+                for k in self._kept(tuple(capacity))
+                for v in (capacity[k],)
             ),
             # which names exist matters to `in` and has(): keep them all
-            tuple(device.attributes),
+            names,
         )
 
     def matches(self, device: DeviceData) -> bool:

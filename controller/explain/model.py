@@ -96,11 +96,18 @@ class Device:
         return f"{self.type} {self.attribute('productName') or ''}".strip()
 
 
-def _decimal(raw: Any) -> Decimal:
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str) -> Decimal:
+    """A counter's quantity; the same few texts repeat on every GPU of a fleet, so cached
+    (a Decimal is immutable)."""
     try:
-        return parse_quantity(str((raw or {}).get("value", "0")))
+        return parse_quantity(text)
     except ValueError:
         return Decimal(0)
+
+
+def _decimal(raw: Any) -> Decimal:
+    return _quantity(str((raw or {}).get("value", "0")))
 
 
 def _taint(raw: Json, source: str = "") -> Taint:

@@ -17,29 +17,36 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from controller.kube_client import add_kubeconfig_flag
+from controller.report.advice import Recommendations, recommendations
+from controller.report.advice import render_json as advice_json
+from controller.report.advice import render_text as advice_text
 from controller.report.catalog import DeviceInfo, read_catalog
 from controller.report.chart import render_svg
 from controller.report.cost import IDLE_POLICIES, CostReport, IdlePolicy, allocate
 from controller.report.data import Report, report_from_snapshots
 from controller.report.html import render_html
+from controller.report.owners import Cluster, read_cluster
 from controller.report.prices import Prices, load_prices
+from controller.report.recommend import DEFAULT_MIN_SAMPLES
 from controller.report.render import RENDERERS, reconciliation
 from controller.report.sources import (
     BaselineFile,
     choose_chain,
     http_get,
+    query_claim_series,
     query_prometheus,
     scrape,
 )
 from driver.cli import Command
 from driver.errors import ConfigError, TrancheError
-from driver.flags import add_flag, env_name
+from driver.flags import add_flag, add_switch, env_name
 from driver.kube.client import api_client
 
 log = logging.getLogger(__name__)
@@ -73,6 +80,9 @@ class ReportSettings(BaseModel):
     idle_policy: IdlePolicy = "proportional"
     html: Path | None = None
     kubeconfig: str | None = None
+    recommend: bool = False
+    headroom: float = Field(default=0.2, ge=0, le=10)
+    min_samples: int = Field(default=DEFAULT_MIN_SAMPLES, ge=1)
 
     @field_validator("metrics_urls")
     @classmethod
@@ -146,7 +156,43 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         env=env,
     )
     add_flag(parser, "--html", "Also write a self-contained showback page (HTML) here.", env=env)
+    add_switch(
+        parser,
+        "--recommend",
+        "Instead of the usage table: per workload (Deployment, Job, StatefulSet, PodGroup, "
+        "else pod or claim) the peak and p95 of measured SM use and memory, the smallest "
+        "device kind that would have fit with --headroom, and the GPU-hours (and with --prices "
+        "the cost) it would have saved. Needs --prometheus for history and the cluster "
+        "(--kubeconfig) for owners and devices.",
+        env=env,
+    )
+    add_flag(
+        parser,
+        "--headroom",
+        "With --recommend: room kept above the peak, a fraction (0.2) or a percentage (20%%).",
+        default="0.2",
+        env=env,
+    )
+    add_flag(
+        parser,
+        "--min-samples",
+        "With --recommend: fewer samples than this in the window is too little data.",
+        default=str(DEFAULT_MIN_SAMPLES),
+        env=env,
+    )
     add_kubeconfig_flag(parser, env)
+
+
+def parse_headroom(text: str) -> float:
+    """``20%`` or ``0.2`` → 0.2."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError as err:
+        raise ConfigError(f"--headroom: {text!r} is not a percentage such as 20% or 0.2") from err
+    if not 0 <= value <= 10:  # NaN fails too
+        raise ConfigError(f"--headroom: {text!r} is not between 0% and 1000%")
+    return value
 
 
 def settings_from(args: argparse.Namespace) -> ReportSettings:
@@ -160,6 +206,13 @@ def settings_from(args: argparse.Namespace) -> ReportSettings:
         raise ConfigError("give either --metrics-url (repeatable) or --prometheus, not both")
     if args.prometheus and (args.baseline or args.interval):
         raise ConfigError("--baseline and --interval apply to --metrics-url, not --prometheus")
+    recommend = bool(getattr(args, "recommend", False))
+    headroom = parse_headroom(getattr(args, "headroom", "20%"))
+    raw_min = str(getattr(args, "min_samples", DEFAULT_MIN_SAMPLES))
+    if not raw_min.strip().isdigit() or int(raw_min) < 1:
+        raise ConfigError(f"--min-samples: {raw_min!r} is not a whole number of at least 1")
+    if recommend and (args.output == "csv" or args.chart or args.html):
+        raise ConfigError("--recommend prints a table or JSON: no --output csv, --chart or --html")
     try:
         return ReportSettings(
             since_s=since,
@@ -174,6 +227,9 @@ def settings_from(args: argparse.Namespace) -> ReportSettings:
             idle_policy=args.idle_policy,
             html=Path(args.html) if args.html else None,
             kubeconfig=args.kubeconfig,
+            recommend=recommend,
+            headroom=headroom,
+            min_samples=int(raw_min),
         )
     except (ValidationError, ValueError) as err:
         raise ConfigError(f"tranche report flags: {err}") from err
@@ -254,11 +310,60 @@ def price_report(
     return cost
 
 
+ClusterReader = Callable[[ReportSettings], Cluster]
+
+
+def cluster_objects(settings: ReportSettings) -> Cluster:
+    """Claims, pods, ReplicaSets, namespaces and slices for ``--recommend``."""
+    return read_cluster(api_client(settings.kubeconfig))
+
+
+def recommend_report(
+    settings: ReportSettings,
+    report: Report,
+    prices: Prices | None,
+    cluster: ClusterReader,
+    get: Callable[[str, float], bytes] = http_get,
+) -> Recommendations:
+    """The right-sizing advice for the report's claims."""
+    if settings.prometheus is not None:
+        start = report.start if report.start is not None else report.end - settings.since_s
+        series, step = query_claim_series(
+            settings.prometheus, start, report.end, settings.timeout_s, get
+        )
+        notes = (
+            f"SM use and memory: Prometheus rate() per {step}s step, peak and p95 of the steps "
+            "in which a claim held its device",
+        )
+        found = series
+    else:
+        found = None
+        notes = (
+            "plugin metrics endpoints keep counters, not history: no peak can be measured; "
+            "use --prometheus",
+        )
+    log.info(
+        "recommend: reading the cluster",
+        extra={"claims": len(report.claims), "history": found is not None},
+    )
+    return recommendations(
+        report,
+        found,
+        cluster(settings),
+        headroom=Fraction(str(settings.headroom)),
+        min_samples=settings.min_samples,
+        prices=prices,
+        notes=notes,
+    )
+
+
 def run(
     args: argparse.Namespace,
     catalog: Catalog = cluster_catalog,
     clock: Callable[[], float] = time.time,
+    cluster: ClusterReader = cluster_objects,
 ) -> int:
+    advice: Recommendations | None = None
     try:
         settings = settings_from(args)
         prices = load_prices(settings.prices) if settings.prices is not None else None
@@ -269,7 +374,11 @@ def run(
         for warning in warnings:
             print(f"tranche report: warning: {warning}", file=sys.stderr)
         report = replace(report, notes=(*report.notes, *warnings))
-        cost = price_report(settings, prices, report, catalog) if prices is not None else None
+        if settings.recommend:
+            advice = recommend_report(settings, report, prices, cluster)
+            cost = None
+        else:
+            cost = price_report(settings, prices, report, catalog) if prices is not None else None
         if settings.chart is not None:
             settings.chart.write_text(render_svg(report), encoding="utf-8")
         if settings.html is not None:
@@ -283,6 +392,9 @@ def run(
     except OSError as err:
         print(f"tranche report: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
         return 1
+    if advice is not None:
+        sys.stdout.write(advice_json(advice) if settings.output == "json" else advice_text(advice))
+        return 0
     sys.stdout.write(RENDERERS[settings.output](report, cost))
     return 0
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 CLAIM_ALLOCATED = "tranche_claim_gpu_allocated_seconds_total"
 CLAIM_MEASURED = "tranche_claim_gpu_measured_seconds_total"
+CLAIM_MEMORY = "tranche_claim_gpu_memory_byte_seconds_total"
 TENANT_ALLOCATED = "tranche_tenant_gpu_allocated_seconds_total"
 TENANT_MEASURED = "tranche_tenant_gpu_measured_seconds_total"
 TENANT_MEMORY = "tranche_tenant_gpu_memory_byte_seconds_total"

@@ -21,6 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.report.data import (
     CLAIM_ALLOCATED,
     CLAIM_MEASURED,
+    CLAIM_MEMORY,
     DEVICE_HELD,
     DEVICE_IDLE,
     DEVICE_UNATTRIBUTED,
@@ -210,6 +212,53 @@ def query_prometheus(
         "from zero"
     ]
     return builder.build(start, end, f"prometheus {base_url}", notes)
+
+
+@dataclass(frozen=True)
+class ClaimSeries:
+    """One claim's steps in the window: (time, SM use in whole GPUs, memory bytes), each the
+    average over the step, only at steps in which the claim held its device."""
+
+    namespace: str
+    claim: str
+    points: tuple[tuple[float, float, float], ...]
+
+
+def recommend_step(window_s: float) -> int:
+    """At most about 500 steps (a peak is a step's average), at least one minute each."""
+    return max(60, math.ceil(window_s / 500 / 60) * 60)
+
+
+def query_claim_series(
+    base_url: str, start: float, end: float, timeout_s: float, get: Callable[[str, float], bytes]
+) -> tuple[dict[tuple[str, str], ClaimSeries], int]:
+    """Per claim, SM use and memory per step of ``(start, end]`` (and the step, seconds)."""
+    step = recommend_step(end - start)
+    # Ranges of two steps: with a one-minute scrape a one-step range can hold one sample,
+    # which has no rate (a peak is then the average of two steps, a little lower).
+    span = 2 * step
+    queries = {
+        "held": f"sum by (namespace, claim) (increase({CLAIM_ALLOCATED}[{span}s]))",
+        "sm": f"sum by (namespace, claim) (rate({CLAIM_MEASURED}[{span}s]))",
+        "memory": f"sum by (namespace, claim) (rate({CLAIM_MEMORY}[{span}s]))",
+    }
+    values: dict[str, dict[tuple[str, str, float], float]] = {}
+    for name, query in queries.items():
+        params = urllib.parse.urlencode(
+            {"query": query, "start": f"{start + step:.3f}", "end": f"{end:.3f}", "step": str(step)}
+        )
+        url = f"{base_url.rstrip('/')}/api/v1/query_range?{params}"
+        got = values.setdefault(name, {})
+        for labels, t, value in _answer(url, get(url, timeout_s)):
+            got[(labels.get("namespace", ""), labels.get("claim", ""), t)] = value
+    points: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    for (namespace, claim, t), held in sorted(values["held"].items()):
+        if held <= 0:
+            continue  # the claim held nothing in this step (released, or not yet prepared)
+        sm = values["sm"].get((namespace, claim, t), 0.0)
+        memory = values["memory"].get((namespace, claim, t), 0.0)
+        points.setdefault((namespace, claim), []).append((t, sm, memory))
+    return {k: ClaimSeries(*k, tuple(v)) for k, v in points.items()}, step
 
 
 def _answer(url: str, body: bytes) -> list[tuple[dict[str, str], float, float]]:

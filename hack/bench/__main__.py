@@ -18,6 +18,7 @@ from types import ModuleType
 from hack.bench import (
     attribution,
     discovery,
+    explain,
     health,
     modes,
     prepare,
@@ -30,7 +31,7 @@ from hack.bench.machine import REPO, describe
 from hack.bench.results import ScenarioResult
 
 SCENARIOS: dict[str, ModuleType] = {
-    m.NAME: m for m in (discovery, prepare, modes, health, attribution, realnode)
+    m.NAME: m for m in (discovery, prepare, modes, health, attribution, realnode, explain)
 }
 
 

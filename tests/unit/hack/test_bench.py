@@ -14,6 +14,7 @@ def test_every_scenario_is_selectable_by_name() -> None:
     assert sorted(SCENARIOS) == [
         "attribution",
         "discovery",
+        "explain",
         "health",
         "modes",
         "prepare",
