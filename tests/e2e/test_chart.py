@@ -1016,14 +1016,34 @@ def test_the_plugin_takes_the_drivers_files_by_path_and_reads_the_hosts_procfs(
     assert env["TRANCHE_PROC_ROOT"] == proc["mountPath"]
 
 
+def _driver_root_mount(spec: Obj, container: Obj) -> tuple[Obj, Obj]:
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "driver-root"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "driver-root"]
+    return mount, volume
+
+
 def test_the_plugin_runs_the_simulated_nvml_when_asked(helm: str) -> None:
-    _, container = _plugin_container(
+    spec, container = _plugin_container(
         render(helm, "tranche", "tranche", "--set", "kubeletPlugin.nvml=simulated",
-               "--set", "kubeletPlugin.simulatedProfile=dgx-a100")
+               "--set", "kubeletPlugin.simulatedProfile=dgx-a100",
+               "--set", "kubeletPlugin.driverRoot=/var/lib/tranche-sim-driver")
     )  # fmt: skip
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TRANCHE_NVML"] == "simulated"
     assert env["TRANCHE_PROFILE"] == "dgx-a100"
     assert env["TRANCHE_SIM_STATE"].startswith("/var/lib/kubelet/plugins/gpu.tranche.dev/")
-    _, default = _plugin_container(render(helm, "tranche", "tranche"))
+    # The plugin writes the simulated driver's files into the driver root: writable, created.
+    mount, volume = _driver_root_mount(spec, container)
+    assert not mount.get("readOnly", False)
+    assert volume["hostPath"] == {"path": "/var/lib/tranche-sim-driver", "type": "DirectoryOrCreate"}
+    assert env["TRANCHE_HOST_DRIVER_ROOT"] == "/var/lib/tranche-sim-driver"
+    # Never into the host's own root.
+    out = helm_template(helm, "tranche", "tranche", "--set", "kubeletPlugin.nvml=simulated")
+    assert out.returncode != 0 and "kubeletPlugin.driverRoot" in out.stderr, out.stderr
+
+    spec, default = _plugin_container(render(helm, "tranche", "tranche"))
     assert {e["name"]: e.get("value") for e in default["env"]}["TRANCHE_NVML"] == "real"
+    # A real driver root is the host's: read-only, and it must exist.
+    mount, volume = _driver_root_mount(spec, default)
+    assert mount["readOnly"] is True
+    assert volume["hostPath"] == {"path": "/", "type": "Directory"}

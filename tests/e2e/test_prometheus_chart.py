@@ -52,7 +52,13 @@ def test_prometheus_rule_renders_the_rules_file_unchanged(helm: str) -> None:
 
 
 def test_service_monitor_names_the_job_the_alerts_select(helm: str) -> None:
-    objs = render(helm, "tranche", "gpu", "--set", "serviceMonitor.enabled=true")
+    objs = render(
+        helm, "tranche", "gpu",
+        "--set", "serviceMonitor.enabled=true",
+        "--set", "kubeletPlugin.metricsBindAddress=0.0.0.0",
+        "--set-json", 'kubeletPlugin.metricsScrapers=[{"namespaceSelector": '
+        '{"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]',
+    )  # fmt: skip
     (monitor,) = _kind(objs, "ServiceMonitor")
     (service,) = [s for s in _kind(objs, "Service") if s["metadata"]["name"].endswith("-metrics")]
     key = monitor["spec"]["jobLabel"]
