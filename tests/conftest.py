@@ -34,11 +34,45 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _minor(text: str) -> tuple[int, int]:
+    major, minor = text.strip().lstrip("v").split(".")[:2]
+    return int(major), int(minor)
+
+
+_DESELECTED = pytest.StashKey[list[str]]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    version = os.environ.get("TRANCHE_K8S_VERSION") or "1.37"
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    reasons: list[str] = []
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if names & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
+        need = item.get_closest_marker("k8s")
+        if need is not None and _minor(version) < _minor(str(need.kwargs["min"])):
+            dropped.append(item)
+            why = need.kwargs.get("reason", "")
+            reasons.append(f"{item.nodeid}: needs Kubernetes >= {need.kwargs['min']} {why}".strip())
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+        config.stash[_DESELECTED] = reasons
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    reasons = config.stash.get(_DESELECTED, [])
+    if reasons:
+        version = os.environ.get("TRANCHE_K8S_VERSION") or "1.37"
+        terminalreporter.section(f"not run on Kubernetes {version}")
+        for line in reasons:
+            terminalreporter.line(line)
 
 
 @pytest.hookimpl(wrapper=True)
