@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hack/dev-cluster",
         description="Run etcd, kube-apiserver, kube-scheduler and kube-controller-manager "
-        "(Kubernetes v1.37.2 by default, or 1.34-1.36 with --k8s-version; every DRA feature on) on loopback; nodes are Node objects, or "
+        "(Kubernetes v1.37.2, or 1.34-1.36 with --k8s-version; every DRA feature on) "
+        "on loopback; nodes are Node objects, or "
         "real nodes (kubelet + containerd) with add-node --kubelet.",
     )
     add_flag(

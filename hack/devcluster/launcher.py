@@ -26,10 +26,10 @@ from hack.devcluster import components, probes
 from hack.devcluster.config import (
     BINARIES,
     COMPONENTS,
+    DEFAULT_K8S_VERSION,
     ClusterConfig,
     Layout,
     Ports,
-    DEFAULT_K8S_VERSION,
     parse_gates,
 )
 from hack.devcluster.errors import ClusterError, StartError

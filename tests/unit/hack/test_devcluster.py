@@ -14,10 +14,11 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import ValidationError
 
-from hack.devcluster.config import ClusterConfig, Layout, parse_gates
+from hack.devcluster.components import apiserver
+from hack.devcluster.config import ClusterConfig, Layout, Ports, parse_gates
 from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
-from hack.devcluster.pki import ensure_pki
+from hack.devcluster.pki import Pki, ensure_pki
 from hack.devcluster.processes import alive, group_members, owned, stop_group
 
 
@@ -127,10 +128,6 @@ def test_up_without_binaries_names_the_missing_file(tmp_path: Path) -> None:
 
 
 def test_each_matrix_version_gets_only_the_gates_it_knows_and_its_runtime_config() -> None:
-    from hack.devcluster.components import apiserver
-    from hack.devcluster.config import ClusterConfig, Layout, Ports
-    from hack.devcluster.pki import Pki
-
     def args(version: str) -> dict[str, str]:
         cfg = ClusterConfig(state_dir=Path("/s"), bin_dir=Path("/b"), k8s_version=version)
         spec = apiserver(cfg, Layout(Path("/s")), Ports(1, 2, 3, 4, 5), Pki(Path("/s/pki")))
@@ -147,7 +144,5 @@ def test_each_matrix_version_gets_only_the_gates_it_knows_and_its_runtime_config
 
 
 def test_a_version_outside_the_matrix_is_refused_by_name() -> None:
-    from hack.devcluster.config import ClusterConfig
-
     with pytest.raises(ValueError, match=r"'1\.33' is not in the version matrix"):
         ClusterConfig(state_dir=Path("/s"), bin_dir=Path("/b"), k8s_version="1.33")
