@@ -110,7 +110,13 @@ def rule_selects(rule: Json, device: ClusterDevice) -> bool:
     return all(w is None or w == h for w, h in zip(wanted, have, strict=True))
 
 
-def read_view(api: client.ApiClient, driver: str, *, with_claims: bool = False) -> ClusterView:
+def read_view(
+    api: client.ApiClient,
+    driver: str,
+    *,
+    with_claims: bool = False,
+    rules_path: str = f"{RESOURCE_V1}/devicetaintrules",
+) -> ClusterView:
     slices = request(
         api,
         f"ResourceSlices of driver {driver}",
@@ -118,7 +124,7 @@ def read_view(api: client.ApiClient, driver: str, *, with_claims: bool = False) 
         f"{RESOURCE_V1}/resourceslices",
         query={"fieldSelector": f"spec.driver={driver}"},
     )
-    rules = request(api, "DeviceTaintRules", "GET", f"{RESOURCE_V1}/devicetaintrules")
+    rules = request(api, "DeviceTaintRules", "GET", rules_path)
     claims = (
         request(api, "ResourceClaims", "GET", f"{RESOURCE_V1}/resourceclaims")
         if with_claims

@@ -6,6 +6,11 @@
 device, with the taint ``gpu.tranche.dev/admin`` and the reason in an
 annotation. ``tranche untaint NODE DEVICE`` deletes it. A device may also be
 named by UUID (``tranche taint GPU-...``) or as ``NODE/DEVICE``.
+
+The API version comes from discovery, never from a flag: ``resource.k8s.io/v1`` on
+Kubernetes 1.37, ``v1beta2`` on 1.36 and ``v1alpha3`` on 1.34/1.35 (when the cluster serves
+them: before 1.37 DeviceTaintRule needs a feature gate and ``--runtime-config``). A cluster
+that serves none gets a message naming what is missing.
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ import re
 import sys
 from collections.abc import Mapping
 
+from kubernetes.client import ApiClient
+
 from controller.devices.lookup import DEFAULT_DRIVER, ClusterDevice, find_device, read_view
 from controller.kube_client import Json, add_kubeconfig_flag, request
 from driver.cli import Command
 from driver.errors import DeviceNotFound, TrancheError
 from driver.flags import add_flag
 from driver.kube.client import RESOURCE_V1, api_client
+from driver.kube.features import served_resources, taint_rule_version
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +42,34 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "tranche"}
 EFFECTS = ("NoSchedule", "NoExecute", "None")
 MAX_NAME = 253
 RULES = f"{RESOURCE_V1}/devicetaintrules"
+GROUP_PATH = "/apis/resource.k8s.io"
+
+
+class TaintRulesUnavailable(TrancheError):
+    """The API server serves no version of DeviceTaintRule."""
+
+
+def rules_api(api: ApiClient) -> tuple[str, str]:
+    """``(apiVersion, collection path)`` of the newest DeviceTaintRule version the server
+    serves (discovery); TaintRulesUnavailable naming the missing API otherwise."""
+    group = request(api, "API group resource.k8s.io", "GET", GROUP_PATH) or {}
+    docs = {
+        str(v["version"]): request(
+            api, f"resource.k8s.io/{v['version']}", "GET", f"{GROUP_PATH}/{v['version']}"
+        )
+        or {}
+        for v in group.get("versions", ())
+    }
+    version = taint_rule_version(served_resources(docs))
+    if version is None:
+        served = ", ".join(sorted(docs)) or "none"
+        raise TaintRulesUnavailable(
+            "this API server serves no DeviceTaintRule API (resource.k8s.io versions served: "
+            f"{served}); Kubernetes 1.37 serves it in v1; 1.34-1.36 only with the feature gate "
+            "DRADeviceTaints (1.34) or DRADeviceTaintRules (1.35, 1.36) and --runtime-config="
+            "resource.k8s.io/v1alpha3=true (1.36: resource.k8s.io/v1beta2=true)"
+        )
+    return f"resource.k8s.io/{version}", f"{GROUP_PATH}/{version}/devicetaintrules"
 
 
 def rule_name(node: str, device: str) -> str:
@@ -46,9 +82,11 @@ def rule_name(node: str, device: str) -> str:
     return f"{raw[: MAX_NAME - 11].rstrip('-.')}-{digest}"
 
 
-def rule_body(device: ClusterDevice, effect: str, reason: str) -> Json:
+def rule_body(
+    device: ClusterDevice, effect: str, reason: str, api_version: str = "resource.k8s.io/v1"
+) -> Json:
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": api_version,
         "kind": "DeviceTaintRule",
         "metadata": {
             "name": rule_name(device.node, device.name),
@@ -99,14 +137,15 @@ def run_taint(args: argparse.Namespace) -> int:
     try:
         node, name = _target(args)
         api = api_client(args.kubeconfig)
-        view = read_view(api, args.driver_name)
+        api_version, rules_path = rules_api(api)
+        view = read_view(api, args.driver_name, rules_path=rules_path)
         device = find_device(view.devices, node, name)
-        body = rule_body(device, args.effect, args.reason)
+        body = rule_body(device, args.effect, args.reason, api_version)
         rule = body["metadata"]["name"]
-        what, path = f"DeviceTaintRule {rule}", f"{RULES}/{rule}"
+        what, path = f"DeviceTaintRule {rule}", f"{rules_path}/{rule}"
         existing = request(api, what, "GET", path)
         if existing is None:
-            request(api, what, "POST", RULES, body=body)
+            request(api, what, "POST", rules_path, body=body)
             verb = "tainted"
         else:
             body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
@@ -142,7 +181,8 @@ def run_untaint(args: argparse.Namespace) -> int:
     try:
         node, name = _target(args)
         api = api_client(args.kubeconfig)
-        view = read_view(api, args.driver_name)
+        _, rules_path = rules_api(api)
+        view = read_view(api, args.driver_name, rules_path=rules_path)
         try:
             device = find_device(view.devices, node, name)
             node, name = device.node, device.name
@@ -152,7 +192,7 @@ def run_untaint(args: argparse.Namespace) -> int:
             # The device is gone (GPU removed, node deleted) but its rule is still there.
         rules = admin_rules(view.rules, node, name)
         for rule in rules:
-            request(api, f"DeviceTaintRule {rule}", "DELETE", f"{RULES}/{rule}")
+            request(api, f"DeviceTaintRule {rule}", "DELETE", f"{rules_path}/{rule}")
     except TrancheError as e:
         print(f"tranche untaint: {e}", file=sys.stderr)
         return 1
