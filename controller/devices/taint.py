@@ -24,13 +24,19 @@ from collections.abc import Mapping
 
 from kubernetes.client import ApiClient
 
-from controller.devices.lookup import DEFAULT_DRIVER, ClusterDevice, find_device, read_view
+from controller.devices.lookup import (
+    DEFAULT_DRIVER,
+    ClusterDevice,
+    find_device,
+    read_view,
+    taint_rules_path,
+    taint_rules_version,
+)
 from controller.kube_client import Json, add_kubeconfig_flag, request
 from driver.cli import Command
 from driver.errors import DeviceNotFound, TrancheError
 from driver.flags import add_flag
 from driver.kube.client import RESOURCE_V1, api_client
-from driver.kube.features import served_resources, taint_rule_version
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +48,6 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "tranche"}
 EFFECTS = ("NoSchedule", "NoExecute", "None")
 MAX_NAME = 253
 RULES = f"{RESOURCE_V1}/devicetaintrules"
-GROUP_PATH = "/apis/resource.k8s.io"
 
 
 class TaintRulesUnavailable(TrancheError):
@@ -52,24 +57,16 @@ class TaintRulesUnavailable(TrancheError):
 def rules_api(api: ApiClient) -> tuple[str, str]:
     """``(apiVersion, collection path)`` of the newest DeviceTaintRule version the server
     serves (discovery); TaintRulesUnavailable naming the missing API otherwise."""
-    group = request(api, "API group resource.k8s.io", "GET", GROUP_PATH) or {}
-    docs = {
-        str(v["version"]): request(
-            api, f"resource.k8s.io/{v['version']}", "GET", f"{GROUP_PATH}/{v['version']}"
-        )
-        or {}
-        for v in group.get("versions", ())
-    }
-    version = taint_rule_version(served_resources(docs))
+    version, served = taint_rules_version(api)
     if version is None:
-        served = ", ".join(sorted(docs)) or "none"
         raise TaintRulesUnavailable(
             "this API server serves no DeviceTaintRule API (resource.k8s.io versions served: "
-            f"{served}); Kubernetes 1.37 serves it in v1; 1.34-1.36 only with the feature gate "
-            "DRADeviceTaints (1.34) or DRADeviceTaintRules (1.35, 1.36) and --runtime-config="
-            "resource.k8s.io/v1alpha3=true (1.36: resource.k8s.io/v1beta2=true)"
+            f"{', '.join(served) or 'none'}); Kubernetes 1.37 serves it in v1; 1.34-1.36 only "
+            "with the feature gate DRADeviceTaints (1.34) or DRADeviceTaintRules (1.35, 1.36) "
+            "and --runtime-config=resource.k8s.io/v1alpha3=true (1.36: "
+            "resource.k8s.io/v1beta2=true)"
         )
-    return f"resource.k8s.io/{version}", f"{GROUP_PATH}/{version}/devicetaintrules"
+    return f"resource.k8s.io/{version}", taint_rules_path(version)
 
 
 def rule_name(node: str, device: str) -> str:
