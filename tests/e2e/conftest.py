@@ -34,6 +34,7 @@ from types import FrameType
 import pytest
 from kubernetes import client
 
+from driver.kube.features import ServerFeatures, discover
 from driver.kube.http import KubeClient
 from driver.kube.kubeconfig import from_file
 from hack.devcluster.binaries import build_or_find
@@ -172,6 +173,13 @@ def _force_delete_pods(core: client.CoreV1Api, *, namespace: str = "", node: str
             continue
         with contextlib.suppress(client.ApiException):
             core.delete_namespaced_pod(md.name, md.namespace, grace_period_seconds=0)
+
+
+@pytest.fixture(scope="session")
+def server_features(cluster: Cluster) -> ServerFeatures:
+    """What the plugin's discovery finds on the session's control plane."""
+    with cluster.kube() as kube:
+        return discover(kube, "features-probe-node", "gpu.tranche.dev")
 
 
 @pytest.fixture

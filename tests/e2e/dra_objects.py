@@ -13,7 +13,7 @@ from kubernetes import client
 
 from driver.checkpoint.store import Checkpoint
 from driver.devices.inventory import Inventory, build_inventory
-from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
+from driver.devices.slices import DEFAULT_DRIVER_NAME, SliceLayout, build_slices
 from driver.kube.http import KubeClient
 from driver.kube.kubeconfig import Credentials
 from driver.nvml.sim import create_state, open_simulated
@@ -72,12 +72,15 @@ def publishing(
     api: client.ApiClient,
     node: str,
     inventory: Inventory,
+    *,
+    layout: SliceLayout = "split",
     **kwargs: Any,
 ) -> Iterator[Publisher]:
-    """A started publisher for ``node`` that has published ``inventory``; stopped afterwards."""
+    """A started publisher for ``node`` that has published ``inventory`` (in the slice
+    ``layout`` the server takes); stopped afterwards."""
     with kube_of(api) as kube:
         pub = Publisher(kube, DRIVER, node, backoff=Backoff(0.2, 2.0), **kwargs)
-        pub.update(build_slices(inventory, node))
+        pub.update(build_slices(inventory, node, layout=layout))
         pub.start()
         try:
             if not pub.wait_published(60):

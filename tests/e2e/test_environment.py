@@ -55,6 +55,7 @@ def cluster_objects(api: client.ApiClient) -> Iterator[list[str]]:
                 raise
 
 
+@pytest.mark.k8s(min="1.37", reason="DeviceTaintRule joined resource.k8s.io/v1 in 1.37")
 def test_discovery_serves_every_dra_kind_in_resource_v1(api: client.ApiClient) -> None:
     version = get_json(api, "/version")
     assert version["gitVersion"] == "v1.37.2"

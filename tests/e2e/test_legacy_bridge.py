@@ -85,6 +85,7 @@ def _claim(api: client.ApiClient, namespace: str, name: str) -> Obj:
     return get_json(api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaims/{name}")
 
 
+@pytest.mark.matrix
 def test_scheduler_allocates_tranche_gpus_for_a_legacy_gpu_request(
     api: client.ApiClient, namespace: str, make_node: Callable[..., str]
 ) -> None:
@@ -195,6 +196,7 @@ def legacy_controller(api: client.ApiClient, namespace: str) -> Iterator[Control
             request_json(api, "DELETE", f"{WEBHOOKS}/{config_name}")
 
 
+@pytest.mark.matrix
 def test_fallback_webhook_rewrites_a_gpu_pod_into_a_claim_the_scheduler_allocates(
     api: client.ApiClient,
     namespace: str,

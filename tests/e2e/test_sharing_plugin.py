@@ -199,6 +199,7 @@ def _daemon_log(mounts: dict[str, str], name: str) -> list[str]:
 # ---- time-slicing -------------------------------------------------------------------------
 
 
+@pytest.mark.matrix
 def test_timeslice_shares_fill_the_gpu_then_wait_for_a_release(
     cluster: Cluster, namespace: str, node: ShareNode
 ) -> None:
@@ -373,6 +374,7 @@ def _mig_start(device: str) -> int:
     return int(device.rsplit("-", 1)[1])
 
 
+@pytest.mark.matrix
 def test_dynamic_mig_slice_is_created_for_the_claim_and_destroyed_after(
     cluster: Cluster, namespace: str, node: ShareNode
 ) -> None:

@@ -13,6 +13,7 @@ from kubernetes import client
 
 from driver.devices.inventory import AdvertiseConfig, build_inventory
 from driver.devices.slices import build_slices
+from driver.kube.features import ServerFeatures
 from driver.nvml.sim import create_state, open_simulated, shipped_profiles
 from kubelet_plugin.publisher import Backoff, Publisher
 from tests.e2e.cluster_state import request_json
@@ -32,14 +33,19 @@ def _generations(slices: list[dict[str, Any]]) -> set[int]:
     return {s["spec"]["pool"]["generation"] for s in slices}
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("profile", shipped_profiles())
 def test_every_profile_is_accepted_and_read_back_unchanged(
-    cluster: Cluster, make_node: Callable[..., str], profile: str
+    cluster: Cluster,
+    make_node: Callable[..., str],
+    profile: str,
+    server_features: ServerFeatures,
 ) -> None:
     node = make_node(f"slices-{profile}")
     inventory = _sim_inventory(profile)
-    desired = build_slices(inventory, node)
-    with cluster.api_client() as api, publishing(api, node, inventory) as pub:
+    layout = server_features.slice_layout
+    desired = build_slices(inventory, node, layout=layout)
+    with cluster.api_client() as api, publishing(api, node, inventory, layout=layout) as pub:
         stored = list_slices(api, node)
         assert pub.error is None
         assert [s["metadata"]["name"] for s in stored] == sorted(
