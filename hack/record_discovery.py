@@ -3,8 +3,9 @@
     .venv/bin/python -m hack.record_discovery KUBECONFIG tests/fixtures/discovery/1.35
 
 writes ``version.json``, ``group.json`` (``/apis/resource.k8s.io``), one ``<version>.json`` per
-served ``resource.k8s.io`` version, and ``probe.json`` (status and body of the layout dry run of
-:func:`driver.kube.features.probe_slice`; nothing is stored by a dry run).
+served ``resource.k8s.io`` version, and ``probe.json`` and ``probe-fields.json`` (status and
+body of the dry runs of :func:`driver.kube.features.probe_slice` and ``fields_probe_slice``;
+nothing is stored).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from driver.kube.features import GROUP, probe_slice
+from driver.kube.features import GROUP, fields_probe_slice, probe_slice
 from driver.kube.http import KubeClient
 
 
@@ -33,6 +34,16 @@ def record(kubeconfig: str, out: Path) -> None:
             query={"dryRun": "All"},
         )
         docs["probe"] = {"status": answer.status, "body": answer.json() if answer.body else {}}
+        answer = kube.send(
+            "POST",
+            f"/apis/{GROUP}/v1/resourceslices",
+            body=fields_probe_slice("probe-node", "gpu.tranche.dev"),
+            query={"dryRun": "All"},
+        )
+        docs["probe-fields"] = {
+            "status": answer.status,
+            "body": answer.json() if answer.body else {},
+        }
     for name, doc in docs.items():
         (out / f"{name}.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 

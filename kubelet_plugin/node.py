@@ -192,12 +192,17 @@ class NodePlugin:
 
     def desired_slices(self) -> list[dict[str, Any]]:
         extra = self.sharing.extra_devices(self.inventory)
+        features = self.features
+        if features is not None and not features.consumable_capacity:
+            extra = {}  # share devices need consumable capacity (logged at discovery)
         devices = device_gpu_map(self.inventory)
         for gpu, shares in extra.items():
             uuid = self.inventory.gpu_of(gpu).uuid
             devices.update({str(share["name"]): uuid for share in shares})
         self.health.set_devices(devices)
         taints = {k: v for k, v in self.health.taints_by_device(devices).items() if v}
+        if features is not None and not features.device_taints:
+            taints = {}  # the server would drop them (logged at discovery)
         slices = build_slices(
             self.inventory,
             self.settings.node_name,
@@ -209,7 +214,7 @@ class NodePlugin:
                 if self.settings.dedicated_to
                 else None
             ),
-            layout=self.features.slice_layout if self.features else "split",
+            layout=features.slice_layout if features else "split",
         )
         self._published_devices = sum(len(s["spec"].get("devices", [])) for s in slices)
         return slices

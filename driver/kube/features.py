@@ -6,9 +6,10 @@ Run once when the plugin starts (and again when it reconnects). Two halves:
   documents and the outcome of the slice-layout probe it returns :class:`ServerFeatures`
   (unit-tested with documents recorded from real 1.34 - 1.37 servers).
 * :func:`discover` does the requests with the plugin's thin client: ``GET /version``,
-  ``GET /apis/resource.k8s.io`` and each served version's resource list, and a server-side
-  dry run (``dryRun=All``, nothing is stored) of one small ResourceSlice that carries
-  ``sharedCounters`` and ``consumesCounters`` together.
+  ``GET /apis/resource.k8s.io`` and each served version's resource list, and two server-side
+  dry runs (``dryRun=All``, nothing is stored) of small ResourceSlices: one that carries
+  ``sharedCounters`` and ``consumesCounters`` together, one whose device has a taint and
+  consumable capacity (fields the server drops when their gate is off).
 
 The slice-layout probe: Kubernetes 1.34 accepts counters in the slice of the devices that
 consume them ("combined"); 1.35 reshaped partitionable devices and refuses that ("only one of
@@ -46,6 +47,15 @@ LOSSES: dict[str, str] = {
         "counters, gate DRAPartitionableDevices); whole GPUs and existing MIG instances "
         "are still offered"
     ),
+    "device-taints": (
+        "health taints are not published in the ResourceSlices (gate DRADeviceTaints): the "
+        "scheduler keeps placing claims on an unhealthy GPU and its pods are not evicted; "
+        "the health log lines, events and metrics still report it"
+    ),
+    "consumable-capacity": (
+        "no time-slice/MPS share devices (they need allowMultipleAllocations and capacity "
+        "request policies, gate DRAConsumableCapacity); whole GPUs and MIG are unaffected"
+    ),
     "device-taint-rules": (
         "`tranche taint` cannot create DeviceTaintRules (no served API version: gate "
         "DRADeviceTaintRules/DRADeviceTaints and --runtime-config); health taints in the "
@@ -62,6 +72,8 @@ class ServerFeatures:
     slice_layout: SliceLayout
     resource_v1: bool
     taint_rule_version: str | None  # "v1", "v1beta2", "v1alpha3" or None
+    device_taints: bool = True
+    consumable_capacity: bool = True
     unavailable: Mapping[str, str] = field(default_factory=dict)  # feature -> what users lose
 
     def log_lines(self) -> list[str]:
@@ -86,10 +98,14 @@ def taint_rule_version(resources: Mapping[str, set[str]]) -> str | None:
 
 
 def decide(
-    version_doc: Json, group_versions: Mapping[str, Json], probe: ProbeOutcome | None
+    version_doc: Json,
+    group_versions: Mapping[str, Json],
+    probe: ProbeOutcome | None,
+    kept: frozenset[str] = frozenset({"taints", "allowMultipleAllocations"}),
 ) -> ServerFeatures:
-    """The features of a server from its discovery documents and the layout probe
-    (``None`` when the probe could not run because ``resource.k8s.io/v1`` is missing)."""
+    """The features of a server from its discovery documents, the layout probe (``None``
+    when it could not run because ``resource.k8s.io/v1`` is missing) and the device fields
+    the fields probe kept (:func:`kept_fields`)."""
     resources = served_resources(group_versions)
     has_v1 = "resourceslices" in resources.get("v1", set())
     unavailable: dict[str, str] = {}
@@ -103,6 +119,12 @@ def decide(
     else:
         layout = "none"
         unavailable["partitionable-devices"] = LOSSES["partitionable-devices"]
+    taints = "taints" in kept and has_v1
+    if has_v1 and not taints:
+        unavailable["device-taints"] = LOSSES["device-taints"]
+    shares = "allowMultipleAllocations" in kept and has_v1
+    if has_v1 and not shares:
+        unavailable["consumable-capacity"] = LOSSES["consumable-capacity"]
     rules = taint_rule_version(resources)
     if rules is None:
         unavailable["device-taint-rules"] = LOSSES["device-taint-rules"]
@@ -111,6 +133,8 @@ def decide(
         slice_layout=layout,
         resource_v1=has_v1,
         taint_rule_version=rules,
+        device_taints=taints,
+        consumable_capacity=shares,
         unavailable=unavailable,
     )
 
@@ -136,6 +160,42 @@ def probe_slice(node_name: str, driver_name: str) -> Json:
             ],
         },
     }
+
+
+def fields_probe_slice(node_name: str, driver_name: str) -> Json:
+    """The second dry run: one device with a taint and consumable capacity."""
+    return {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": "tranche-fields-probe-"},
+        "spec": {
+            "driver": driver_name,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 0, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "probe",
+                    "allowMultipleAllocations": True,
+                    "capacity": {
+                        "shares": {
+                            "value": "2",
+                            "requestPolicy": {"default": "1", "validRange": {"min": "1"}},
+                        }
+                    },
+                    "taints": [{"key": "gpu.tranche.dev/probe", "effect": "NoSchedule"}],
+                }
+            ],
+        },
+    }
+
+
+def kept_fields(status: int, answer: Json) -> frozenset[str]:
+    """Device fields of :func:`fields_probe_slice` the server kept. A refusal (which no
+    served version should give) counts as kept: the publisher's read-back check remains."""
+    if status == 422:
+        return frozenset({"taints", "allowMultipleAllocations"})
+    devices: Sequence[Json] = answer.get("spec", {}).get("devices") or ({},)
+    return frozenset(k for k in ("taints", "allowMultipleAllocations") if devices[0].get(k))
 
 
 def probe_outcome(status: int, answer: Json) -> ProbeOutcome:
@@ -165,7 +225,17 @@ def discover(kube: KubeClient, node_name: str, driver_name: str) -> ServerFeatur
         if not answer.ok and answer.status != 422:
             raise ApiError("POST", path, answer)
         probe = probe_outcome(answer.status, answer.json() if answer.ok else {})
-    features = decide(version_doc, docs, probe)
+        answer = kube.send(
+            "POST", path, body=fields_probe_slice(node_name, driver_name), query={"dryRun": "All"}
+        )
+        if not answer.ok and answer.status != 422:
+            raise ApiError("POST", path, answer)
+        if answer.status == 422:
+            log.warning("fields probe refused answer=%s", answer.message())
+        kept = kept_fields(answer.status, answer.json() if answer.ok else {})
+        features = decide(version_doc, docs, probe, kept)
+    else:
+        features = decide(version_doc, docs, None)
     log.info(
         "api server features server=%s slice_layout=%s taint_rule_version=%s unavailable=%s",
         features.server_version,

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
-from driver.kube.features import LOSSES, ServerFeatures, decide, probe_outcome
+from driver.kube.features import LOSSES, ServerFeatures, decide, kept_fields, probe_outcome
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "discovery"
 
 
-def recorded(name: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
+def recorded(
+    name: str,
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any], dict[str, Any]]:
     d = FIXTURES / name
     group = json.loads((d / "group.json").read_text())
     versions = {
@@ -25,18 +27,28 @@ def recorded(name: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict
         json.loads((d / "version.json").read_text()),
         versions,
         json.loads((d / "probe.json").read_text()),
+        json.loads((d / "probe-fields.json").read_text()),
     )
 
 
 def features_of(name: str) -> ServerFeatures:
-    version, docs, probe = recorded(name)
-    return decide(version, docs, probe_outcome(probe["status"], probe["body"]))
+    version, docs, probe, fields = recorded(name)
+    return decide(
+        version,
+        docs,
+        probe_outcome(probe["status"], probe["body"]),
+        kept_fields(fields["status"], fields["body"]),
+    )
 
 
 # (recorded server, slice layout, DeviceTaintRule version, features unavailable)
 EXPECTED = {
     "1.37": ("split", "v1", set()),
-    "1.37-partitionable-off": ("none", "v1", {"partitionable-devices"}),
+    "1.37-gates-off": (
+        "none",
+        "v1",
+        {"partitionable-devices", "device-taints", "consumable-capacity"},
+    ),
     "1.36": ("split", "v1beta2", set()),
     "1.35": ("split", "v1alpha3", set()),
     "1.34": ("combined", "v1alpha3", set()),
@@ -54,21 +66,25 @@ def test_recorded_servers_give_the_layout_and_taint_rule_version_they_accept(ser
     assert f.server_version.startswith("v" + server.split("-", maxsplit=1)[0])
 
 
-def test_a_server_without_partitionable_devices_says_what_users_lose() -> None:
-    f = features_of("1.37-partitionable-off")
+def test_a_server_with_dra_gates_off_says_what_users_lose() -> None:
+    f = features_of("1.37-gates-off")
     assert "no dynamic MIG placements" in f.unavailable["partitionable-devices"]
-    assert f.log_lines() == [
+    assert "unhealthy GPU" in f.unavailable["device-taints"]
+    assert "no time-slice/MPS share devices" in f.unavailable["consumable-capacity"]
+    assert not f.device_taints and not f.consumable_capacity
+    assert f.log_lines()[0] == (
         f"feature unavailable feature=partitionable-devices "
         f"loss={LOSSES['partitionable-devices']!r}"
-    ]
+    )
 
 
 def test_a_server_without_resource_v1_or_taint_rules_names_both() -> None:
-    version, _, _ = recorded("1.37")
+    version, _, _, _ = recorded("1.37")
     no_v1 = {"v1beta2": {"resources": [{"name": "resourceslices"}]}}
     f = decide(version, no_v1, None)
     assert not f.resource_v1
     assert set(f.unavailable) == {"resource-v1", "partitionable-devices", "device-taint-rules"}
+    assert not f.device_taints
     assert "Kubernetes >= 1.34" in f.unavailable["resource-v1"]
     assert f.taint_rule_version is None
 
