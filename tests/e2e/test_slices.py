@@ -169,7 +169,14 @@ def test_publishing_recovers_after_an_api_outage(
         cluster.api_client() as api,
         cluster.kube(relay.url) as via_relay,
     ):
-        pub = Publisher(via_relay, DRIVER, node, backoff=Backoff(0.2, 1.0), on_count=events.append)
+        pub = Publisher(
+            via_relay,
+            DRIVER,
+            node,
+            backoff=Backoff(0.2, 1.0),
+            on_count=events.append,
+            on_reconnect=lambda: events.append("reconnected"),  # the plugin rediscovers here
+        )
         pub.update(build_slices(build_inventory([h100(0)], SYSTEM), node))
         pub.start()
         try:
@@ -178,12 +185,14 @@ def test_publishing_recovers_after_an_api_outage(
             relay.up()
             assert pub.wait_published(60), pub.error
             assert list_slices(api, node)
+            assert events.count("reconnected") == 1
             relay.down()  # an outage while the inventory changes
             pub.update(build_slices(build_inventory([h100(0), l4(1)], SYSTEM), node))
             assert not pub.wait_published(2)
             relay.up()
             assert pub.wait_published(60), pub.error
             assert len([s for s in list_slices(api, node) if "devices" in s["spec"]]) == 2
+            assert events.count("reconnected") == 2
         finally:
             pub.stop()
             relay.down()
