@@ -23,6 +23,7 @@ from driver.nvml.facade import Nvml
 from driver.nvml.sim import create_state, open_simulated
 from driver.prepare.cdi import CdiSpecs
 from driver.prepare.executor import DeviceState
+from driver.quantity import parse_quantity
 from driver.sharing import SharingConfig, SharingNode
 from kubelet_plugin.claim_status import ClaimStatusWriter
 from kubelet_plugin.dra_driver import ApiClaimReader
@@ -202,7 +203,7 @@ def test_timeslice_shares_fill_a_gpu_then_wait(
         for c in claims:
             (res,) = c["status"]["allocation"]["devices"]["results"]
             assert res["device"] == share
-            assert res["consumedCapacity"]["memory"] == str(8 << 30)  # the step is in bytes
+            assert parse_quantity(res["consumedCapacity"]["memory"]) == 8 << 30  # the step
             assert res["shareID"]
         wait_for(
             "the third share to be unschedulable",
@@ -242,7 +243,8 @@ def test_mps_share_runs_a_daemon_with_the_claims_limits(
         claim = _allocated(api, namespace, pod)
         (res,) = claim["status"]["allocation"]["devices"]["results"]
         assert res["device"] == f"{sim.gpu.name}-mps-blue"
-        assert res["consumedCapacity"] == {"memory": str(4 << 30), "shares": "2"}
+        consumed = {k: parse_quantity(v) for k, v in res["consumedCapacity"].items()}
+        assert consumed == {"memory": 4 << 30, "shares": 2}
         ref = _ref(claim)
         _prepare(api, sim, ref)
         env = _env(sim, ref.uid)
