@@ -52,6 +52,13 @@ EXPECTED = {
     "1.36": ("split", "v1beta2", set()),
     "1.35": ("split", "v1alpha3", set()),
     "1.34": ("combined", "v1alpha3", set()),
+    # 1.34 with its default gates (every DRA feature Tranche needs beyond the core is alpha
+    # and off); recorded with --runtime-config=resource.k8s.io/v1alpha3=true still set.
+    "1.34-defaults": (
+        "none",
+        "v1alpha3",
+        {"partitionable-devices", "device-taints", "consumable-capacity"},
+    ),
 }
 
 
