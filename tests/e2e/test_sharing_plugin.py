@@ -208,6 +208,12 @@ def test_timeslice_shares_fill_the_gpu_then_wait_for_a_release(
     _label(pn, namespace, SHARED_BLUE)
     # The L4's 22Gi hold two 8Gi shares; the third pod waits for memory.
     pods = _copies(cluster, "timeslice-shares.yaml", namespace, pn.name, 3)
+    # Which pod the scheduler takes last is its choice (1.36 took the third one first).
+    late = wait_for(
+        "one of the three shares unschedulable",
+        lambda: next((p for p in pods if unschedulable(pn.api, namespace, p)), None),
+    )
+    pods = [p for p in pods if p != late] + [late]
     (uid0, res0), (uid1, res1) = (_prepared(pn, namespace, p) for p in pods[:2])
     reason = wait_for(
         "the third share unschedulable", lambda: unschedulable(pn.api, namespace, pods[2])
