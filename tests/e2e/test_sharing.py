@@ -19,6 +19,7 @@ from driver.api import ClaimRef
 from driver.checkpoint.store import Checkpoint
 from driver.devices.inventory import AdvertiseConfig, Inventory, build_inventory
 from driver.devices.slices import build_slices
+from driver.kube.features import discover
 from driver.nvml.facade import Nvml
 from driver.nvml.sim import create_state, open_simulated
 from driver.prepare.cdi import CdiSpecs
@@ -99,7 +100,10 @@ class SimNode:
         with kube_of(api) as kube:
             pub = Publisher(kube, DRIVER, self.node, backoff=Backoff(0.2, 2.0))
             extra = self.sharing.extra_devices(self.inventory)
-            pub.update(build_slices(self.inventory, self.node, DRIVER, extra_devices=extra))
+            layout = discover(kube, self.node, DRIVER).slice_layout
+            pub.update(
+                build_slices(self.inventory, self.node, DRIVER, extra_devices=extra, layout=layout)
+            )
             pub.start()
             try:
                 if not pub.wait_published(60):
