@@ -20,7 +20,7 @@ carries a process id. ``docs/metrics.md`` lists every series.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -234,6 +234,13 @@ class Metrics:
             "Devices in this node's ResourceSlices now.",
             registry=registry,
         )
+        self._unavailable = Gauge(
+            "tranche_feature_unavailable",
+            "1 for each feature the plugin cannot use on this API server (found by discovery "
+            "at start and on reconnect), 0 once it can; the log line says what users lose.",
+            ["feature"],
+            registry=registry,
+        )
         self._trust_refusals = Counter(
             "tranche_trust_refusals",
             "Claims refused at prepare by tenant trust levels, by the claim's tenant and reason.",
@@ -269,6 +276,13 @@ class Metrics:
 
     def set_published_devices(self, count: int) -> None:
         self._published.set(count)
+
+    def set_features_unavailable(self, known: Iterable[str], unavailable: Iterable[str]) -> None:
+        """Set ``tranche_feature_unavailable``: 1 for each of ``unavailable``, 0 for the rest
+        of ``known``."""
+        off = set(unavailable)
+        for feature in sorted(set(known) | off):
+            self._unavailable.labels(feature=feature).set(1 if feature in off else 0)
 
     def count_trust_refusal(self, tenant: str, reason: str) -> None:
         """A prepare refused by trust levels (``reason``: a ``driver.trust.policy.Reason``)."""

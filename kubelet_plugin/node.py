@@ -22,13 +22,14 @@ from driver.checkpoint.records import ClaimRecord
 from driver.checkpoint.store import Checkpoint, CheckpointData
 from driver.devices.inventory import build_inventory
 from driver.devices.slices import build_slices
-from driver.errors import error_reason
+from driver.errors import ApiUnavailable, error_reason
 from driver.faults import FaultPoints
 from driver.health.metrics import HealthMetrics
 from driver.health.monitor import HealthChange, HealthMonitor, device_gpu_map
 from driver.health.store import HealthStateFile
 from driver.health.watch import HealthWatcher
-from driver.kube.http import KubeClient
+from driver.kube.features import LOSSES, ServerFeatures, discover
+from driver.kube.http import ApiError, KubeClient
 from driver.metrics import Metrics
 from driver.nvml.driver_root import DriverRoot
 from driver.nvml.facade import Nvml
@@ -191,8 +192,14 @@ class NodePlugin:
             register_events=nvml.register_events,
         )
         self.publisher = Publisher(
-            kube, settings.driver_name, settings.node_name, on_count=self._on_publish
+            kube,
+            settings.driver_name,
+            settings.node_name,
+            on_count=self._on_publish,
+            on_reconnect=self._on_reconnect,
         )
+        self.features: ServerFeatures | None = None
+        self._missing_api: str | None = None
         self._kube = kube
         self.events = EventRecorder(
             kube, settings.node_name, on_error=lambda: metrics.count_error("event")
@@ -247,12 +254,17 @@ class NodePlugin:
 
     def desired_slices(self) -> list[dict[str, Any]]:
         extra = self.sharing.extra_devices(self.inventory)
+        features = self.features
+        if features is not None and not features.consumable_capacity:
+            extra = {}  # share devices need consumable capacity (logged at discovery)
         devices = device_gpu_map(self.inventory)
         for gpu, shares in extra.items():
             uuid = self.inventory.gpu_of(gpu).uuid
             devices.update({str(share["name"]): uuid for share in shares})
         self.health.set_devices(devices)
         taints = {k: v for k, v in self.health.taints_by_device(devices).items() if v}
+        if features is not None and not features.device_taints:
+            taints = {}  # the server would drop them (logged at discovery)
         slices = build_slices(
             self.inventory,
             self.settings.node_name,
@@ -264,6 +276,7 @@ class NodePlugin:
                 if self.settings.dedicated_to
                 else None
             ),
+            layout=features.slice_layout if features else "split",
         )
         self._published_devices = sum(len(s["spec"].get("devices", [])) for s in slices)
         return slices
@@ -279,6 +292,57 @@ class NodePlugin:
     def _claim_records(self) -> list[ClaimRecord]:
         state, _ = self.checkpoint.load()
         return list(state.claims.values())
+
+    # ----- the API server's features -----------------------------------------------------
+
+    def discover_features(self) -> ServerFeatures:
+        """Discovery (and the layout dry run); logs and exports what is unavailable."""
+        features = discover(self._kube, self.settings.node_name, self.settings.driver_name)
+        for feature, loss in features.unavailable.items():
+            log.warning(
+                "feature unavailable on this API server feature=%s server=%s loss=%r",
+                feature,
+                features.server_version,
+                loss,
+                extra={"node": self.settings.node_name, "feature": feature},
+            )
+        self.metrics.set_features_unavailable(LOSSES, features.unavailable)
+        self.features = features
+        self._missing_api = (
+            None
+            if features.resource_v1
+            else f"API server {features.server_version} does not serve resource.k8s.io/v1 "
+            "ResourceSlices; Tranche needs Kubernetes >= 1.34 with DRA enabled"
+        )
+        return features
+
+    def _discover_when_reachable(self, stop: threading.Event) -> bool:
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                self.discover_features()
+                return True
+            except ApiUnavailable as e:
+                log.warning("discovery waits for the API server retry_s=%.1f error=%s", delay, e)
+            if stop.wait(delay):
+                break
+            delay = min(delay * 2, 30.0)
+        return False
+
+    def _on_reconnect(self) -> None:
+        old = self.features
+        try:
+            new = self.discover_features()
+        except (ApiUnavailable, ApiError) as e:
+            log.warning("discovery after reconnect failed error=%s", e)
+            return
+        if old is None or new.slice_layout != old.slice_layout:
+            log.info(
+                "slice layout changed after reconnect old=%s new=%s",
+                old.slice_layout if old else "none",
+                new.slice_layout,
+            )
+            self.republish()
 
     def prepared_count(self) -> int:
         state, _ = self.checkpoint.load()
@@ -300,6 +364,14 @@ class NodePlugin:
             lambda: check_node(self._kube, self.settings.node_name), stop or threading.Event()
         ):
             return False
+        if not self._discover_when_reachable(stop or threading.Event()):
+            return False
+        if self._missing_api is not None:
+            log.error(
+                "cannot publish devices node=%s error=%s",
+                self.settings.node_name,
+                self._missing_api,
+            )
         self.recovery = self.state.recover()
         status = self.recovery.checkpoint
         if status.kind == "corrupt":
@@ -355,4 +427,4 @@ class NodePlugin:
         return self.server.registration_socket, self.server.endpoint
 
     def ready(self) -> str | None:
-        return self.publisher.error
+        return self._missing_api or self.publisher.error

@@ -75,6 +75,7 @@ class Publisher:
         backoff: Backoff | None = None,
         request_timeout: float = 10.0,
         watch_seconds: int = 300,
+        on_reconnect: Callable[[], None] | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -87,6 +88,10 @@ class Publisher:
         self._timeout = request_timeout
         self._watch_seconds = watch_seconds
         self._selector = f"spec.nodeName={node_name},spec.driver={driver_name}"
+        # Called after the first successful sync that follows an unreachable API server
+        # (the server may have been upgraded or downgraded meanwhile: discovery again).
+        self._on_reconnect = on_reconnect
+        self._unreachable = False
 
         self._cond = threading.Condition()
         self._desired: list[Json] | None = None
@@ -178,12 +183,17 @@ class Publisher:
                 not_before, failed_version = time.monotonic() + self._permanent_retry, version
                 self._wake.set()
             except Exception as e:
+                self._unreachable = self._unreachable or isinstance(e, ApiUnavailable)
                 self._fail(_describe(e), permanent=False)
                 not_before, failed_version = time.monotonic() + self._backoff.next(), version
                 self._wake.set()
             else:
                 self._backoff.reset()
                 not_before, failed_version = 0.0, -1
+                if self._unreachable:
+                    self._unreachable = False
+                    if self._on_reconnect is not None:
+                        self._on_reconnect()
 
     def _fail(self, message: str, *, permanent: bool) -> None:
         self.error = message

@@ -22,6 +22,8 @@ CLUSTER_FIXTURES = frozenset(
     {"cluster", "namespace", "make_node", "k8s_bin_dir", "real_node", "node_bin_dir"}
 )
 
+REAL_NODE_FIXTURES = frozenset({"real_node", "node_bin_dir", "start_real_node"})
+
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
@@ -34,11 +36,56 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _minor(text: str) -> tuple[int, int]:
+    major, minor = text.strip().lstrip("v").split(".")[:2]
+    return int(major), int(minor)
+
+
+_DESELECTED = pytest.StashKey[list[str]]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    version = os.environ.get("TRANCHE_K8S_VERSION") or "1.37"
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    reasons: list[str] = []
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if names & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
+        need = item.get_closest_marker("k8s")
+        if names & REAL_NODE_FIXTURES and _minor(version) != (1, 37):
+            dropped.append(item)
+            reasons.append(
+                f"{item.nodeid}: real nodes run kubelet v1.37.2 (newer than this server)"
+            )
+        elif "trust_policy" in names and _minor(version) < (1, 35):
+            dropped.append(item)
+            reasons.append(
+                f"{item.nodeid}: KNOWN INCOMPATIBILITY: 1.34 refuses the claim-trust "
+                "ValidatingAdmissionPolicy (its CEL has no flatten(); docs/install.md)"
+            )
+        elif need is not None and _minor(version) < _minor(str(need.kwargs["min"])):
+            dropped.append(item)
+            why = need.kwargs.get("reason", "")
+            reasons.append(f"{item.nodeid}: needs Kubernetes >= {need.kwargs['min']} {why}".strip())
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+        config.stash[_DESELECTED] = reasons
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    reasons = config.stash.get(_DESELECTED, [])
+    if reasons:
+        version = os.environ.get("TRANCHE_K8S_VERSION") or "1.37"
+        terminalreporter.section(f"not run on Kubernetes {version}")
+        for line in reasons:
+            terminalreporter.line(line)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -16,6 +16,7 @@ from kubernetes import client
 from controller.kube_client import Json, request
 from driver.errors import DeviceNotFound
 from driver.kube.client import RESOURCE_V1
+from driver.kube.features import served_resources, taint_rule_version
 
 DEFAULT_DRIVER = "gpu.tranche.dev"
 
@@ -110,7 +111,34 @@ def rule_selects(rule: Json, device: ClusterDevice) -> bool:
     return all(w is None or w == h for w, h in zip(wanted, have, strict=True))
 
 
-def read_view(api: client.ApiClient, driver: str, *, with_claims: bool = False) -> ClusterView:
+GROUP_PATH = "/apis/resource.k8s.io"
+
+
+def taint_rules_version(api: client.ApiClient) -> tuple[str | None, list[str]]:
+    """The newest ``resource.k8s.io`` version serving DeviceTaintRule (None when none does),
+    and every version served (discovery)."""
+    group = request(api, "API group resource.k8s.io", "GET", GROUP_PATH) or {}
+    docs = {
+        str(v["version"]): request(
+            api, f"resource.k8s.io/{v['version']}", "GET", f"{GROUP_PATH}/{v['version']}"
+        )
+        or {}
+        for v in group.get("versions", ())
+    }
+    return taint_rule_version(served_resources(docs)), sorted(docs)
+
+
+def taint_rules_path(version: str) -> str:
+    return f"{GROUP_PATH}/{version}/devicetaintrules"
+
+
+def read_view(
+    api: client.ApiClient,
+    driver: str,
+    *,
+    with_claims: bool = False,
+    rules_path: str | None = None,
+) -> ClusterView:
     slices = request(
         api,
         f"ResourceSlices of driver {driver}",
@@ -118,7 +146,10 @@ def read_view(api: client.ApiClient, driver: str, *, with_claims: bool = False) 
         f"{RESOURCE_V1}/resourceslices",
         query={"fieldSelector": f"spec.driver={driver}"},
     )
-    rules = request(api, "DeviceTaintRules", "GET", f"{RESOURCE_V1}/devicetaintrules")
+    if rules_path is None:
+        version, _ = taint_rules_version(api)
+        rules_path = taint_rules_path(version) if version else None
+    rules = request(api, "DeviceTaintRules", "GET", rules_path) if rules_path else None
     claims = (
         request(api, "ResourceClaims", "GET", f"{RESOURCE_V1}/resourceclaims")
         if with_claims

@@ -6,6 +6,11 @@
 device, with the taint ``gpu.tranche.dev/admin`` and the reason in an
 annotation. ``tranche untaint NODE DEVICE`` deletes it. A device may also be
 named by UUID (``tranche taint GPU-...``) or as ``NODE/DEVICE``.
+
+The API version comes from discovery, never from a flag: ``resource.k8s.io/v1`` on
+Kubernetes 1.37, ``v1beta2`` on 1.36 and ``v1alpha3`` on 1.34/1.35 (when the cluster serves
+them: before 1.37 DeviceTaintRule needs a feature gate and ``--runtime-config``). A cluster
+that serves none gets a message naming what is missing.
 """
 
 from __future__ import annotations
@@ -17,7 +22,16 @@ import re
 import sys
 from collections.abc import Mapping
 
-from controller.devices.lookup import DEFAULT_DRIVER, ClusterDevice, find_device, read_view
+from kubernetes.client import ApiClient
+
+from controller.devices.lookup import (
+    DEFAULT_DRIVER,
+    ClusterDevice,
+    find_device,
+    read_view,
+    taint_rules_path,
+    taint_rules_version,
+)
 from controller.kube_client import Json, add_kubeconfig_flag, request
 from driver.cli import Command
 from driver.errors import DeviceNotFound, TrancheError
@@ -36,6 +50,25 @@ MAX_NAME = 253
 RULES = f"{RESOURCE_V1}/devicetaintrules"
 
 
+class TaintRulesUnavailable(TrancheError):
+    """The API server serves no version of DeviceTaintRule."""
+
+
+def rules_api(api: ApiClient) -> tuple[str, str]:
+    """``(apiVersion, collection path)`` of the newest DeviceTaintRule version the server
+    serves (discovery); TaintRulesUnavailable naming the missing API otherwise."""
+    version, served = taint_rules_version(api)
+    if version is None:
+        raise TaintRulesUnavailable(
+            "this API server serves no DeviceTaintRule API (resource.k8s.io versions served: "
+            f"{', '.join(served) or 'none'}); Kubernetes 1.37 serves it in v1; 1.34-1.36 only "
+            "with the feature gate DRADeviceTaints (1.34) or DRADeviceTaintRules (1.35, 1.36) "
+            "and --runtime-config=resource.k8s.io/v1alpha3=true (1.36: "
+            "resource.k8s.io/v1beta2=true)"
+        )
+    return f"resource.k8s.io/{version}", taint_rules_path(version)
+
+
 def rule_name(node: str, device: str) -> str:
     """A stable DNS-subdomain name for the admin rule of one device."""
     raw = re.sub(r"[^a-z0-9.-]", "-", f"tranche-{node}-{device}".lower())
@@ -46,9 +79,11 @@ def rule_name(node: str, device: str) -> str:
     return f"{raw[: MAX_NAME - 11].rstrip('-.')}-{digest}"
 
 
-def rule_body(device: ClusterDevice, effect: str, reason: str) -> Json:
+def rule_body(
+    device: ClusterDevice, effect: str, reason: str, api_version: str = "resource.k8s.io/v1"
+) -> Json:
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": api_version,
         "kind": "DeviceTaintRule",
         "metadata": {
             "name": rule_name(device.node, device.name),
@@ -99,14 +134,15 @@ def run_taint(args: argparse.Namespace) -> int:
     try:
         node, name = _target(args)
         api = api_client(args.kubeconfig)
-        view = read_view(api, args.driver_name)
+        api_version, rules_path = rules_api(api)
+        view = read_view(api, args.driver_name, rules_path=rules_path)
         device = find_device(view.devices, node, name)
-        body = rule_body(device, args.effect, args.reason)
+        body = rule_body(device, args.effect, args.reason, api_version)
         rule = body["metadata"]["name"]
-        what, path = f"DeviceTaintRule {rule}", f"{RULES}/{rule}"
+        what, path = f"DeviceTaintRule {rule}", f"{rules_path}/{rule}"
         existing = request(api, what, "GET", path)
         if existing is None:
-            request(api, what, "POST", RULES, body=body)
+            request(api, what, "POST", rules_path, body=body)
             verb = "tainted"
         else:
             body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
@@ -142,7 +178,8 @@ def run_untaint(args: argparse.Namespace) -> int:
     try:
         node, name = _target(args)
         api = api_client(args.kubeconfig)
-        view = read_view(api, args.driver_name)
+        _, rules_path = rules_api(api)
+        view = read_view(api, args.driver_name, rules_path=rules_path)
         try:
             device = find_device(view.devices, node, name)
             node, name = device.node, device.name
@@ -152,7 +189,7 @@ def run_untaint(args: argparse.Namespace) -> int:
             # The device is gone (GPU removed, node deleted) but its rule is still there.
         rules = admin_rules(view.rules, node, name)
         for rule in rules:
-            request(api, f"DeviceTaintRule {rule}", "DELETE", f"{RULES}/{rule}")
+            request(api, f"DeviceTaintRule {rule}", "DELETE", f"{rules_path}/{rule}")
     except TrancheError as e:
         print(f"tranche untaint: {e}", file=sys.stderr)
         return 1

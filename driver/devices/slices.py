@@ -12,6 +12,16 @@ Layout (Kubernetes ≥ 1.35 rules, checked against ``k8s.io/api`` v0.37.2):
 * the devices of each GPU live in a slice of their own (split at the device
   limit), the whole GPU first, then its MIG slots by first memory slice.
 
+Other layouts (``layout=``), for API servers that do not accept this one
+(:mod:`driver.kube.features` decides which the server takes):
+
+* ``combined`` (Kubernetes 1.34, partitionable devices before the 1.35 reshape): each
+  GPU's counter set lives in the slice of that GPU's devices (``sharedCounters`` and
+  ``devices`` together, which 1.35+ refuses);
+* ``none`` (partitionable devices off in the API server): no counters at all; whole GPUs and
+  existing (static) MIG instances are published, dynamic MIG placements and the share
+  devices that would overlap the whole GPU are not.
+
 A whole GPU consumes every counter of its set; a MIG slot consumes its
 profile's capacities plus exactly the ``memory-slice-<i>`` counters of its
 placement. The scheduler therefore never hands out two slots that overlap,
@@ -24,7 +34,7 @@ import functools
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from driver.devices.inventory import GpuDevice, Inventory, MigDevice
 from driver.errors import ConfigError
@@ -58,6 +68,9 @@ CAPACITY_COUNTERS: tuple[tuple[str, str], ...] = (
 MEDIA_EXTENSIONS = "media-extensions"  # one '+me' slot per GPU at a time
 
 Json = dict[str, Any]
+
+SliceLayout = Literal["split", "combined", "none"]
+LAYOUTS: tuple[SliceLayout, ...] = ("split", "combined", "none")
 
 
 def version(parts: Sequence[int | str]) -> str:
@@ -327,6 +340,7 @@ def build_slices(
     taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     extra_devices: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     common_attributes: Mapping[str, Json] | None = None,
+    layout: SliceLayout = "split",
 ) -> list[Json]:
     """The ResourceSlices of ``inventory`` for ``node_name``.
 
@@ -339,7 +353,10 @@ def build_slices(
     GPU's slice (e.g. shared time-slicing or MPS devices); the GPU then gets
     a counter set, and such a device can take the whole GPU with
     :func:`full_gpu_consumption`.
+    ``layout`` is the slice layout the API server accepts (module docstring).
     """
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
     taints = taints or {}
     extra_devices = extra_devices or {}
     known = set(inventory.device_names()) | {
@@ -357,7 +374,12 @@ def build_slices(
     for gpu in inventory.gpus:
         migs = inventory.migs_of(gpu.name)
         extras = [dict(d) for d in extra_devices.get(gpu.name, ())]
-        counters = gpu_counters(gpu, migs) if (migs or extras) else None
+        if layout == "none":
+            # Without counters nothing stops two overlapping devices from being allocated
+            # together: keep only devices that never overlap another advertised one.
+            migs = tuple(m for m in migs if m.static)
+            extras = [d for d in extras if not d.get("consumesCounters")]
+        counters = gpu_counters(gpu, migs) if (migs or extras) and layout != "none" else None
         if counters is not None:
             if len(counters) > MAX_COUNTERS_PER_SET:
                 raise ConfigError(
@@ -375,6 +397,8 @@ def build_slices(
         devices.extend(mig_device(m, inventory, counters or {}) for m in migs)
         devices.extend(extras)
         for d in devices:
+            if counters is None:
+                d.pop("consumesCounters", None)
             if common_attributes:
                 d["attributes"] = {**d.get("attributes", {}), **common_attributes}
             if taints.get(d["name"]):
@@ -384,6 +408,21 @@ def build_slices(
             device_groups.append((gpu.name, devices))
 
     specs: list[tuple[str, Json]] = []
+    if layout == "combined":
+        sets = {c["name"]: c for c in counter_sets}
+        for gpu_name, devices in device_groups:
+            if len(devices) > MAX_DEVICES:
+                raise ConfigError(
+                    f"{gpu_name}: {len(devices)} devices, more than the {MAX_DEVICES} one "
+                    "slice may hold with its counters (Kubernetes 1.34 layout)"
+                )
+            content: Json = {"devices": devices}
+            own = sets.get(counter_set_name(gpu_name))
+            if own is not None:
+                content = {"sharedCounters": [own], **content}
+            specs.append((gpu_name, content))
+        counter_sets = []
+        device_groups = []
     for i in range(0, len(counter_sets), MAX_COUNTER_SETS):
         part = counter_sets[i : i + MAX_COUNTER_SETS]
         specs.append((f"counters-{i // MAX_COUNTER_SETS}", {"sharedCounters": part}))

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from driver.flags import add_flag
 from hack.devcluster.binaries import build_or_find, build_or_find_node
-from hack.devcluster.config import ClusterConfig, parse_gates
+from hack.devcluster.config import DEFAULT_K8S_VERSION, ClusterConfig, k8s_minor, parse_gates
 from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
 from hack.devcluster.nodes import add_node
@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hack/dev-cluster",
         description="Run etcd, kube-apiserver, kube-scheduler and kube-controller-manager "
-        "(Kubernetes v1.37.2, every DRA feature on) on loopback; nodes are Node objects, or "
+        "(Kubernetes v1.37.2, or 1.34-1.36 with --k8s-version; every DRA feature on) "
+        "on loopback; nodes are Node objects, or "
         "real nodes (kubelet + containerd) with add-node --kubelet.",
     )
     add_flag(
@@ -45,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
         up,
         "--bin-dir",
         "directory with the control-plane binaries (default: built or found by hack/build-k8s.sh)",
+    )
+    add_flag(
+        up,
+        "--k8s-version",
+        "Kubernetes minor version to run: 1.34, 1.35, 1.36 or 1.37 (built by hack/build-k8s.sh; "
+        "each gets the feature gates and runtime-config it needs for DRA)",
+        default=DEFAULT_K8S_VERSION,
     )
     add_flag(
         up, "--apiserver-port", "kube-apiserver port on 127.0.0.1; 0 picks a free one", default="0"
@@ -96,8 +104,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> ClusterConfig:
-    bin_dir = Path(args.bin_dir) if args.bin_dir else build_or_find()
+    version = k8s_minor(args.k8s_version)
+    bin_dir = Path(args.bin_dir) if args.bin_dir else build_or_find(version)
     return ClusterConfig(
+        k8s_version=version,
         state_dir=Path(args.state_dir),
         bin_dir=bin_dir,
         apiserver_port=args.apiserver_port,

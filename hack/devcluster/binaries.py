@@ -11,13 +11,15 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-k8s.sh"
 
 
-def build_or_find() -> Path:
-    """Run ``hack/build-k8s.sh`` (a no-op when cached) and return its binary directory.
+def build_or_find(k8s_version: str | None = None) -> Path:
+    """Run ``hack/build-k8s.sh [--version MINOR]`` (a no-op when cached) and return its binary
+    directory; without a version the script's default (1.37, or ``TRANCHE_K8S_VERSION``).
 
     Build progress goes to this process's stderr.
     """
+    argv = [str(BUILD_SCRIPT), *(["--version", k8s_version] if k8s_version else [])]
     try:
-        done = subprocess.run([str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
+        done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
     except OSError as e:
         raise ClusterError("build control plane", f"cannot run {BUILD_SCRIPT}: {e}") from e
     lines = done.stdout.strip().splitlines()

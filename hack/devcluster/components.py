@@ -72,6 +72,7 @@ def apiserver(config: ClusterConfig, layout: Layout, ports: Ports, pki: Pki) -> 
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             f"--feature-gates={config.gate_string()}",
+            *([f"--runtime-config={config.runtime_config()}"] if config.runtime_config() else []),
             f"--v={config.verbosity}",
         ],
     )

@@ -27,6 +27,59 @@ DRA_FEATURE_GATES: dict[str, bool] = {
     "ResourceHealthStatusMessage": True,  # beta
 }
 
+# The version matrix: the gates and API versions each release needs for every DRA feature
+# Tranche uses. A gate that a release does not know is never passed (the components would
+# refuse to start). Checked against pkg/features/kube_features.go and
+# pkg/registry/resource/rest/storage_resource.go of each k8s.io/kubernetes module.
+DEFAULT_K8S_VERSION = "1.37"
+K8S_VERSIONS: dict[str, str] = {  # minor -> the release hack/build-k8s.sh builds
+    "1.34": "v1.34.4",
+    "1.35": "v1.35.4",
+    "1.36": "v1.36.3",
+    "1.37": "v1.37.2",
+}
+_GATES_134 = {
+    "DynamicResourceAllocation": True,  # GA
+    "DRAAdminAccess": True,  # beta
+    "DRAPrioritizedList": True,  # beta
+    "DRAExtendedResource": True,  # alpha
+    "DRAResourceClaimDeviceStatus": True,  # beta
+    "DRADeviceTaints": True,  # alpha; also guards DeviceTaintRule (v1alpha3) in 1.34
+    "DRAPartitionableDevices": True,  # alpha: counters in the devices' own slice
+    "DRAConsumableCapacity": True,  # alpha
+    "DRADeviceBindingConditions": True,  # alpha
+    "ResourceHealthStatus": True,  # alpha
+}
+_GATES_135 = {**_GATES_134, "DRADeviceTaintRules": True}  # alpha; counters in separate slices
+_GATES_136 = {**_GATES_135, "ResourceHealthStatusMessage": True}  # DRADeviceTaintRules beta, off
+VERSION_GATES: dict[str, dict[str, bool]] = {
+    "1.34": _GATES_134,
+    "1.35": _GATES_135,
+    "1.36": _GATES_136,
+    "1.37": DRA_FEATURE_GATES,
+}
+# --runtime-config: DeviceTaintRule is served only by an API version that is off by default
+# before 1.37 (v1alpha3 in 1.34/1.35; v1beta2, and still v1alpha3, in 1.36).
+VERSION_RUNTIME_CONFIG: dict[str, str] = {
+    "1.34": "resource.k8s.io/v1alpha3=true",
+    "1.35": "resource.k8s.io/v1alpha3=true",
+    "1.36": "resource.k8s.io/v1beta2=true",
+    "1.37": "",
+}
+
+
+def k8s_minor(text: str) -> str:
+    """``1.35``, ``v1.35.4``, ``1.35.4`` → ``1.35``; ValueError outside the matrix."""
+    parts = text.strip().lstrip("v").split(".")
+    minor = ".".join(parts[:2])
+    if minor not in K8S_VERSIONS:
+        raise ValueError(
+            f"--k8s-version: {text!r} is not in the version matrix "
+            f"({', '.join(sorted(K8S_VERSIONS))})"
+        )
+    return minor
+
+
 CONTROLLERS = (
     "resourceclaim-controller",
     "device-taint-eviction-controller",
@@ -67,6 +120,14 @@ class ClusterConfig(BaseModel):
         default=False, description="SIGKILL the components when the starting process dies"
     )
     verbosity: int = Field(default=1, ge=0, le=10)
+    k8s_version: str = Field(
+        default=DEFAULT_K8S_VERSION, description="minor version of the binaries in bin_dir"
+    )
+
+    @field_validator("k8s_version")
+    @classmethod
+    def _known_version(cls, version: str) -> str:
+        return k8s_minor(version)
 
     @field_validator("feature_gates")
     @classmethod
@@ -77,8 +138,11 @@ class ClusterConfig(BaseModel):
         return gates
 
     def gate_string(self) -> str:
-        gates = {**DRA_FEATURE_GATES, **self.feature_gates}
+        gates = {**VERSION_GATES[self.k8s_version], **self.feature_gates}
         return ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
+
+    def runtime_config(self) -> str:
+        return VERSION_RUNTIME_CONFIG[self.k8s_version]
 
 
 def parse_gates(text: str, *, field: str = "--feature-gates") -> dict[str, bool]:

@@ -26,6 +26,7 @@ from hack.devcluster import components, probes
 from hack.devcluster.config import (
     BINARIES,
     COMPONENTS,
+    DEFAULT_K8S_VERSION,
     ClusterConfig,
     Layout,
     Ports,
@@ -122,6 +123,7 @@ class DevCluster:
             running = self.info()
             if (
                 running is not None
+                and self.k8s_version() == self.config.k8s_version
                 and probes.apiserver_ready(running.server, Pki(self.layout.pki_dir))()
             ):
                 log.info("cluster already running state_dir=%s", self.layout.root)
@@ -137,6 +139,14 @@ class DevCluster:
         """Stop every component; returns the names of those that were running."""
         with self._locked():
             return self._stop_all()
+
+    def k8s_version(self) -> str:
+        """The Kubernetes minor version the cluster in the state directory was started with."""
+        try:
+            data = json.loads(self.layout.cluster_file.read_text())
+        except FileNotFoundError:
+            data = {}
+        return str(data.get("k8s_version") or DEFAULT_K8S_VERSION)
 
     def feature_gates(self) -> dict[str, bool]:
         """The feature gates the running control plane was started with."""
@@ -258,6 +268,8 @@ class DevCluster:
                     "bin_dir": str(cfg.bin_dir),
                     "pids": pids,
                     "feature_gates": cfg.gate_string(),
+                    "k8s_version": cfg.k8s_version,
+                    "runtime_config": cfg.runtime_config(),
                 },
                 indent=2,
             )

@@ -34,10 +34,11 @@ from types import FrameType
 import pytest
 from kubernetes import client
 
+from driver.kube.features import ServerFeatures, discover
 from driver.kube.http import KubeClient
 from driver.kube.kubeconfig import from_file
 from hack.devcluster.binaries import build_or_find
-from hack.devcluster.config import BINARIES, ClusterConfig
+from hack.devcluster.config import BINARIES, DEFAULT_K8S_VERSION, ClusterConfig, k8s_minor
 from hack.devcluster.errors import ClusterError
 from hack.devcluster.kubeconfig import api_client
 from hack.devcluster.launcher import DevCluster
@@ -70,9 +71,21 @@ class Cluster:
 _CLUSTER = pytest.StashKey[Cluster]()
 
 
+def session_k8s_version() -> str:
+    """The Kubernetes minor version of the session: ``$TRANCHE_K8S_VERSION``, default 1.37."""
+    return k8s_minor(os.environ.get("TRANCHE_K8S_VERSION") or DEFAULT_K8S_VERSION)
+
+
 @pytest.fixture(scope="session")
-def k8s_bin_dir() -> Path:
-    """The control-plane binaries: ``$TRANCHE_BIN_DIR`` or ``hack/build-k8s.sh`` (cached)."""
+def k8s_version() -> str:
+    """The control plane's minor version (``1.34`` ... ``1.37``), from ``TRANCHE_K8S_VERSION``."""
+    return session_k8s_version()
+
+
+@pytest.fixture(scope="session")
+def k8s_bin_dir(k8s_version: str) -> Path:
+    """The control-plane binaries: ``$TRANCHE_BIN_DIR`` or ``hack/build-k8s.sh --version``
+    for the session's version (cached)."""
     override = os.environ.get("TRANCHE_BIN_DIR")
     if override:
         missing = [b for b in BINARIES if not (Path(override) / b).is_file()]
@@ -80,9 +93,9 @@ def k8s_bin_dir() -> Path:
             unavailable(f"TRANCHE_BIN_DIR={override} lacks {', '.join(missing)}")
         return Path(override)
     try:
-        return build_or_find()
+        return build_or_find(k8s_version)
     except ClusterError as e:
-        unavailable(f"{e} (run `make k8s-bins`)")
+        unavailable(f"{e} (run `hack/build-k8s.sh --version {k8s_version}`)")
 
 
 def _install_backstops(dev: DevCluster) -> Callable[[], None]:
@@ -108,10 +121,20 @@ def _install_backstops(dev: DevCluster) -> Callable[[], None]:
 
 @pytest.fixture(scope="session")
 def cluster(
-    k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+    k8s_bin_dir: Path,
+    k8s_version: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    pytestconfig: pytest.Config,
 ) -> Iterator[Cluster]:
     state_dir = tmp_path_factory.mktemp("dev-cluster")
-    dev = DevCluster(ClusterConfig(state_dir=state_dir, bin_dir=k8s_bin_dir, die_with_parent=True))
+    dev = DevCluster(
+        ClusterConfig(
+            state_dir=state_dir,
+            bin_dir=k8s_bin_dir,
+            die_with_parent=True,
+            k8s_version=k8s_version,
+        )
+    )
     undo = _install_backstops(dev)
     try:
         info = dev.up()
@@ -150,6 +173,13 @@ def _force_delete_pods(core: client.CoreV1Api, *, namespace: str = "", node: str
             continue
         with contextlib.suppress(client.ApiException):
             core.delete_namespaced_pod(md.name, md.namespace, grace_period_seconds=0)
+
+
+@pytest.fixture(scope="session")
+def server_features(cluster: Cluster) -> ServerFeatures:
+    """What the plugin's discovery finds on the session's control plane."""
+    with cluster.kube() as kube:
+        return discover(kube, "features-probe-node", "gpu.tranche.dev")
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from kubernetes import client
 
 from driver.checkpoint.store import Checkpoint
 from driver.devices.inventory import Inventory, build_inventory
-from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
+from driver.devices.slices import DEFAULT_DRIVER_NAME, SliceLayout, build_slices
+from driver.kube.features import discover
 from driver.kube.http import KubeClient
 from driver.kube.kubeconfig import Credentials
 from driver.nvml.sim import create_state, open_simulated
@@ -72,12 +73,17 @@ def publishing(
     api: client.ApiClient,
     node: str,
     inventory: Inventory,
+    *,
+    layout: SliceLayout | None = None,
     **kwargs: Any,
 ) -> Iterator[Publisher]:
-    """A started publisher for ``node`` that has published ``inventory``; stopped afterwards."""
+    """A started publisher for ``node`` that has published ``inventory`` (in ``layout``,
+    by default the one the server takes, found as the plugin finds it); stopped afterwards."""
     with kube_of(api) as kube:
+        if layout is None:
+            layout = discover(kube, node, DRIVER).slice_layout
         pub = Publisher(kube, DRIVER, node, backoff=Backoff(0.2, 2.0), **kwargs)
-        pub.update(build_slices(inventory, node))
+        pub.update(build_slices(inventory, node, layout=layout))
         pub.start()
         try:
             if not pub.wait_published(60):

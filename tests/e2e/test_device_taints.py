@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 
 from controller.devices import cluster as cluster_devices
-from controller.devices.taint import taint_command, untaint_command
+from controller.devices.taint import rules_api, taint_command, untaint_command
 from driver.cli import build_parser
 from driver.kube.client import RESOURCE_V1
 from tests.e2e.cluster_state import get_json, request_json
@@ -146,9 +146,10 @@ def rig(cluster: Cluster, namespace: str, make_node: Callable[..., str]) -> Iter
         try:
             yield Rig(api, cluster.kubeconfig, driver, node, f"taint-{token}", devices, namespace)
         finally:
-            rules = get_json(api, f"{RESOURCE_V1}/devicetaintrules").get("items", [])
+            _, rules_path = rules_api(api)
+            rules = get_json(api, rules_path).get("items", [])
             paths = [
-                f"{RESOURCE_V1}/devicetaintrules/{r['metadata']['name']}"
+                f"{rules_path}/{r['metadata']['name']}"
                 for r in rules
                 if r["spec"].get("deviceSelector", {}).get("driver") == driver
             ]
@@ -161,6 +162,7 @@ def rig(cluster: Cluster, namespace: str, make_node: Callable[..., str]) -> Iter
                     request_json(api, "DELETE", path)
 
 
+@pytest.mark.matrix
 def test_taint_stops_new_placements_and_untaint_restores_them(
     rig: Rig, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -193,10 +195,11 @@ def test_unknown_device_is_refused_with_close_matches(
     err = capsys.readouterr().err
     assert f"device '{first}x' does not exist on node '{rig.node}'" in err
     assert f"did you mean {first}" in err
-    rules = get_json(rig.api, f"{RESOURCE_V1}/devicetaintrules").get("items", [])
+    rules = get_json(rig.api, rules_api(rig.api)[1]).get("items", [])
     assert not [r for r in rules if r["spec"]["deviceSelector"].get("driver") == rig.driver]
 
 
+@pytest.mark.k8s(min="1.35", reason="DeviceTaintRule has no status (eviction conditions)")
 def test_noexecute_evicts_pods_that_do_not_tolerate_it(rig: Rig) -> None:
     rig.claim("plain")
     rig.claim("tolerant", tolerate_admin=True)
@@ -211,7 +214,7 @@ def test_noexecute_evicts_pods_that_do_not_tolerate_it(rig: Rig) -> None:
         return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
 
     wait_for("pod plain evicted", evicted)
-    rule = f"{RESOURCE_V1}/devicetaintrules/tranche-{rig.node}-{held['tolerant']}"
+    rule = f"{rules_api(rig.api)[1]}/tranche-{rig.node}-{held['tolerant']}"
     wait_for(
         "eviction status on the tolerated device's rule",
         lambda: get_json(rig.api, rule).get("status", {}).get("conditions"),

@@ -55,6 +55,7 @@ def cluster_objects(api: client.ApiClient) -> Iterator[list[str]]:
                 raise
 
 
+@pytest.mark.k8s(min="1.37", reason="DeviceTaintRule joined resource.k8s.io/v1 in 1.37")
 def test_discovery_serves_every_dra_kind_in_resource_v1(api: client.ApiClient) -> None:
     version = get_json(api, "/version")
     assert version["gitVersion"] == "v1.37.2"
@@ -302,7 +303,9 @@ def test_dev_cluster_up_interrupted_by_sigterm_stops_what_it_started(
     assert processes_of(state) == []
 
 
-def test_components_die_with_a_killed_test_process(k8s_bin_dir: Path, tmp_path: Path) -> None:
+def test_components_die_with_a_killed_test_process(
+    k8s_bin_dir: Path, k8s_version: str, tmp_path: Path
+) -> None:
     # The pytest fixture starts components with die_with_parent: even a SIGKILLed
     # test run (no atexit, no signal handler) leaves no control plane behind.
     state = tmp_path / "dc"
@@ -312,11 +315,11 @@ def test_components_die_with_a_killed_test_process(k8s_bin_dir: Path, tmp_path: 
         "from hack.devcluster.config import ClusterConfig\n"
         "from hack.devcluster.launcher import DevCluster\n"
         "DevCluster(ClusterConfig(state_dir=Path(sys.argv[1]), bin_dir=Path(sys.argv[2]),\n"
-        "                         die_with_parent=True)).up()\n"
+        "                         die_with_parent=True, k8s_version=sys.argv[3])).up()\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     child = subprocess.run(
-        [sys.executable, "-c", script, str(state), str(k8s_bin_dir)],
+        [sys.executable, "-c", script, str(state), str(k8s_bin_dir), k8s_version],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -42,6 +42,7 @@ def taints(d: dict[str, Any]) -> set[tuple[str, str, str]]:
     return {(t["key"], t.get("value", ""), t["effect"]) for t in d.get("taints") or []}
 
 
+@pytest.mark.matrix
 def test_lost_gpu_is_tainted_evicts_its_pod_and_heals(
     cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
 ) -> None:

@@ -89,6 +89,7 @@ def _claim(api: client.ApiClient, namespace: str, name: str) -> Obj:
     return get_json(api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaims/{name}")
 
 
+@pytest.mark.matrix
 def test_scheduler_allocates_tranche_gpus_for_a_legacy_gpu_request(
     api: client.ApiClient, namespace: str, make_node: Callable[..., str]
 ) -> None:
@@ -241,6 +242,7 @@ def test_a_forged_admission_review_makes_the_controller_write_nothing(
         request_json(api, "DELETE", f"/api/v1/namespaces/{target}")
 
 
+@pytest.mark.matrix
 def test_fallback_webhook_rewrites_a_gpu_pod_into_a_claim_the_scheduler_allocates(
     api: client.ApiClient,
     namespace: str,

@@ -49,6 +49,7 @@ def _allocated(pn: PluginNode, namespace: str, claim_name: str) -> list[dict[str
     return results
 
 
+@pytest.mark.matrix
 def test_whole_gpu_claim_is_prepared_through_cdi_and_released_on_pod_deletion(
     cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
 ) -> None:

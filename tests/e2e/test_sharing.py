@@ -19,11 +19,13 @@ from driver.api import ClaimRef
 from driver.checkpoint.store import Checkpoint
 from driver.devices.inventory import AdvertiseConfig, Inventory, build_inventory
 from driver.devices.slices import build_slices
+from driver.kube.features import discover
 from driver.nvml.facade import Nvml
 from driver.nvml.sim import create_state, open_simulated
 from driver.nvml.sim.driver_root import write_mps_control
 from driver.prepare.cdi import CdiSpecs
 from driver.prepare.executor import DeviceState
+from driver.quantity import parse_quantity
 from driver.sharing import SharingConfig, SharingNode
 from kubelet_plugin.claim_status import ClaimStatusWriter
 from kubelet_plugin.dra_driver import ApiClaimReader
@@ -98,7 +100,10 @@ class SimNode:
         with kube_of(api) as kube:
             pub = Publisher(kube, DRIVER, self.node, backoff=Backoff(0.2, 2.0))
             extra = self.sharing.extra_devices(self.inventory)
-            pub.update(build_slices(self.inventory, self.node, DRIVER, extra_devices=extra))
+            layout = discover(kube, self.node, DRIVER).slice_layout
+            pub.update(
+                build_slices(self.inventory, self.node, DRIVER, extra_devices=extra, layout=layout)
+            )
             pub.start()
             try:
                 if not pub.wait_published(60):
@@ -202,7 +207,7 @@ def test_timeslice_shares_fill_a_gpu_then_wait(
         for c in claims:
             (res,) = c["status"]["allocation"]["devices"]["results"]
             assert res["device"] == share
-            assert res["consumedCapacity"]["memory"] == str(8 << 30)  # the step is in bytes
+            assert parse_quantity(res["consumedCapacity"]["memory"]) == 8 << 30  # the step
             assert res["shareID"]
         wait_for(
             "the third share to be unschedulable",
@@ -243,7 +248,8 @@ def test_mps_share_runs_a_daemon_with_the_claims_limits(
         claim = _allocated(api, namespace, pod)
         (res,) = claim["status"]["allocation"]["devices"]["results"]
         assert res["device"] == f"{sim.gpu.name}-mps-blue"
-        assert res["consumedCapacity"] == {"memory": str(4 << 30), "shares": "2"}
+        consumed = {k: parse_quantity(v) for k, v in res["consumedCapacity"].items()}
+        assert consumed == {"memory": 4 << 30, "shares": 2}
         ref = _ref(claim)
         _prepare(api, sim, ref)
         env = _env(sim, ref.uid)

@@ -32,6 +32,7 @@ from kubernetes import client
 
 from driver.checkpoint.store import Checkpoint
 from driver.nvml.sim.state import SimGpu, SimStore
+from driver.quantity import parse_quantity
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import unschedulable
@@ -200,6 +201,7 @@ def _daemon_log(mounts: dict[str, str], name: str) -> list[str]:
 # ---- time-slicing -------------------------------------------------------------------------
 
 
+@pytest.mark.matrix
 def test_timeslice_shares_fill_the_gpu_then_wait_for_a_release(
     cluster: Cluster, namespace: str, node: ShareNode
 ) -> None:
@@ -207,6 +209,12 @@ def test_timeslice_shares_fill_the_gpu_then_wait_for_a_release(
     _label(pn, namespace, SHARED_BLUE)
     # The L4's 22Gi hold two 8Gi shares; the third pod waits for memory.
     pods = _copies(cluster, "timeslice-shares.yaml", namespace, pn.name, 3)
+    # Which pod the scheduler takes last is its choice (1.36 took the third one first).
+    late = wait_for(
+        "one of the three shares unschedulable",
+        lambda: next((p for p in pods if unschedulable(pn.api, namespace, p)), None),
+    )
+    pods = [p for p in pods if p != late] + [late]
     (uid0, res0), (uid1, res1) = (_prepared(pn, namespace, p) for p in pods[:2])
     reason = wait_for(
         "the third share unschedulable", lambda: unschedulable(pn.api, namespace, pods[2])
@@ -220,7 +228,8 @@ def test_timeslice_shares_fill_the_gpu_then_wait_for_a_release(
     share = res0["device"]
     assert res1["device"] == share and share.endswith("-ts-blue")
     assert pn.device_attribute(share, "parentUUID") == node.share_gpu
-    assert res0["consumedCapacity"]["memory"] == str(8 * GIB)
+    # A quantity, spelled "8Gi" by 1.35 and "8589934592" by 1.37.
+    assert parse_quantity(res0["consumedCapacity"]["memory"]) == 8 * GIB
     assert res0["shareID"] != res1["shareID"]
     for uid in (uid0, uid1):
         env, nodes, _ = _edits(pn, uid)
@@ -280,7 +289,8 @@ def test_mps_shares_use_one_daemon_with_each_claims_limits(
     pods = _copies(cluster, "mps-shares.yaml", namespace, pn.name, 2)
     (uid0, res0), (uid1, res1) = (_prepared(pn, namespace, p) for p in pods)
     assert res0["device"] == res1["device"] and res0["device"].endswith("-mps-blue")
-    assert res0["consumedCapacity"] == {"memory": str(4 * GIB), "shares": "2"}
+    consumed = {k: parse_quantity(v) for k, v in res0["consumedCapacity"].items()}
+    assert consumed == {"memory": 4 * GIB, "shares": 2}
 
     mounts: dict[str, str] = {}
     for uid in (uid0, uid1):
@@ -377,6 +387,7 @@ def _mig_start(device: str) -> int:
     return int(device.rsplit("-", 1)[1])
 
 
+@pytest.mark.matrix
 def test_dynamic_mig_slice_is_created_for_the_claim_and_destroyed_after(
     cluster: Cluster, namespace: str, node: ShareNode
 ) -> None:

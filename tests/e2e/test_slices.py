@@ -12,7 +12,8 @@ import pytest
 from kubernetes import client
 
 from driver.devices.inventory import AdvertiseConfig, build_inventory
-from driver.devices.slices import build_slices
+from driver.devices.slices import SliceLayout, build_slices
+from driver.kube.features import ServerFeatures, discover
 from driver.nvml.sim import create_state, open_simulated, shipped_profiles
 from kubelet_plugin.publisher import Backoff, Publisher
 from tests.e2e.cluster_state import request_json
@@ -28,18 +29,29 @@ def _sim_inventory(profile: str) -> Any:
     return build_inventory(nvml.list_gpus(), nvml.system_info())
 
 
+def _layout(cluster: Cluster) -> SliceLayout:
+    """The slice layout the session's API server takes, found as the plugin finds it."""
+    with cluster.kube() as kube:
+        return discover(kube, "layout-probe-node", DRIVER).slice_layout
+
+
 def _generations(slices: list[dict[str, Any]]) -> set[int]:
     return {s["spec"]["pool"]["generation"] for s in slices}
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("profile", shipped_profiles())
 def test_every_profile_is_accepted_and_read_back_unchanged(
-    cluster: Cluster, make_node: Callable[..., str], profile: str
+    cluster: Cluster,
+    make_node: Callable[..., str],
+    profile: str,
+    server_features: ServerFeatures,
 ) -> None:
     node = make_node(f"slices-{profile}")
     inventory = _sim_inventory(profile)
-    desired = build_slices(inventory, node)
-    with cluster.api_client() as api, publishing(api, node, inventory) as pub:
+    layout = server_features.slice_layout
+    desired = build_slices(inventory, node, layout=layout)
+    with cluster.api_client() as api, publishing(api, node, inventory, layout=layout) as pub:
         stored = list_slices(api, node)
         assert pub.error is None
         assert [s["metadata"]["name"] for s in stored] == sorted(
@@ -133,12 +145,12 @@ def test_inventory_change_bumps_generation_and_drops_old_slices(
     ):
         first = pub.generation
         smaller = build_inventory([h100(0)], SYSTEM)
-        pub.update(build_slices(smaller, node))
+        pub.update(build_slices(smaller, node, layout=_layout(cluster)))
         assert pub.wait_published(60), pub.error
         stored = list_slices(api, node)
         assert _generations(stored) == {first + 1}
         assert {s["metadata"]["name"] for s in stored} == {
-            s["metadata"]["name"] for s in build_slices(smaller, node)
+            s["metadata"]["name"] for s in build_slices(smaller, node, layout=_layout(cluster))
         }
         assert all(s["spec"]["pool"]["resourceSliceCount"] == len(stored) for s in stored)
 
@@ -163,8 +175,15 @@ def test_publishing_recovers_after_an_api_outage(
         cluster.api_client() as api,
         cluster.kube(relay.url) as via_relay,
     ):
-        pub = Publisher(via_relay, DRIVER, node, backoff=Backoff(0.2, 1.0), on_count=events.append)
-        pub.update(build_slices(build_inventory([h100(0)], SYSTEM), node))
+        pub = Publisher(
+            via_relay,
+            DRIVER,
+            node,
+            backoff=Backoff(0.2, 1.0),
+            on_count=events.append,
+            on_reconnect=lambda: events.append("reconnected"),  # the plugin rediscovers here
+        )
+        pub.update(build_slices(build_inventory([h100(0)], SYSTEM), node, layout=_layout(cluster)))
         pub.start()
         try:
             assert not pub.wait_published(2)  # API server unreachable: nothing published
@@ -172,12 +191,18 @@ def test_publishing_recovers_after_an_api_outage(
             relay.up()
             assert pub.wait_published(60), pub.error
             assert list_slices(api, node)
+            assert events.count("reconnected") == 1
             relay.down()  # an outage while the inventory changes
-            pub.update(build_slices(build_inventory([h100(0), l4(1)], SYSTEM), node))
+            pub.update(
+                build_slices(
+                    build_inventory([h100(0), l4(1)], SYSTEM), node, layout=_layout(cluster)
+                )
+            )
             assert not pub.wait_published(2)
             relay.up()
             assert pub.wait_published(60), pub.error
             assert len([s for s in list_slices(api, node) if "devices" in s["spec"]]) == 2
+            assert events.count("reconnected") == 2
         finally:
             pub.stop()
             relay.down()
@@ -195,7 +220,11 @@ def test_dropped_field_is_a_clear_error(cluster: Cluster, make_node: Callable[..
     events: list[str] = []
     with cluster.api_client() as api, cluster.kube() as kube:
         pub = Publisher(kube, DRIVER, node, on_count=events.append)
-        pub.update(build_slices(inventory, node, extra_devices={"gpu-00000000": [gated]}))
+        pub.update(
+            build_slices(
+                inventory, node, extra_devices={"gpu-00000000": [gated]}, layout=_layout(cluster)
+            )
+        )
         pub.start()
         try:
             wait_for("the publisher to report the dropped field",
@@ -215,5 +244,6 @@ def test_node_without_devices_publishes_an_empty_pool(
     inventory = build_inventory([h100(0)], SYSTEM, AdvertiseConfig.model_validate({"*": []}))
     with cluster.api_client() as api, publishing(api, node, inventory):
         (only,) = list_slices(api, node)
-        assert "devices" not in only["spec"] and "sharedCounters" not in only["spec"]
+        # 1.34 writes "devices": null where 1.35+ leaves the field out.
+        assert not only["spec"].get("devices") and not only["spec"].get("sharedCounters")
         assert only["spec"]["pool"]["resourceSliceCount"] == 1

@@ -295,6 +295,11 @@ def _unschedulable_reason(api: client.ApiClient, ns: str, timeout: float = 60) -
     pytest.fail(f"pod {ns}/work was neither scheduled nor reported unschedulable")
 
 
+@pytest.mark.k8s(
+    min="1.36",
+    reason="the 1.34/1.35 scheduler does not charge an allocated share device's counters "
+    "(another group is refused at prepare instead: test_trust_matrix.py::test_shared)",
+)
 def test_scheduler_keeps_sharing_groups_apart(
     trust_policy: client.ApiClient,
     tenant_namespace: Callable[..., str],

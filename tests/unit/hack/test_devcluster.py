@@ -14,10 +14,11 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import ValidationError
 
-from hack.devcluster.config import ClusterConfig, Layout, parse_gates
+from hack.devcluster.components import apiserver
+from hack.devcluster.config import ClusterConfig, Layout, Ports, parse_gates
 from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
-from hack.devcluster.pki import ensure_pki
+from hack.devcluster.pki import Pki, ensure_pki
 from hack.devcluster.processes import alive, group_members, owned, stop_group
 
 
@@ -124,3 +125,24 @@ def test_down_stops_a_process_started_for_this_state_dir(tmp_path: Path) -> None
 def test_up_without_binaries_names_the_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match=r"step 'find binaries': .*bin/etcd is missing"):
         _cluster(tmp_path).up()
+
+
+def test_each_matrix_version_gets_only_the_gates_it_knows_and_its_runtime_config() -> None:
+    def args(version: str) -> dict[str, str]:
+        cfg = ClusterConfig(state_dir=Path("/s"), bin_dir=Path("/b"), k8s_version=version)
+        spec = apiserver(cfg, Layout(Path("/s")), Ports(1, 2, 3, 4, 5), Pki(Path("/s/pki")))
+        return dict(a.split("=", 1) for a in spec.argv[1:] if "=" in a)
+
+    v134 = args("1.34")
+    assert "DRADeviceTaintRules" not in v134["--feature-gates"]  # no such gate in 1.34
+    assert "ResourceHealthStatusMessage" not in v134["--feature-gates"]
+    assert "DRAPartitionableDevices=true" in v134["--feature-gates"]
+    assert v134["--runtime-config"] == "resource.k8s.io/v1alpha3=true"
+    assert "DRADeviceTaintRules=true" in args("v1.35.4")["--feature-gates"]
+    assert args("1.36")["--runtime-config"] == "resource.k8s.io/v1beta2=true"
+    assert "--runtime-config" not in args("1.37")
+
+
+def test_a_version_outside_the_matrix_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"'1\.33' is not in the version matrix"):
+        ClusterConfig(state_dir=Path("/s"), bin_dir=Path("/b"), k8s_version="1.33")

@@ -249,3 +249,37 @@ def test_counters_cover_inconsistent_profiles() -> None:
     slices = build_slices(build_inventory([gpu], SYSTEM), NODE)
     (capacity,) = _counter_sets(slices).values()
     assert capacity["multiprocessors"] >= 112
+
+
+def test_kubernetes_134_layout_keeps_each_gpus_counters_in_its_own_slice() -> None:
+    inv = build_inventory([h100(0), h100(1)], SYSTEM)
+    split = build_slices(inv, NODE)
+    combined = build_slices(inv, NODE, layout="combined")
+    assert len(combined) == 2
+    for s in combined:
+        (own,) = s["spec"]["sharedCounters"]
+        for d in s["spec"]["devices"]:
+            assert {c["counterSet"] for c in d["consumesCounters"]} == {own["name"]}
+    # The same devices, counters and consumption as the 1.35+ layout, only arranged differently.
+    assert _by_name(combined) == _by_name(split)
+    assert _counter_sets(combined) == _counter_sets(split)
+
+
+def test_without_partitionable_devices_only_non_overlapping_devices_are_published() -> None:
+    inv = build_inventory([h100(0), a100(1, mig_enabled=True)], SYSTEM)
+    gpu = inv.gpus[0]
+    shared = {
+        "name": "gpu-00000000-ts",
+        "attributes": {"type": {"string": "timeslice"}},
+        "consumesCounters": full_gpu_consumption(gpu, ()),
+    }
+    slices = build_slices(inv, NODE, layout="none", extra_devices={gpu.name: [shared]})
+    names = set(_by_name(slices))
+    assert "gpu-00000000" in names  # the whole GPU is still offered
+    assert not any("-mig-" in n for n in names)  # no dynamic MIG placements
+    assert "gpu-00000000-ts" not in names  # a share would overlap the whole GPU
+    for s in slices:
+        assert "sharedCounters" not in s["spec"]
+        assert all("consumesCounters" not in d for d in s["spec"].get("devices", []))
+    with pytest.raises(ConfigError, match="layout"):
+        build_slices(inv, NODE, layout="sideways")  # type: ignore[arg-type]

@@ -1,0 +1,246 @@
+"""What the API server in front of us can do, found by discovery, never by a user flag.
+
+Run once when the plugin starts (and again when it reconnects). Two halves:
+
+* :func:`decide` is pure: from the server's ``/version``, the ``resource.k8s.io`` discovery
+  documents and the outcome of the slice-layout probe it returns :class:`ServerFeatures`
+  (unit-tested with documents recorded from real 1.34 - 1.37 servers).
+* :func:`discover` does the requests with the plugin's thin client: ``GET /version``,
+  ``GET /apis/resource.k8s.io`` and each served version's resource list, and two server-side
+  dry runs (``dryRun=All``, nothing is stored) of small ResourceSlices: one that carries
+  ``sharedCounters`` and ``consumesCounters`` together, one whose device has a taint and
+  consumable capacity (fields the server drops when their gate is off).
+
+The slice-layout probe: Kubernetes 1.34 accepts counters in the slice of the devices that
+consume them ("combined"); 1.35 reshaped partitionable devices and refuses that ("only one of
+``sharedCounters`` or ``devices`` is allowed"), counters live in slices of their own ("split");
+with the ``DRAPartitionableDevices`` gate off (the default before 1.36) the server silently
+drops both fields, so MIG placements cannot be offered at all ("none").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from driver.kube.http import ApiError, KubeClient
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+GROUP = "resource.k8s.io"
+SliceLayout = Literal["split", "combined", "none"]
+ProbeOutcome = Literal["combined-kept", "combined-refused", "fields-dropped"]
+# Preference order when several versions serve a resource.
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
+
+# Feature name -> what users lose when the server cannot provide it.
+LOSSES: dict[str, str] = {
+    "resource-v1": (
+        "resource.k8s.io/v1 is not served: the plugin cannot publish devices or read claims "
+        "(Kubernetes >= 1.34 is required)"
+    ),
+    "partitionable-devices": (
+        "no dynamic MIG placements and no time-slice/MPS share devices (they need shared "
+        "counters, gate DRAPartitionableDevices); whole GPUs and existing MIG instances "
+        "are still offered"
+    ),
+    "device-taints": (
+        "health taints are not published in the ResourceSlices (gate DRADeviceTaints): the "
+        "scheduler keeps placing claims on an unhealthy GPU and its pods are not evicted; "
+        "the health log lines, events and metrics still report it"
+    ),
+    "consumable-capacity": (
+        "no time-slice/MPS share devices (they need allowMultipleAllocations and capacity "
+        "request policies, gate DRAConsumableCapacity); whole GPUs and MIG are unaffected"
+    ),
+    "device-taint-rules": (
+        "`tranche taint` cannot create DeviceTaintRules (no served API version: gate "
+        "DRADeviceTaintRules/DRADeviceTaints and --runtime-config); health taints in the "
+        "ResourceSlices still work"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ServerFeatures:
+    """What the plugin (and ``tranche taint``) may use on this server."""
+
+    server_version: str
+    slice_layout: SliceLayout
+    resource_v1: bool
+    taint_rule_version: str | None  # "v1", "v1beta2", "v1alpha3" or None
+    device_taints: bool = True
+    consumable_capacity: bool = True
+    unavailable: Mapping[str, str] = field(default_factory=dict)  # feature -> what users lose
+
+    def log_lines(self) -> list[str]:
+        return [f"feature unavailable feature={k} loss={v!r}" for k, v in self.unavailable.items()]
+
+
+def served_resources(group_versions: Mapping[str, Json]) -> dict[str, set[str]]:
+    """``{"v1": APIResourceList, ...}`` → ``{"v1": {"resourceslices", ...}}`` (subresources
+    left out)."""
+    out: dict[str, set[str]] = {}
+    for version, doc in group_versions.items():
+        names = {str(r.get("name", "")) for r in doc.get("resources", ())}
+        out[version] = {n for n in names if n and "/" not in n}
+    return out
+
+
+def taint_rule_version(resources: Mapping[str, set[str]]) -> str | None:
+    for version in TAINT_RULE_VERSIONS:
+        if "devicetaintrules" in resources.get(version, set()):
+            return version
+    return None
+
+
+def decide(
+    version_doc: Json,
+    group_versions: Mapping[str, Json],
+    probe: ProbeOutcome | None,
+    kept: frozenset[str] = frozenset({"taints", "allowMultipleAllocations"}),
+) -> ServerFeatures:
+    """The features of a server from its discovery documents, the layout probe (``None``
+    when it could not run because ``resource.k8s.io/v1`` is missing) and the device fields
+    the fields probe kept (:func:`kept_fields`)."""
+    resources = served_resources(group_versions)
+    has_v1 = "resourceslices" in resources.get("v1", set())
+    unavailable: dict[str, str] = {}
+    if not has_v1:
+        unavailable["resource-v1"] = LOSSES["resource-v1"]
+    layout: SliceLayout
+    if probe == "combined-kept":
+        layout = "combined"
+    elif probe == "combined-refused":
+        layout = "split"
+    else:
+        layout = "none"
+        unavailable["partitionable-devices"] = LOSSES["partitionable-devices"]
+    taints = "taints" in kept and has_v1
+    if has_v1 and not taints:
+        unavailable["device-taints"] = LOSSES["device-taints"]
+    shares = "allowMultipleAllocations" in kept and has_v1
+    if has_v1 and not shares:
+        unavailable["consumable-capacity"] = LOSSES["consumable-capacity"]
+    rules = taint_rule_version(resources)
+    if rules is None:
+        unavailable["device-taint-rules"] = LOSSES["device-taint-rules"]
+    return ServerFeatures(
+        server_version=str(version_doc.get("gitVersion", "unknown")),
+        slice_layout=layout,
+        resource_v1=has_v1,
+        taint_rule_version=rules,
+        device_taints=taints,
+        consumable_capacity=shares,
+        unavailable=unavailable,
+    )
+
+
+def probe_slice(node_name: str, driver_name: str) -> Json:
+    """The dry-run ResourceSlice: one counter set and one device consuming it, together."""
+    return {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": "tranche-layout-probe-"},
+        "spec": {
+            "driver": driver_name,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 0, "resourceSliceCount": 1},
+            "sharedCounters": [{"name": "probe", "counters": {"memory": {"value": "1"}}}],
+            "devices": [
+                {
+                    "name": "probe",
+                    "consumesCounters": [
+                        {"counterSet": "probe", "counters": {"memory": {"value": "1"}}}
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def fields_probe_slice(node_name: str, driver_name: str) -> Json:
+    """The second dry run: one device with a taint and consumable capacity."""
+    return {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": "tranche-fields-probe-"},
+        "spec": {
+            "driver": driver_name,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 0, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "probe",
+                    "allowMultipleAllocations": True,
+                    "capacity": {
+                        "shares": {
+                            "value": "2",
+                            "requestPolicy": {"default": "1", "validRange": {"min": "1"}},
+                        }
+                    },
+                    "taints": [{"key": "gpu.tranche.dev/probe", "effect": "NoSchedule"}],
+                }
+            ],
+        },
+    }
+
+
+def kept_fields(status: int, answer: Json) -> frozenset[str]:
+    """Device fields of :func:`fields_probe_slice` the server kept. A refusal (which no
+    served version should give) counts as kept: the publisher's read-back check remains."""
+    if status == 422:
+        return frozenset({"taints", "allowMultipleAllocations"})
+    devices: Sequence[Json] = answer.get("spec", {}).get("devices") or ({},)
+    return frozenset(k for k in ("taints", "allowMultipleAllocations") if devices[0].get(k))
+
+
+def probe_outcome(status: int, answer: Json) -> ProbeOutcome:
+    """Classify the dry run's answer: kept, refused as invalid (422), or fields dropped."""
+    if status == 422:
+        return "combined-refused"
+    spec = answer.get("spec", {})
+    devices: Sequence[Json] = spec.get("devices") or ()
+    kept = bool(spec.get("sharedCounters")) and any(d.get("consumesCounters") for d in devices)
+    return "combined-kept" if kept else "fields-dropped"
+
+
+def discover(kube: KubeClient, node_name: str, driver_name: str) -> ServerFeatures:
+    """Ask the server (discovery plus one dry run); ApiUnreachable/ApiError propagate."""
+    version_doc = kube.request("GET", "/version")
+    group = kube.send("GET", f"/apis/{GROUP}")
+    versions: list[str] = []
+    if group.ok:
+        versions = [str(v["version"]) for v in group.json().get("versions", ())]
+    docs = {v: kube.request("GET", f"/apis/{GROUP}/{v}") for v in versions}
+    probe: ProbeOutcome | None = None
+    if "resourceslices" in served_resources(docs).get("v1", set()):
+        path = f"/apis/{GROUP}/v1/resourceslices"
+        answer = kube.send(
+            "POST", path, body=probe_slice(node_name, driver_name), query={"dryRun": "All"}
+        )
+        if not answer.ok and answer.status != 422:
+            raise ApiError("POST", path, answer)
+        probe = probe_outcome(answer.status, answer.json() if answer.ok else {})
+        answer = kube.send(
+            "POST", path, body=fields_probe_slice(node_name, driver_name), query={"dryRun": "All"}
+        )
+        if not answer.ok and answer.status != 422:
+            raise ApiError("POST", path, answer)
+        if answer.status == 422:
+            log.warning("fields probe refused answer=%s", answer.message())
+        kept = kept_fields(answer.status, answer.json() if answer.ok else {})
+        features = decide(version_doc, docs, probe, kept)
+    else:
+        features = decide(version_doc, docs, None)
+    log.info(
+        "api server features server=%s slice_layout=%s taint_rule_version=%s unavailable=%s",
+        features.server_version,
+        features.slice_layout,
+        features.taint_rule_version or "none",
+        ",".join(features.unavailable) or "none",
+    )
+    return features

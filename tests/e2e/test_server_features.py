@@ -1,0 +1,62 @@
+"""The plugin adapts to the API server it finds (discovery at start), on every version of
+the matrix: the slice layout the server accepts and the DeviceTaintRule version it serves."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from driver.kube.client import RESOURCE_V1
+from driver.kube.features import ServerFeatures
+from tests.e2e.cluster_state import get_json
+from tests.e2e.sim_nodes import PluginNode
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.matrix]
+
+# Verified against each release's pkg/apis/resource/validation and storage_resource.go,
+# with the gates and runtime-config hack/devcluster passes for that release.
+EXPECTED = {
+    "1.34": ("combined", "v1alpha3"),
+    "1.35": ("split", "v1alpha3"),
+    "1.36": ("split", "v1beta2"),
+    "1.37": ("split", "v1"),
+}
+
+
+def test_discovery_finds_the_layout_and_taint_rule_version_of_this_server(
+    server_features: ServerFeatures, k8s_version: str
+) -> None:
+    f = server_features
+    assert (f.slice_layout, f.taint_rule_version) == EXPECTED[k8s_version]
+    assert f.server_version.startswith(f"v{k8s_version}.")
+    assert dict(f.unavailable) == {}
+
+
+def test_the_plugin_publishes_mig_placements_in_the_layout_it_discovered(
+    sim_node: Callable[..., PluginNode], k8s_version: str
+) -> None:
+    layout, rules = EXPECTED[k8s_version]
+    pn = sim_node(profile="dgx-h100")
+    line = wait_for(
+        "the plugin's discovery log line",
+        lambda: next(
+            (x for x in pn.node.log_path.read_text().splitlines() if "api server features" in x),
+            None,
+        ),
+    )
+    assert f"slice_layout={layout}" in line and f"taint_rule_version={rules}" in line
+    assert "unavailable=none" in line
+
+    def published() -> list[dict[str, Any]] | None:
+        items = get_json(pn.api, f"{RESOURCE_V1}/resourceslices").get("items", [])
+        found = [s for s in items if s["spec"].get("nodeName") == pn.name]
+        return found or None
+
+    slices = wait_for("the node's slices", published)
+    migs = [d for s in slices for d in s["spec"].get("devices", []) if "-mig-" in d["name"]]
+    assert migs and all(d.get("consumesCounters") for d in migs)
+    together = [s for s in slices if "sharedCounters" in s["spec"] and "devices" in s["spec"]]
+    assert bool(together) == (layout == "combined")
