@@ -1041,7 +1041,8 @@ def test_the_plugin_runs_the_simulated_nvml_when_asked(helm: str) -> None:
     # The plugin writes the simulated driver's files into the driver root: writable, created.
     mount, volume = _driver_root_mount(spec, container)
     assert not mount.get("readOnly", False)
-    assert volume["hostPath"] == {"path": "/var/lib/tranche-sim-driver", "type": "DirectoryOrCreate"}
+    sim_root = "/var/lib/tranche-sim-driver"
+    assert volume["hostPath"] == {"path": sim_root, "type": "DirectoryOrCreate"}
     assert env["TRANCHE_HOST_DRIVER_ROOT"] == "/var/lib/tranche-sim-driver"
     # Never into the host's own root.
     out = helm_template(helm, "tranche", "tranche", "--set", "kubeletPlugin.nvml=simulated")

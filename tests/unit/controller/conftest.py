@@ -36,6 +36,13 @@ def canned_api(monkeypatch: pytest.MonkeyPatch) -> client.ApiClient:
         "resourceclaims": claim_list(),
         "resourceslices": json.dumps({"items": SLICES[:1]}).encode(),
         "devicetaintrules": b'{"items": []}',
+        # Discovery: the group and its v1, which serves DeviceTaintRules (as 1.37 does).
+        "resource.k8s.io": json.dumps(
+            {"versions": [{"groupVersion": "resource.k8s.io/v1", "version": "v1"}]}
+        ).encode(),
+        "v1": json.dumps(
+            {"resources": [{"name": n} for n in ("resourceslices", "devicetaintrules")]}
+        ).encode(),
         "namespaces": json.dumps(
             {"items": [{"metadata": {"name": ns, "labels": shared}} for ns in ("a", "b")]}
         ).encode(),
