@@ -66,17 +66,6 @@ TEMPLATE = {
 }
 
 
-def _owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
-    ref = {
-        "apiVersion": owner["apiVersion"],
-        "kind": owner["kind"],
-        "name": owner["metadata"]["name"],
-        "uid": owner["metadata"]["uid"],
-        "controller": True,
-    }
-    return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [ref]}}
-
-
 def _apply(cluster: Cluster, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
     out = kubectl(cluster, "apply", "-n", namespace, "-o", "json", "-f", "-", stdin=json.dumps(obj))
     applied: dict[str, Any] = json.loads(out)
@@ -84,12 +73,12 @@ def _apply(cluster: Cluster, namespace: str, obj: dict[str, Any]) -> dict[str, A
 
 
 def _workloads(cluster: Cluster, namespace: str, node: str) -> None:
-    """A Deployment, its ReplicaSet and its pod as the controllers would make them (the test
-    control plane runs no deployment or replicaset controller), and a bare pod."""
+    """A Deployment (the dev cluster's deployment and replicaset controllers make its
+    ReplicaSet and pod) and a bare pod."""
     labels = {"app": "serve"}
     template = {"metadata": {"labels": labels}, "spec": _pod_spec(node)}
     _apply(cluster, namespace, TEMPLATE)
-    deployment = _apply(
+    _apply(
         cluster,
         namespace,
         {
@@ -99,20 +88,6 @@ def _workloads(cluster: Cluster, namespace: str, node: str) -> None:
             "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
         },
     )
-    rs = {
-        "apiVersion": "apps/v1",
-        "kind": "ReplicaSet",
-        "metadata": {"name": "serve-5c8f", "labels": labels},
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
-    }
-    replicaset = _apply(cluster, namespace, _owned_by(rs, deployment))
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "serve-5c8f-x2v9q", "labels": labels},
-        "spec": _pod_spec(node),
-    }
-    _apply(cluster, namespace, _owned_by(pod, replicaset))
     bare = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -195,7 +170,8 @@ def test_recommend_on_plugin_endpoints_lists_too_little_data_by_owner(
     doc = json.loads(capsys.readouterr().out)
     mine = {f"{w['kind']}/{w['name']}": w for w in doc["workloads"] if w["namespace"] == namespace}
     assert set(mine) == {"Deployment/serve", "Pod/probe"}
-    for name, pod in (("Deployment/serve", "serve-5c8f-x2v9q"), ("Pod/probe", "probe")):
+    (served,) = [pod for pod in claims if pod.startswith("serve-")]
+    for name, pod in (("Deployment/serve", served), ("Pod/probe", "probe")):
         w = mine[name]
         assert w["claims"] == [claims[pod][1]]
         assert w["status"] == "too-little-data"
