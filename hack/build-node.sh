@@ -67,29 +67,7 @@ complete() {
 # shellcheck source=hack/cache-lib.sh
 . "$here/cache-lib.sh"
 use_cache_or_lock "node binaries" "$cache_root" "$bin"
-log="$bin/../build.log"
-: >"$log"
-export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
-start=$(date +%s)
-beat=
-trap '[ -z "$beat" ] || kill "$beat" 2>/dev/null || true' EXIT
-
-step() {  # step NAME DIR -- command...
-  local name=$1 dir=$2; shift 3
-  local t0; t0=$(date +%s)
-  echo "build-node: [$name] started (total elapsed $(( t0 - start ))s)" >&2
-  ( while sleep 60; do echo "build-node: [$name] still building, $(( $(date +%s) - t0 ))s" >&2; done ) &
-  beat=$!
-  if ! (cd "$dir" && "$@") >>"$log" 2>&1; then
-    echo "build-node: step '$name' failed: (cd $dir && $*)" >&2
-    echo "build-node: last lines of $log:" >&2
-    tail -n 30 "$log" >&2
-    exit 1
-  fi
-  kill "$beat" 2>/dev/null || true
-  beat=
-  echo "build-node: [$name] done in $(( $(date +%s) - t0 ))s" >&2
-}
+begin_build build-node "$bin"
 
 step "download modules" "$here/k8sbin" -- go mod download
 step "kubelet $K8S_VERSION" "$here/k8sbin" -- \

@@ -38,34 +38,11 @@ complete() { [ -f "$stamp" ] && [ -x "$bin/prometheus" ] && [ -x "$bin/promtool"
 # shellcheck source=hack/cache-lib.sh
 . "$here/cache-lib.sh"
 use_cache_or_lock "prometheus" "$cache_root" "$bin"
-log="$bin/../build.log"
-: >"$log"
-export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
-start=$(date +%s)
-beat=
-trap '[ -z "$beat" ] || kill "$beat" 2>/dev/null || true' EXIT
-
-step() {  # step NAME -- command...
-  local name=$1; shift 2
-  local t0; t0=$(date +%s)
-  echo "build-prometheus: [$name] started (total elapsed $(( t0 - start ))s)" >&2
-  # Heartbeat while the step runs: a cold build takes several minutes on 2 cores.
-  ( while sleep 60; do echo "build-prometheus: [$name] still building, $(( $(date +%s) - t0 ))s" >&2; done ) &
-  beat=$!
-  if ! (cd "$here/prombin" && "$@") >>"$log" 2>&1; then
-    echo "build-prometheus: step '$name' failed: (cd $here/prombin && $*)" >&2
-    echo "build-prometheus: last lines of $log:" >&2
-    tail -n 30 "$log" >&2
-    exit 1
-  fi
-  kill "$beat" 2>/dev/null || true
-  beat=
-  echo "build-prometheus: [$name] done in $(( $(date +%s) - t0 ))s" >&2
-}
+begin_build build-prometheus "$bin"
 
 # No `go mod download`: go.sum lists every discovery's dependencies (go mod
 # tidy ignores build tags); go build fetches only what the tagged build links.
-step "prometheus promtool $PROM_VERSION" -- \
+step "prometheus promtool $PROM_VERSION" "$here/prombin" -- \
   go build -trimpath -tags "$tags" -ldflags "$ldf" -o "$bin/" \
     github.com/prometheus/prometheus/cmd/prometheus \
     github.com/prometheus/prometheus/cmd/promtool

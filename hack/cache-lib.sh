@@ -1,4 +1,4 @@
-# Shared by hack/build-k8s.sh and hack/build-helm.sh (sourced, not run).
+# Shared by the hack/build-*.sh scripts (sourced, not run).
 #
 # use_cache_or_lock LABEL CACHE_ROOT BIN_DIR
 #   The caller defines complete(), true when BIN_DIR holds a finished build.
@@ -28,4 +28,47 @@ use_cache_or_lock() {
     exit 1
   }
   mkdir -p "$bin"
+}
+
+# begin_build NAME BIN_DIR
+#   After use_cache_or_lock: the build log next to BIN_DIR (emptied), Go's settings for a
+#   reproducible static build, the start time, and the heartbeat's clean-up on exit.
+begin_build() {
+  build_name=$1
+  log="$2/../build.log"
+  : >"$log"
+  export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+  start=$(date +%s)
+  beat=
+  trap '[ -z "$beat" ] || kill "$beat" 2>/dev/null || true' EXIT
+}
+
+# step NAME DIR -- COMMAND...
+#   Runs COMMAND in DIR with its output in the build log, printing when it starts, a
+#   heartbeat every minute (a cold build takes many minutes on 2 cores) and when it is done;
+#   on failure names the step and the command, prints the log's last lines and exits 1.
+step() {
+  local name=$1 dir=$2; shift 3
+  local t0; t0=$(date +%s)
+  echo "$build_name: [$name] started (total elapsed $(( t0 - start ))s)" >&2
+  # The heartbeat takes its sleep down with it: a sleep left behind would hold the caller's
+  # stderr pipe open for up to a minute after the build.
+  (
+    trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+    while :; do
+      sleep 60 & nap=$!
+      wait "$nap"
+      echo "$build_name: [$name] still building, $(( $(date +%s) - t0 ))s" >&2
+    done
+  ) &
+  beat=$!
+  if ! (cd "$dir" && "$@") >>"$log" 2>&1; then
+    echo "$build_name: step '$name' failed: (cd $dir && $*)" >&2
+    echo "$build_name: last lines of $log:" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+  fi
+  kill "$beat" 2>/dev/null || true
+  beat=
+  echo "$build_name: [$name] done in $(( $(date +%s) - t0 ))s" >&2
 }
