@@ -51,12 +51,12 @@ step() {
   local name=$1 dir=$2; shift 3
   local t0; t0=$(date +%s)
   echo "$build_name: [$name] started (total elapsed $(( t0 - start ))s)" >&2
-  # The heartbeat takes its sleep down with it: a sleep left behind would hold the caller's
-  # stderr pipe open for up to a minute after the build.
+  # The heartbeat takes its sleep down with it, and the sleep holds no pipe: one left behind
+  # would keep the caller's stderr pipe open for up to a minute after the build.
   (
     trap 'kill "$nap" 2>/dev/null; exit 0' TERM
     while :; do
-      sleep 60 & nap=$!
+      sleep 60 </dev/null >/dev/null 2>&1 & nap=$!
       wait "$nap"
       echo "$build_name: [$name] still building, $(( $(date +%s) - t0 ))s" >&2
     done

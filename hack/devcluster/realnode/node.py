@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,7 @@ import urllib3
 import yaml
 from kubernetes import client
 
-from hack.devcluster.errors import ClusterError, StartError
+from hack.devcluster.errors import ClusterError
 from hack.devcluster.kubeconfig import api_client
 from hack.devcluster.pki import Pki
 from hack.devcluster.processes import (
@@ -37,6 +37,7 @@ from hack.devcluster.processes import (
     read_pid,
     start,
     stop_group,
+    wait_ready,
 )
 from hack.devcluster.realnode import host, images, render
 from hack.devcluster.realnode.certs import node_client_cert
@@ -250,7 +251,9 @@ class RealNodes:
         ctd = self._spec(settings, layout, "containerd")
         proc = start(ctd, die_with_parent=die_with_parent)
         _CHILDREN[(str(layout.root), "containerd")] = proc
-        self._wait(ctd, proc, lambda: self._ctr(layout, "version").returncode == 0, timeout_s)
+        wait_ready(
+            ctd, proc, lambda: self._ctr(layout, "version").returncode == 0, timeout_s=timeout_s
+        )
         log.info("containerd ready node=%s seconds=%.2f", settings.name, time.monotonic() - t0)
 
         for spec in (images.pause_image(render.PAUSE_IMAGE), images.test_image(render.TEST_IMAGE)):
@@ -270,7 +273,7 @@ class RealNodes:
         _CHILDREN[(str(layout.root), "kubelet")] = proc
         with api_client(server, pki) as api:
             core = client.CoreV1Api(api)
-            self._wait(kubelet, proc, lambda: _node_ready(core, settings.name), timeout_s)
+            wait_ready(kubelet, proc, lambda: _node_ready(core, settings.name), timeout_s=timeout_s)
         log.info("node ready node=%s seconds=%.2f", settings.name, time.monotonic() - t0)
         return self.info(settings.name)
 
@@ -336,7 +339,7 @@ class RealNodes:
             probe = lambda: self._ctr(layout, "version").returncode == 0  # noqa: E731
         else:
             probe = lambda: _healthz(settings.healthz_port)  # noqa: E731
-        self._wait(spec, proc, probe, timeout_s)
+        wait_ready(spec, proc, probe, timeout_s=timeout_s)
         log.info("started node component node=%s component=%s pid=%d", name, component, proc.pid)
         return proc.pid
 
@@ -349,34 +352,6 @@ class RealNodes:
             timeout=120,
             check=False,
         )
-
-    @staticmethod
-    def _wait(
-        spec: ProcessSpec,
-        proc: subprocess.Popen[bytes],
-        probe: Callable[[], bool],
-        timeout_s: float,
-    ) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            code = proc.poll()
-            if code is not None:
-                raise StartError(
-                    spec.name,
-                    f"exited with code {code} during start-up",
-                    spec.argv,
-                    log_tail(spec.log_file),
-                )
-            if probe():
-                return
-            if time.monotonic() > deadline:
-                raise StartError(
-                    spec.name,
-                    f"not ready after {timeout_s:.0f}s",
-                    spec.argv,
-                    log_tail(spec.log_file),
-                )
-            time.sleep(0.2)
 
     def _dump_logs(self, name: str) -> None:
         for c in ("containerd", "kubelet"):
