@@ -64,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
         default="",
     )
     add_flag(
+        up,
+        "--runtime-config",
+        "extra API group/versions GROUP/VERSION=true|false,... for kube-apiserver "
+        "(e.g. scheduling.k8s.io/v1alpha3=true for Workload and PodGroup)",
+        default="",
+    )
+    add_flag(
         up, "--start-timeout", "seconds each component may take to become ready", default="180"
     )
     down = sub.add_parser("down", help="stop every component (no-op when nothing runs)")
@@ -112,6 +119,7 @@ def _config(args: argparse.Namespace) -> ClusterConfig:
         bin_dir=bin_dir,
         apiserver_port=args.apiserver_port,
         feature_gates=parse_gates(args.feature_gates),
+        runtime_config_extra=parse_gates(args.runtime_config, field="--runtime-config"),
         start_timeout_s=args.start_timeout,
     )
 
