@@ -61,7 +61,7 @@ from driver.prepare.cdi import (
     device_id,
     device_name,
 )
-from driver.prepare.claims import ClaimAllocation, parse_claim
+from driver.prepare.claims import ClaimAllocation, PodRef, parse_claim
 from driver.prepare.plan import (
     AttachGpu,
     Plan,
@@ -331,8 +331,14 @@ class DeviceState:
         ref: ClaimRef,
         tenancy: Tenancy | None = None,
         on_refused: Callable[[TrustViolation], None] | None = None,
+        *,
+        group_pods: Mapping[str, Sequence[PodRef]] | None = None,
+        group_error: TrancheError | None = None,
     ) -> PrepareResult:
         """Prepare one claim (the API object as JSON); errors are the result's ``error``.
+        ``group_pods``: the pods on this node of each PodGroup the claim is reserved for
+        (:func:`driver.prepare.claims.parse_claim`); ``group_error``: why they could not be
+        read (a claim not yet prepared fails with it; a prepared one keeps its answer).
 
         With ``tenancy`` (the claim's namespace resolved by ``driver.trust.policy``), trust
         levels are checked against every claim on the node (``driver.prepare.trust_check``),
@@ -341,14 +347,17 @@ class DeviceState:
         already prepared keeps its answer whatever its namespace's level is now.
         """
         planned: tuple[ClaimAllocation, Plan] | None = None
-        problem: TrancheError | None = None
+        problem: TrancheError | None = group_error
         try:
+            if group_error is not None:
+                raise group_error
             allocation = parse_claim(
                 claim,
                 ref,
                 driver_name=self.driver_name,
                 node_name=self.node_name,
                 device_names=_Names(self.inventory, self.shares),
+                group_pods=group_pods,
             )
             planned = (allocation, build_plan(allocation, self.inventory, self.shares))
         except TrancheError as e:

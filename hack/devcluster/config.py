@@ -77,6 +77,14 @@ GATE_RUNTIME_CONFIG: dict[str, dict[str, str]] = {
     "1.37": {"GenericWorkload": "scheduling.k8s.io/v1beta1"},
 }
 
+# Controllers a gate needs: with GenericWorkload the API server's admission stamps the
+# scheduling.k8s.io/podgroup-protection finalizer on every PodGroup (plugin/pkg/admission/
+# scheduling/podgroupprotection); only podgroup-protection-controller removes it, so without
+# it a deleted PodGroup never goes.
+GATE_CONTROLLERS: dict[str, dict[str, str]] = {
+    "1.37": {"GenericWorkload": "podgroup-protection-controller"},
+}
+
 
 def k8s_minor(text: str) -> str:
     """``1.35``, ``v1.35.4``, ``1.35.4`` → ``1.35``; ValueError outside the matrix."""
@@ -170,6 +178,12 @@ class ClusterConfig(BaseModel):
     def gate_string(self) -> str:
         gates = {**VERSION_GATES[self.k8s_version], **self.feature_gates}
         return ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
+
+    def controllers(self) -> tuple[str, ...]:
+        """The controllers to run: :data:`CONTROLLERS` plus those a switched-on gate needs."""
+        gates = {**VERSION_GATES[self.k8s_version], **self.feature_gates}
+        extra = GATE_CONTROLLERS.get(self.k8s_version, {})
+        return CONTROLLERS + tuple(c for gate, c in extra.items() if gates.get(gate))
 
     def runtime_config(self) -> str:
         """The version's own API versions, those its switched-on gates need, then the extra

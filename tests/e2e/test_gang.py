@@ -24,7 +24,7 @@ from kubernetes import client
 from driver.checkpoint.store import Checkpoint
 from hack.devcluster.nodes import add_node
 from tests.e2e.conftest import Cluster
-from tests.e2e.sim_nodes import DEVICE_CLASSES, PluginNode, kubectl, plugin_node
+from tests.e2e.sim_nodes import PluginNode, plugin_node
 from tests.e2e.workload_cluster import (
     RESOURCE_V1,
     SCHEDULING,
@@ -32,13 +32,13 @@ from tests.e2e.workload_cluster import (
     claims,
     create,
     delete,
+    gang_cluster_for,
     gpu_template,
     group_pod,
     make_namespace,
     pod_group,
     pods,
     workload,
-    workload_cluster,
 )
 from tests.waiting import wait_for
 
@@ -53,8 +53,7 @@ GPUS_PER_POD = 8
 def gang_cluster(
     k8s_bin_dir: Path, k8s_version: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    with workload_cluster(k8s_bin_dir, tmp_path_factory.mktemp("gang-cluster"), k8s_version) as c:
-        kubectl(c, "apply", "--server-side", "-f", str(DEVICE_CLASSES))
+    with gang_cluster_for(k8s_bin_dir, k8s_version, tmp_path_factory) as c:
         yield c
 
 

@@ -27,6 +27,7 @@ from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
+from tests.e2e.sim_nodes import DEVICE_CLASSES, kubectl
 
 GANG_GATES = {
     "GenericWorkload": True,
@@ -64,6 +65,17 @@ def workload_cluster(bin_dir: Path, state_dir: Path, k8s_version: str) -> Iterat
         )
     finally:
         dev.down()
+
+
+@contextlib.contextmanager
+def gang_cluster_for(
+    k8s_bin_dir: Path, k8s_version: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """A control plane of the test module's own with the Workload API on, and Tranche's
+    DeviceClasses (for a module-scoped fixture)."""
+    with workload_cluster(k8s_bin_dir, tmp_path_factory.mktemp("gang-cluster"), k8s_version) as c:
+        kubectl(c, "apply", "--server-side", "-f", str(DEVICE_CLASSES))
+        yield c
 
 
 def create(api: client.ApiClient, path: str, body: Obj) -> Obj:

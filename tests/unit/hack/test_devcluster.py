@@ -15,7 +15,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import ValidationError
 
-from hack.devcluster.components import apiserver
+from hack.devcluster.components import apiserver, controller_manager
 from hack.devcluster.config import ClusterConfig, Layout, Ports, parse_gates
 from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
@@ -182,3 +182,17 @@ def test_parse_runtime_config_names_the_flag() -> None:
     }
     with pytest.raises(ValueError, match=r"--runtime-config: 'scheduling.k8s.io/v1' is not"):
         parse_gates("scheduling.k8s.io/v1", field="--runtime-config")
+
+
+def test_generic_workload_runs_the_podgroup_protection_controller() -> None:
+    def controllers(**kw: Any) -> list[str]:
+        cfg = ClusterConfig(state_dir=Path("/s"), bin_dir=Path("/b"), **kw)
+        spec = controller_manager(cfg, Layout(Path("/s")), Ports(1, 2, 3, 4, 5))
+        flags = dict(a.split("=", 1) for a in spec.argv[1:] if "=" in a)
+        return flags["--controllers"].split(",")
+
+    assert "podgroup-protection-controller" in controllers(feature_gates={"GenericWorkload": True})
+    assert "podgroup-protection-controller" not in controllers()
+    assert "podgroup-protection-controller" not in controllers(
+        k8s_version="1.34", feature_gates={"GenericWorkload": True}
+    )

@@ -1,0 +1,189 @@
+"""Workload-level claims (``DRAWorkloadResourceClaims``, Kubernetes 1.37.2): a claim declared
+on the PodGroup is reserved for the PodGroup by the real scheduler, prepared once on the node
+of the group's pods that use it, with those pods resolved for the checkpoint (usage
+attribution, MPS limits), and unprepared when the last of them leaves; a group deleted while
+its pods run is unprepared cleanly. (A reservation naming a PodGroup that no longer exists
+lasts only until the resourceclaim controller drops it; the plugin's per-claim errors for it
+are in tests/unit/kubelet_plugin/test_pod_groups.py.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from driver.checkpoint.store import Checkpoint
+from hack.devcluster.nodes import add_node
+from tests.e2e.cluster_state import get_json
+from tests.e2e.conftest import Cluster
+from tests.e2e.sim_nodes import PluginNode, plugin_node
+from tests.e2e.workload_cluster import (
+    RESOURCE_V1,
+    SCHEDULING,
+    Obj,
+    create,
+    delete,
+    gang_cluster_for,
+    group_pod,
+    make_namespace,
+    pod_group,
+    pods,
+    workload,
+)
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.k8s(min="1.37", reason="GenericWorkload beta")]
+
+SHARED = [{"name": "shared", "resourceClaimName": "team-gpus"}]
+
+
+@pytest.fixture(scope="module")
+def gang_cluster(
+    k8s_bin_dir: Path, k8s_version: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    with gang_cluster_for(k8s_bin_dir, k8s_version, tmp_path_factory) as c:
+        yield c
+
+
+@pytest.fixture
+def node(gang_cluster: Cluster) -> Iterator[PluginNode]:
+    """One node with the real plugin and a kubelet simulator that, like kubelet v1.37.2
+    with DRAWorkloadResourceClaims, prepares claims reserved for a pod's PodGroup."""
+    name = f"wl-{secrets.token_hex(3)}"
+    with gang_cluster.api_client() as api:
+        add_node(api, name)
+        try:
+            with plugin_node(gang_cluster, name, "mixed", workload_claims=True) as pn:
+                yield pn
+        finally:
+            with contextlib.suppress(client.ApiException):
+                client.CoreV1Api(api).delete_node(name)
+
+
+def _team_claim() -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "team-gpus"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpus",
+                        "exactly": {"deviceClassName": "gpu.tranche.dev", "count": 2},
+                    }
+                ]
+            }
+        },
+    }
+
+
+def _group(api: client.ApiClient, namespace: str, node: str, size: int = 2) -> list[str]:
+    """Workload ``train`` and PodGroup ``trainers`` (gang of ``size``) declaring the claim
+    ``team-gpus``; ``size`` pods of the group on ``node`` each use it."""
+    create(api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaims", _team_claim())
+    create(api, f"{SCHEDULING}/namespaces/{namespace}/workloads",
+           workload("train", "workers", size, None))  # fmt: skip
+    create(api, f"{SCHEDULING}/namespaces/{namespace}/podgroups",
+           pod_group("trainers", "train", "workers", size, None, claims=SHARED))  # fmt: skip
+    names = [f"trainer-{i}" for i in range(size)]
+    for name in names:
+        create(api, f"/api/v1/namespaces/{namespace}/pods",
+               group_pod(name, "trainers", SHARED, node))  # fmt: skip
+    return names
+
+
+def _running(api: client.ApiClient, namespace: str) -> set[str]:
+    return {
+        p["metadata"]["name"]
+        for p in pods(api, namespace)
+        if p.get("status", {}).get("phase") == "Running"
+    }
+
+
+def _gone(api: client.ApiClient, path: str) -> bool:
+    try:
+        get_json(api, path)
+    except client.ApiException as e:
+        return bool(e.status == 404)
+    return False
+
+
+def _checkpoint_pods(node: PluginNode, claim_uid: str) -> set[str]:
+    state, _ = Checkpoint(node.node.data_dir / "checkpoint.json").load()
+    record = state.claims.get(claim_uid)
+    if record is None or record.allocation is None:
+        return set()
+    return {p.name for p in record.allocation.pods}
+
+
+def test_a_podgroup_claim_is_prepared_once_for_its_pods_and_unprepared_after_the_last(
+    gang_cluster: Cluster, node: PluginNode
+) -> None:
+    with gang_cluster.api_client() as api:
+        namespace = make_namespace(api, "wl-claim")
+        names = _group(api, namespace, node.name)
+        wait_for("both pods running", lambda: _running(api, namespace) == set(names))
+        claim = node.claim(namespace, "team-gpus")
+        reserved = claim["status"]["reservedFor"]
+        assert [(r.get("apiGroup"), r["resource"], r["name"]) for r in reserved] == [
+            ("scheduling.k8s.io", "podgroups", "trainers")
+        ], "the scheduler reserved the claim for the PodGroup, not its pods"
+        uid = claim["metadata"]["uid"]
+        prepares = [c for c in node.kubelet.calls if c.method == "NodePrepareResources"]
+        mine = [c for c in prepares if any(f"({uid})" in r for r in c.request)]
+        assert len(mine) == 1, f"prepared once for the group: {mine}"
+        # the group resolved to its pods on this node: usage and MPS limits find their cgroups
+        assert _checkpoint_pods(node, uid) == set(names)
+        assert len(node.cdi_specs()) == 1
+
+        delete(api, f"/api/v1/namespaces/{namespace}/pods/{names[0]}")
+        wait_for("the first pod gone", lambda: names[0] not in {
+            p["metadata"]["name"] for p in pods(api, namespace)})  # fmt: skip
+        assert uid in node.kubelet.prepared, "still prepared while a pod of the group uses it"
+        assert len(node.cdi_specs()) == 1
+
+        delete(api, f"/api/v1/namespaces/{namespace}/pods/{names[1]}")
+        wait_for(
+            "the claim unprepared after the last pod", lambda: uid not in node.kubelet.prepared
+        )
+        assert node.cdi_specs() == {}
+        state, _ = Checkpoint(node.node.data_dir / "checkpoint.json").load()
+        assert state.claims == {}
+        client.CoreV1Api(api).delete_namespace(namespace)
+
+
+def test_a_group_deleted_while_its_pods_run_unprepares_cleanly_when_they_leave(
+    gang_cluster: Cluster, node: PluginNode
+) -> None:
+    """The PodGroup is deleted while its claim is prepared for its running pods: the group's
+    protection finalizer keeps it (and the claim's reservation) until the pods are gone; the
+    claim stays prepared meanwhile, then is unprepared, the reservation is dropped and
+    nothing is left on the node."""
+    with gang_cluster.api_client() as api:
+        namespace = make_namespace(api, "wl-gone")
+        names = _group(api, namespace, node.name)
+        wait_for("both pods running", lambda: _running(api, namespace) == set(names))
+        uid = node.claim(namespace, "team-gpus")["metadata"]["uid"]
+        group = f"{SCHEDULING}/namespaces/{namespace}/podgroups/trainers"
+        delete(api, group)
+        assert get_json(api, group)["metadata"].get("deletionTimestamp"), "held by its pods"
+        assert uid in node.kubelet.prepared
+        for name in names:
+            delete(api, f"/api/v1/namespaces/{namespace}/pods/{name}")
+        wait_for("the claim unprepared", lambda: uid not in node.kubelet.prepared)
+        wait_for("the PodGroup gone", lambda: _gone(api, group))
+        wait_for(
+            "the reservation dropped",
+            lambda: not (node.claim(namespace, "team-gpus").get("status") or {}).get("reservedFor"),
+        )
+        assert node.cdi_specs() == {}
+        state, _ = Checkpoint(node.node.data_dir / "checkpoint.json").load()
+        assert state.claims == {}
+        assert node.node.running(), "the plugin keeps serving"
+        client.CoreV1Api(api).delete_namespace(namespace)
