@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client
 
 from driver.checkpoint.store import Checkpoint
+from driver.kube.features import discover
 from hack.devcluster.nodes import add_node
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
@@ -120,6 +121,11 @@ def _checkpoint_pods(node: PluginNode, claim_uid: str) -> set[str]:
     if record is None or record.allocation is None:
         return set()
     return {p.name for p in record.allocation.pods}
+
+
+def test_the_plugin_finds_podgroups_served_in_v1beta1(gang_cluster: Cluster) -> None:
+    with gang_cluster.kube() as kube:
+        assert discover(kube, "probe-node", "gpu.tranche.dev").pod_group_version == "v1beta1"
 
 
 def test_a_podgroup_claim_is_prepared_once_for_its_pods_and_unprepared_after_the_last(
