@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from controller.report.owners import Owner, group, read_cluster
 from driver.checkpoint.store import Checkpoint
 from driver.kube.features import discover
 from hack.devcluster.nodes import add_node
@@ -147,6 +148,9 @@ def test_a_podgroup_claim_is_prepared_once_for_its_pods_and_unprepared_after_the
         # the group resolved to its pods on this node: usage and MPS limits find their cgroups
         assert _checkpoint_pods(node, uid) == set(names)
         assert len(node.cdi_specs()) == 1
+        # tranche report --recommend puts the claim's usage under the group's Workload
+        owners = group([(namespace, "team-gpus")], read_cluster(api))
+        assert owners[(namespace, "team-gpus")] == Owner(namespace, "Workload", "train")
 
         delete(api, f"/api/v1/namespaces/{namespace}/pods/{names[0]}")
         wait_for("the first pod gone", lambda: names[0] not in {
