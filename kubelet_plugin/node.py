@@ -50,7 +50,7 @@ from kubelet_plugin.health_events import HealthEvents
 from kubelet_plugin.measured_driver import MeasuredDriver
 from kubelet_plugin.namespace_cache import WatchedNamespaces
 from kubelet_plugin.pod_groups import NOT_SERVED as POD_GROUPS_NOT_SERVED
-from kubelet_plugin.pod_groups import PodGroupResolver
+from kubelet_plugin.pod_groups import PodGroupResolver, join_pod
 from kubelet_plugin.publisher import Publisher
 from kubelet_plugin.runtime_errors import RuntimeErrorWatcher
 from kubelet_plugin.settings import PluginSettings
@@ -218,6 +218,7 @@ class NodePlugin:
             settings.node_name,
             self._claim_records,
             self.events,
+            on_pod=lambda pod: join_pod(self.state, pod),
         )
         self.plugin_driver = PluginDriver(
             self.state,

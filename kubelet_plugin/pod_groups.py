@@ -18,6 +18,10 @@ claim's ``reservedFor``:
    name, or ``status.resourceClaimStatuses`` for a claim made from a template) are its pods.
    None left (the group was deleted meanwhile) fails the claim: nothing is prepared.
 
+A pod of the group that starts on the node after the claim was prepared gets no prepare call
+of its own (the kubelet's claim cache); the plugin's pod watch hands it to :func:`join_pod`,
+which adds it to the claim's record for usage attribution.
+
 Reservations are namespace-local (a consumer reference has no namespace), so the group,
 its pods and the tenant are the claim's namespace. Every failure is a ``ClaimError`` (the
 object is gone or stale) or an ``ApiUnavailable`` (the server could not answer), naming the
@@ -26,8 +30,8 @@ claim and the group; trust is never assumed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Protocol
 
 from driver.api import ClaimRef
 from driver.errors import ClaimError
@@ -60,6 +64,33 @@ def group_members(
         if claim_name in named | made:
             out.append(PodRef(name=str(meta.get("name", "")), uid=str(meta.get("uid", ""))))
     return tuple(out)
+
+
+class GroupJoiner(Protocol):
+    def join_group(
+        self, namespace: str, group: str, pod: PodRef, claim_names: Collection[str]
+    ) -> list[str]: ...
+
+
+def join_pod(state: GroupJoiner, pod: Mapping[str, Any]) -> list[str]:
+    """A pod of a PodGroup seen on this node (the pod watch): add it to the records of the
+    prepared claims of its group that it uses. The kubelet prepares a claim reserved for a
+    PodGroup only for the first pod of the group on the node; a pod that starts later would
+    otherwise be missing from the claim's usage attribution."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    status = pod.get("status") or {}
+    group = (spec.get("schedulingGroup") or {}).get("podGroupName")
+    if not group or meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+        return []
+    names = {c.get("resourceClaimName") for c in spec.get("resourceClaims") or []}
+    names |= {s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []}
+    names.discard(None)
+    if not names:
+        return []
+    ref = PodRef(name=str(meta.get("name", "")), uid=str(meta.get("uid", "")))
+    return state.join_group(
+        str(meta.get("namespace", "")), str(group), ref, {str(n) for n in names}
+    )
 
 
 class PodGroupResolver:

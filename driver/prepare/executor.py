@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -322,6 +322,49 @@ class DeviceState:
         if status.kind == "corrupt":
             log.error("checkpoint problem kind=%s message=%s", status.kind, status.message)
         return state
+
+    # pods joining a PodGroup claim ---------------------------------------------
+
+    def join_group(
+        self, namespace: str, group: str, pod: PodRef, claim_names: Collection[str]
+    ) -> list[str]:
+        """Add ``pod``, of PodGroup ``namespace/group``, to the records of the prepared claims
+        among ``claim_names`` that are reserved for that group and do not list it yet (the
+        kubelet prepares such a claim once, for the first pod of the group on the node);
+        usage attribution then counts it. Returns the claims it joined."""
+        joined: list[str] = []
+
+        def candidate(record: ClaimRecord) -> bool:
+            alloc = record.allocation
+            return (
+                record.state == "PrepareCompleted"
+                and alloc is not None
+                and record.namespace == namespace
+                and record.name in claim_names
+                and group in alloc.pod_groups
+                and all(p.uid != pod.uid for p in alloc.pods)
+            )
+
+        if not any(candidate(r) for r in self.checkpoint.load()[0].claims.values()):
+            return joined  # the usual case: no lock taken
+        with self._locked():
+            state = self._load()
+            for record in list(state.claims.values()):
+                alloc = record.allocation
+                if not candidate(record) or alloc is None:
+                    continue
+                pods = (*alloc.pods, PodRecord(name=pod.name, uid=pod.uid))
+                self.checkpoint.put(
+                    record.model_copy(
+                        update={"allocation": alloc.model_copy(update={"pods": pods})}
+                    )
+                )
+                joined.append(f"{record.namespace}/{record.name}")
+                log.info(
+                    "pod joined a PodGroup claim claim=%s/%s pod=%s/%s pod_group=%s",
+                    record.namespace, record.name, namespace, pod.name, group,
+                )  # fmt: skip
+        return joined
 
     # prepare ---------------------------------------------------------------
 
@@ -710,6 +753,7 @@ def _allocation_record(
         namespace=allocation.ref.namespace,
         claim=allocation.ref.name,
         pods=tuple(PodRecord(name=p.name, uid=p.uid) for p in allocation.reserved_for),
+        pod_groups=tuple(g.name for g in allocation.pod_groups),
         devices=tuple(
             AllocatedDeviceRecord(
                 name=d.device,

@@ -21,6 +21,7 @@ from controller.report.owners import Owner, group, read_cluster
 from driver.checkpoint.store import Checkpoint
 from driver.kube.features import discover
 from hack.devcluster.nodes import add_node
+from hack.kubeletsim import CallRecord
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
 from tests.e2e.sim_nodes import PluginNode, plugin_node
@@ -108,6 +109,18 @@ def _running(api: client.ApiClient, namespace: str) -> set[str]:
     }
 
 
+def _prepares(node: PluginNode, uid: str) -> list[CallRecord]:
+    """The NodePrepareResources calls for the claim that reached the plugin (the simulator
+    may try before the plugin registered, as the kubelet does)."""
+    return [
+        c
+        for c in node.kubelet.calls
+        if c.method == "NodePrepareResources"
+        and c.error != "not registered"
+        and any(f"({uid})" in r for r in c.request)
+    ]
+
+
 def _gone(api: client.ApiClient, path: str) -> bool:
     try:
         get_json(api, path)
@@ -142,9 +155,7 @@ def test_a_podgroup_claim_is_prepared_once_for_its_pods_and_unprepared_after_the
             ("scheduling.k8s.io", "podgroups", "trainers")
         ], "the scheduler reserved the claim for the PodGroup, not its pods"
         uid = claim["metadata"]["uid"]
-        prepares = [c for c in node.kubelet.calls if c.method == "NodePrepareResources"]
-        mine = [c for c in prepares if any(f"({uid})" in r for r in c.request)]
-        assert len(mine) == 1, f"prepared once for the group: {mine}"
+        assert len(_prepares(node, uid)) == 1, "prepared once for the group"
         # the group resolved to its pods on this node: usage and MPS limits find their cgroups
         assert _checkpoint_pods(node, uid) == set(names)
         assert len(node.cdi_specs()) == 1
@@ -196,4 +207,31 @@ def test_a_group_deleted_while_its_pods_run_unprepares_cleanly_when_they_leave(
         state, _ = Checkpoint(node.node.data_dir / "checkpoint.json").load()
         assert state.claims == {}
         assert node.node.running(), "the plugin keeps serving"
+        client.CoreV1Api(api).delete_namespace(namespace)
+
+
+def test_a_pod_that_joins_the_group_later_joins_the_claims_usage(
+    gang_cluster: Cluster, node: PluginNode
+) -> None:
+    """The kubelet prepares the group's claim for the first pod only; a pod of the group that
+    starts on the node afterwards is added to the claim's record by the plugin's pod watch,
+    so usage attribution counts its processes."""
+    with gang_cluster.api_client() as api:
+        namespace = make_namespace(api, "wl-late")
+        (first,) = _group(api, namespace, node.name, size=1)
+        wait_for("the first pod running", lambda: _running(api, namespace) == {first})
+        uid = node.claim(namespace, "team-gpus")["metadata"]["uid"]
+        assert _checkpoint_pods(node, uid) == {first}
+        create(api, f"/api/v1/namespaces/{namespace}/pods",
+               group_pod("trainer-late", "trainers", SHARED, node.name))  # fmt: skip
+        wait_for("the late pod running", lambda: "trainer-late" in _running(api, namespace))
+        wait_for(
+            "the late pod in the claim's record",
+            lambda: _checkpoint_pods(node, uid) == {first, "trainer-late"},
+        )
+        assert len(_prepares(node, uid)) == 1, "prepared once, for the first pod"
+        for name in (first, "trainer-late"):
+            delete(api, f"/api/v1/namespaces/{namespace}/pods/{name}")
+        wait_for("the claim unprepared", lambda: uid not in node.kubelet.prepared)
+        assert node.cdi_specs() == {}
         client.CoreV1Api(api).delete_namespace(namespace)

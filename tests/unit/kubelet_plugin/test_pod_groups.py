@@ -23,8 +23,9 @@ from driver.kube.http import KubeClient, RawAnswer
 from driver.kube.kubeconfig import Credentials
 from driver.nvml.sim import create_state
 from driver.prepare.claims import PodRef
+from driver.usage.records import allocation_from_record
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
-from kubelet_plugin.pod_groups import PodGroupResolver, group_members
+from kubelet_plugin.pod_groups import PodGroupResolver, group_members, join_pod
 from tests.unit.claim_values import NODE, claim, ref_of, reserved_for_group, result
 from tests.unit.kubelet_plugin.test_trust import Namespaces
 from tests.unit.state_child import device_state
@@ -172,3 +173,35 @@ def test_a_prepared_claim_keeps_its_answer_when_its_group_is_gone(tmp_path: Path
     error, checkpoint, _ = _prepare(tmp_path, {PODS: pods})
     assert error == ""
     assert "u-1" in checkpoint.load()[0].claims
+
+
+def _group_pod(name: str, group: str = "trainers", **meta: Any) -> Obj:
+    body = pod(name, group)
+    body["metadata"] = {**body["metadata"], "namespace": "team-a", **meta}
+    return body
+
+
+def test_a_pod_of_the_group_that_starts_later_joins_the_claims_record(tmp_path: Path) -> None:
+    pods = {"items": [pod("trainer-0", "trainers")]}
+    assert _prepare(tmp_path, {PG: podgroup(), PODS: pods})[0] == ""
+    ds = device_state(tmp_path, NO_FAULTS)
+
+    def recorded() -> list[str]:
+        alloc = ds.checkpoint.load()[0].claims["u-1"].allocation
+        assert alloc is not None
+        return [p.name for p in alloc.pods]
+
+    assert join_pod(ds, _group_pod("trainer-1")) == ["team-a/train"]
+    assert recorded() == ["trainer-0", "trainer-1"]
+    assert join_pod(ds, _group_pod("trainer-1")) == [], "once"
+    assert join_pod(ds, _group_pod("other", group="others")) == []
+    assert join_pod(ds, _group_pod("late", deletionTimestamp="2026-01-01T00:00:00Z")) == []
+    assert join_pod(ds, {"metadata": {"name": "x", "namespace": "team-a"}, "spec": {}}) == []
+    assert recorded() == ["trainer-0", "trainer-1"]
+    # usage attribution reads the record: the late pod's processes count for the claim
+    alloc = ds.checkpoint.load()[0].claims["u-1"].allocation
+    assert alloc is not None
+    assert allocation_from_record(alloc, "team-a").pod_uids == {
+        "uid-trainer-0",
+        "uid-trainer-1",
+    }
