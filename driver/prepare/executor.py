@@ -108,6 +108,15 @@ class StepHandler(Protocol):
 
 
 @runtime_checkable
+class PodJoiner(Protocol):
+    """A handler whose applied step covers the claim's pods (MPS limits on their cgroups):
+    :meth:`DeviceState.join_group` gives a pod that joins a prepared claim later the same.
+    Raises a TrancheError while that cannot be done yet (the pod's cgroup is missing)."""
+
+    def join(self, step: Step, plan: Plan, pods: Sequence[str]) -> None: ...
+
+
+@runtime_checkable
 class Reconciler(Protocol):
     """A handler that also owns state outside the checkpoint (MIG instances, daemons).
 
@@ -331,7 +340,8 @@ class DeviceState:
         """Add ``pod``, of PodGroup ``namespace/group``, to the records of the prepared claims
         among ``claim_names`` that are reserved for that group and do not list it yet (the
         kubelet prepares such a claim once, for the first pod of the group on the node);
-        usage attribution then counts it. Returns the claims it joined."""
+        usage attribution then counts it, and handlers that act on the claim's pods
+        (:class:`PodJoiner`: MPS memory limits) act on it too. Returns the claims it joined."""
         joined: list[str] = []
 
         def candidate(record: ClaimRecord) -> bool:
@@ -352,6 +362,17 @@ class DeviceState:
             for record in list(state.claims.values()):
                 alloc = record.allocation
                 if not candidate(record) or alloc is None:
+                    continue
+                try:
+                    for step in record.plan.steps:
+                        handler = self.handlers.get(step.kind)
+                        if isinstance(handler, PodJoiner):
+                            handler.join(step, record.plan, (pod.uid,))
+                except TrancheError as e:  # not yet: the next event of the pod retries
+                    log.warning(
+                        "pod not joined to a PodGroup claim yet claim=%s/%s pod=%s/%s error=%s",
+                        record.namespace, record.name, namespace, pod.name, e,
+                    )  # fmt: skip
                     continue
                 pods = (*alloc.pods, PodRecord(name=pod.name, uid=pod.uid))
                 self.checkpoint.put(
