@@ -16,7 +16,13 @@ from pydantic import ValidationError
 
 from driver.flags import add_flag
 from hack.devcluster.binaries import build_or_find, build_or_find_node
-from hack.devcluster.config import DEFAULT_K8S_VERSION, ClusterConfig, k8s_minor, parse_gates
+from hack.devcluster.config import (
+    DEFAULT_K8S_VERSION,
+    ClusterConfig,
+    k8s_minor,
+    parse_gates,
+    parse_runtime_config,
+)
 from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
 from hack.devcluster.nodes import add_node
@@ -119,7 +125,7 @@ def _config(args: argparse.Namespace) -> ClusterConfig:
         bin_dir=bin_dir,
         apiserver_port=args.apiserver_port,
         feature_gates=parse_gates(args.feature_gates),
-        runtime_config_extra=parse_gates(args.runtime_config, field="--runtime-config"),
+        runtime_config_extra=parse_runtime_config(args.runtime_config),
         start_timeout_s=args.start_timeout,
     )
 

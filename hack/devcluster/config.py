@@ -188,7 +188,7 @@ class ClusterConfig(BaseModel):
     def runtime_config(self) -> str:
         """The version's own API versions, those its switched-on gates need, then the extra
         ones (an extra one wins by name)."""
-        apis = parse_gates(VERSION_RUNTIME_CONFIG[self.k8s_version], field="--runtime-config")
+        apis = parse_runtime_config(VERSION_RUNTIME_CONFIG[self.k8s_version])
         gates = {**VERSION_GATES[self.k8s_version], **self.feature_gates}
         for gate, api in GATE_RUNTIME_CONFIG.get(self.k8s_version, {}).items():
             if gates.get(gate):
@@ -197,16 +197,23 @@ class ClusterConfig(BaseModel):
         return ",".join(f"{k}={str(v).lower()}" for k, v in apis.items())
 
 
-def parse_gates(text: str, *, field: str = "--feature-gates") -> dict[str, bool]:
+def parse_gates(
+    text: str, *, field: str = "--feature-gates", form: str = "NAME"
+) -> dict[str, bool]:
     """``A=true,B=false`` → ``{"A": True, "B": False}``; errors name the field and item.
     Also parses ``--runtime-config`` (``group/version=true,...``) with ``field`` set."""
     gates: dict[str, bool] = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
         name, sep, value = item.partition("=")
         if not sep or value.lower() not in {"true", "false"}:
-            raise ValueError(f"{field}: {item!r} is not NAME=true|false")
+            raise ValueError(f"{field}: {item!r} is not {form}=true|false")
         gates[name.strip()] = value.lower() == "true"
     return gates
+
+
+def parse_runtime_config(text: str) -> dict[str, bool]:
+    """``scheduling.k8s.io/v1alpha3=true,...`` → ``{"scheduling.k8s.io/v1alpha3": True}``."""
+    return parse_gates(text, field="--runtime-config", form="GROUP/VERSION")
 
 
 @dataclass(frozen=True)

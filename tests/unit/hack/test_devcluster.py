@@ -16,7 +16,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import ValidationError
 
 from hack.devcluster.components import apiserver, controller_manager
-from hack.devcluster.config import ClusterConfig, Layout, Ports, parse_gates
+from hack.devcluster.config import (
+    ClusterConfig,
+    Layout,
+    Ports,
+    parse_gates,
+    parse_runtime_config,
+)
 from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
 from hack.devcluster.pki import Pki, ensure_pki
@@ -176,12 +182,15 @@ def test_bad_runtime_config_is_refused_naming_the_flag(bad: str) -> None:
 
 
 def test_parse_runtime_config_names_the_flag() -> None:
-    assert parse_gates("scheduling.k8s.io/v1alpha3=true,v1=false", field="--runtime-config") == {
+    assert parse_runtime_config("scheduling.k8s.io/v1alpha3=true,v1=false") == {
         "scheduling.k8s.io/v1alpha3": True,
         "v1": False,
     }
-    with pytest.raises(ValueError, match=r"--runtime-config: 'scheduling.k8s.io/v1' is not"):
-        parse_gates("scheduling.k8s.io/v1", field="--runtime-config")
+    with pytest.raises(
+        ValueError,
+        match=r"--runtime-config: 'scheduling.k8s.io/v1' is not GROUP/VERSION=true\|false",
+    ):
+        parse_runtime_config("scheduling.k8s.io/v1")
 
 
 def test_generic_workload_runs_the_podgroup_protection_controller() -> None:
