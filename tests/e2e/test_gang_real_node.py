@@ -4,7 +4,8 @@ containerd and runc, and the real Tranche plugin over simulated GPUs.
 
 Two pods of a gang use one claim reserved for their PodGroup: the kubelet prepares it once,
 both containers see the same GPU, the plugin's record names both pods, and the claim is
-unprepared (CDI spec and checkpoint entry gone) when the last of them is deleted. Needs root
+unprepared (CDI spec and checkpoint entry gone) when the last of them is deleted. A gang
+that does not fit the node binds nothing and prepares nothing. Needs root
 (skipped otherwise, a failure with ``CI=true``), like every real-node test; the node's name
 is unique per run.
 """
@@ -16,6 +17,7 @@ import re
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -36,6 +38,7 @@ from tests.e2e.workload_cluster import (
     Obj,
     create,
     gang_cluster_for,
+    gpu_template,
     make_namespace,
     pod_group,
     workload,
@@ -200,4 +203,49 @@ def test_a_podgroup_claim_on_a_real_kubelet_serves_both_pods_and_is_unprepared_a
             "the checkpoint entry removed",
             lambda: uid not in Checkpoint(plugin.data_dir / "checkpoint.json").load()[0].claims,
         )
+        core.delete_namespace(namespace)
+
+
+def test_a_gang_too_big_for_the_real_node_binds_nothing_and_prepares_nothing(
+    gang_cluster: Cluster, real: RealNodeInfo, plugin: SimNode
+) -> None:
+    """Three workers of two GPUs each on a node of four: two would fit, the gang of three
+    does not. No pod reaches the kubelet, no claim is allocated, nothing is prepared."""
+    with gang_cluster.api_client() as api:
+        core = client.CoreV1Api(api)
+        namespace = make_namespace(api, "rng-big")
+        create(api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaimtemplates",
+               gpu_template("two-gpus", 2, match_nvlink=False))  # fmt: skip
+        create(api, f"{SCHEDULING}/namespaces/{namespace}/workloads",
+               workload("big", "workers", 3, None))  # fmt: skip
+        create(api, f"{SCHEDULING}/namespaces/{namespace}/podgroups",
+               pod_group("trainers", "big", "workers", 3, None))  # fmt: skip
+        pods = [f"worker-{i}" for i in range(3)]
+        for name in pods:
+            body = _pod(name, real.name)
+            body["spec"]["resourceClaims"] = [
+                {"name": "shared", "resourceClaimTemplateName": "two-gpus"}
+            ]
+            create(api, f"/api/v1/namespaces/{namespace}/pods", body)
+
+        def refused() -> bool:
+            conds = [
+                c
+                for p in core.list_namespaced_pod(namespace).items
+                for c in (p.status.conditions or [] if p.status else [])
+                if c.type == "PodScheduled" and c.status == "False"
+            ]
+            return len(conds) == len(pods)
+
+        wait_for("the scheduler to refuse the gang", refused, timeout_s=120)
+        time.sleep(3)
+        assert all(
+            not (p.spec and p.spec.node_name) for p in core.list_namespaced_pod(namespace).items
+        )
+        claims = get_json(api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaims")["items"]
+        assert [c for c in claims if (c.get("status") or {}).get("allocation")] == []
+        assert Checkpoint(plugin.data_dir / "checkpoint.json").load()[0].claims == {}
+        assert list(real.cdi_root.glob("*claim_*")) == []
+        for name in pods:
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
         core.delete_namespace(namespace)
