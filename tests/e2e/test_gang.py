@@ -7,6 +7,8 @@ simulated nodes that run the real plugin (and the kubelet simulator).
   domain and is prepared on its node; deleting the group unprepares everything.
 * 3 suitable nodes, or 4 split over two racks: no pod binds, no claim is allocated, nothing
   is prepared on any node, and when the group gives up (deleted) nothing is left anywhere.
+* ``matchAttribute`` on ``nvlinkDomain`` decides whether a gang fits nodes with one NVLink
+  pair each (profile ``mixed``): the pairs are used, the L4s without NVLink never.
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ def gang_cluster(
 
 
 @contextlib.contextmanager
-def _nodes(cluster: Cluster, count: int, racks: int = 1) -> Iterator[list[PluginNode]]:
+def _nodes(
+    cluster: Cluster, count: int, racks: int = 1, profile: str = "dgx-h100"
+) -> Iterator[list[PluginNode]]:
     """``count`` Ready nodes spread over ``racks`` racks (label ``tranche.dev/rack``), each
     running the real plugin (8 simulated H100s on one NVSwitch) and the kubelet simulator;
     removed afterwards."""
@@ -69,7 +73,7 @@ def _nodes(cluster: Cluster, count: int, racks: int = 1) -> Iterator[list[Plugin
             add_node(api, name, {RACK: f"r{i % racks}"})
             stack.callback(_delete_node, core, name)
         yield [
-            stack.enter_context(plugin_node(cluster, name, "dgx-h100", workload_claims=True))
+            stack.enter_context(plugin_node(cluster, name, profile, workload_claims=True))
             for name in names
         ]
 
@@ -79,20 +83,25 @@ def _delete_node(core: client.CoreV1Api, name: str) -> None:
         core.delete_node(name)
 
 
-def _submit(api: client.ApiClient, namespace: str) -> list[str]:
-    """The training job: a Workload, its PodGroup ``trainers`` and 4 pods, each with a
-    claim from the 8-GPU template."""
+def _submit(
+    api: client.ApiClient,
+    namespace: str,
+    size: int = GROUP_SIZE,
+    gpus: int = GPUS_PER_POD,
+    match_nvlink: bool = True,
+) -> list[str]:
+    """The training job: a Workload, its PodGroup ``trainers`` (gang of ``size``, one rack)
+    and ``size`` pods, each with a claim from a template of ``gpus`` GPUs (on one NVLink
+    domain when ``match_nvlink``)."""
     create(api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaimtemplates",
-           gpu_template("eight-gpus", GPUS_PER_POD))  # fmt: skip
+           gpu_template("gpus", gpus, match_nvlink=match_nvlink))  # fmt: skip
     create(api, f"{SCHEDULING}/namespaces/{namespace}/workloads",
-           workload("train", "workers", GROUP_SIZE, RACK))  # fmt: skip
+           workload("train", "workers", size, RACK))  # fmt: skip
     create(api, f"{SCHEDULING}/namespaces/{namespace}/podgroups",
-           pod_group("trainers", "train", "workers", GROUP_SIZE, RACK))  # fmt: skip
-    names = [f"trainer-{i}" for i in range(GROUP_SIZE)]
+           pod_group("trainers", "train", "workers", size, RACK))  # fmt: skip
+    names = [f"trainer-{i}" for i in range(size)]
     for name in names:
-        body = group_pod(
-            name, "trainers", [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}]
-        )
+        body = group_pod(name, "trainers", [{"name": "gpus", "resourceClaimTemplateName": "gpus"}])
         create(api, f"/api/v1/namespaces/{namespace}/pods", body)
     return names
 
@@ -200,5 +209,61 @@ def test_a_gang_that_does_not_fit_binds_nothing_and_leaves_nothing(
                 assert node.kubelet.prepared == {}
                 _nothing_prepared(node)
             time.sleep(2)
+        _give_up(api, namespace, nodes)
+        client.CoreV1Api(api).delete_namespace(namespace)
+
+
+def _refused(api: client.ApiClient, namespace: str, size: int) -> bool:
+    conds = [
+        c
+        for p in pods(api, namespace)
+        for c in p.get("status", {}).get("conditions") or []
+        if c["type"] == "PodScheduled" and c["status"] == "False"
+    ]
+    return len(conds) == size
+
+
+@pytest.mark.parametrize(
+    ("size", "match_nvlink", "binds"),
+    [(2, True, True), (4, True, False), (4, False, True)],
+    ids=["two-pairs-fit", "four-pairs-do-not", "four-without-nvlink-fit"],
+)
+def test_matchattribute_on_nvlinkdomain_decides_whether_the_gang_fits(
+    gang_cluster: Cluster, size: int, match_nvlink: bool, binds: bool
+) -> None:
+    """Two nodes of profile ``mixed``: one NVLink pair (H100s) and two L4s without NVLink
+    each. Workers of two GPUs on one NVLink domain: one per node, so a gang of two binds
+    (each on its node's H100 pair) and a gang of four does not, although four workers of
+    two GPUs fit when the domain does not matter."""
+    with gang_cluster.api_client() as api, _nodes(gang_cluster, 2, profile="mixed") as nodes:
+        namespace = make_namespace(api, "gang-nvl")
+        _submit(api, namespace, size=size, gpus=2, match_nvlink=match_nvlink)
+        if binds:
+            placed = wait_for(
+                f"all {size} pods bound",
+                lambda: b if len(b := _bound(api, namespace)) == size else None,
+                timeout_s=120,
+            )
+            by_name = {n.name: n for n in nodes}
+            for pod, node_name in placed.items():
+                node = by_name[node_name]
+                claim_name = wait_for(
+                    f"{pod}'s claim name", partial(node.pod_claim_name, namespace, pod, "gpus")
+                )
+                results = node.claim(namespace, claim_name)["status"]["allocation"]["devices"][
+                    "results"
+                ]
+                domains = {node.device_attribute(r["device"], "nvlinkDomain") for r in results}
+                products = {node.device_attribute(r["device"], "productName") for r in results}
+                if match_nvlink:  # the H100 pair, never the L4s (no NVLink)
+                    assert len(domains) == 1 and None not in domains, domains
+                    assert len(products) == 1 and "H100" in str(products), products
+        else:
+            wait_for("the gang refused", partial(_refused, api, namespace, size), timeout_s=120)
+            time.sleep(3)
+            assert _bound(api, namespace) == {}
+            allocated = [c for c in claims(api, namespace)
+                         if (c.get("status") or {}).get("allocation")]  # fmt: skip
+            assert allocated == []
         _give_up(api, namespace, nodes)
         client.CoreV1Api(api).delete_namespace(namespace)
