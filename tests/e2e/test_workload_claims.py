@@ -235,3 +235,17 @@ def test_a_pod_that_joins_the_group_later_joins_the_claims_usage(
         wait_for("the claim unprepared", lambda: uid not in node.kubelet.prepared)
         assert node.cdi_specs() == {}
         client.CoreV1Api(api).delete_namespace(namespace)
+
+
+def test_a_podgroup_cannot_name_a_claim_of_another_namespace(gang_cluster: Cluster) -> None:
+    """A PodGroup's claim is a bare name in its own namespace: ``other/claim`` is refused by
+    the API server, naming the field; nothing of another namespace can be reached."""
+    with gang_cluster.api_client() as api:
+        namespace = make_namespace(api, "wl-ns")
+        elsewhere = [{"name": "shared", "resourceClaimName": "team-b/gpus"}]
+        body = pod_group("trainers", "train", "workers", 1, None, claims=elsewhere)
+        with pytest.raises(client.ApiException) as refused:
+            create(api, f"{SCHEDULING}/namespaces/{namespace}/podgroups", body)
+        assert refused.value.status == 422
+        assert "spec.resourceClaims[0].resourceClaimName" in str(refused.value.body)
+        client.CoreV1Api(api).delete_namespace(namespace)
