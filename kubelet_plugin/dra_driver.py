@@ -14,6 +14,8 @@ refusal becomes a ``TrustViolation`` Event on the claim and counts in
 While a device plugin advertises the bridge's resources on the node (``refusal``, from
 :class:`kubelet_plugin.bridge_check.DevicePluginWatch`) every claim fails with that
 conflict, a ``DevicePluginConflict`` Event and a count, before anything is read.
+A claim reserved for a PodGroup (``DRAWorkloadResourceClaims``) is resolved to the group's
+pods on this node first (``kubelet_plugin.pod_groups``); a stale reservation fails the claim.
 NodeUnprepareResources needs no read: the checkpoint has everything.
 """
 
@@ -28,6 +30,7 @@ from driver.api import ClaimRef, PrepareResult, UnprepareResult
 from driver.errors import ApiUnavailable, ClaimError, TrancheError, TrustViolation, error_reason
 from driver.kube.http import RESOURCE_V1, KubeClient
 from driver.metrics import Metrics
+from driver.prepare.claims import PodRef
 from driver.prepare.executor import DeviceState
 from driver.trust.policy import (
     DEFAULT_LEVEL,
@@ -39,6 +42,7 @@ from driver.trust.policy import (
 from kubelet_plugin.api_read import READ_TIMEOUT_S, read_raw
 from kubelet_plugin.event_recorder import EventRecorder, ObjectRef
 from kubelet_plugin.namespace_reader import NamespaceReader
+from kubelet_plugin.pod_groups import PodGroupResolver
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +89,7 @@ class PluginDriver:
         metrics: Metrics | None = None,
         read_workers: int = 8,
         refusal: Callable[[], str | None] | None = None,
+        pod_groups: PodGroupResolver | None = None,
     ) -> None:
         self._state = state
         self._reader = reader
@@ -93,6 +98,7 @@ class PluginDriver:
         self._events = events
         self._metrics = metrics
         self._refusal = refusal or (lambda: None)
+        self._pod_groups = pod_groups
         self._pool = ThreadPoolExecutor(max_workers=read_workers, thread_name_prefix="claim-read")
 
     def close(self) -> None:
@@ -116,6 +122,7 @@ class PluginDriver:
             try:
                 claim = reads[ref.uid].result()
                 tenancy = _claim_tenancy(ref, tenancies[ref.namespace])
+
             except TrancheError as e:
                 log.warning(
                     "claim or namespace read failed claim_uid=%s namespace=%s name=%s error=%s",
@@ -126,8 +133,16 @@ class PluginDriver:
                 )
                 results[ref.uid] = PrepareResult(error=str(e), reason=error_reason(e))
                 continue
+            group_pods, group_error = self._group_pods(claim, ref)
             refusals: list[TrustViolation] = []
-            results[ref.uid] = self._state.prepare(claim, ref, tenancy, refusals.append)
+            results[ref.uid] = self._state.prepare(
+                claim,
+                ref,
+                tenancy,
+                refusals.append,
+                group_pods=group_pods,
+                group_error=group_error,
+            )
             for refusal in refusals:
                 self._audit(ref, refusal)
             if results[ref.uid].error:
@@ -139,6 +154,17 @@ class PluginDriver:
                     results[ref.uid].error,
                 )
         return results
+
+    def _group_pods(
+        self, claim: Mapping[str, Any], ref: ClaimRef
+    ) -> tuple[dict[str, tuple[PodRef, ...]] | None, TrancheError | None]:
+        """The pods of the PodGroups the claim is reserved for, or why they are unknown."""
+        if self._pod_groups is None:
+            return None, None
+        try:
+            return self._pod_groups.resolve(claim, ref), None
+        except TrancheError as e:
+            return None, e
 
     def _refuse(self, ref: ClaimRef, conflict: str) -> PrepareResult:
         """A claim not prepared while a device plugin serves the bridge's resources too."""

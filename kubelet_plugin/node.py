@@ -49,6 +49,8 @@ from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.health_events import HealthEvents
 from kubelet_plugin.measured_driver import MeasuredDriver
 from kubelet_plugin.namespace_cache import WatchedNamespaces
+from kubelet_plugin.pod_groups import NOT_SERVED as POD_GROUPS_NOT_SERVED
+from kubelet_plugin.pod_groups import PodGroupResolver, join_pod
 from kubelet_plugin.publisher import Publisher
 from kubelet_plugin.runtime_errors import RuntimeErrorWatcher
 from kubelet_plugin.settings import PluginSettings
@@ -216,6 +218,7 @@ class NodePlugin:
             settings.node_name,
             self._claim_records,
             self.events,
+            on_pod=lambda pod: join_pod(self.state, pod),
         )
         self.plugin_driver = PluginDriver(
             self.state,
@@ -225,6 +228,7 @@ class NodePlugin:
             events=self.events,
             metrics=metrics,
             refusal=self.device_plugins.refusal if self.device_plugins else None,
+            pod_groups=PodGroupResolver(kube, settings.node_name, self._pod_group_version),
         )
         self.driver = StatusWritingDriver(
             MeasuredDriver(self.plugin_driver, metrics, self.prepared_count),
@@ -295,6 +299,9 @@ class NodePlugin:
 
     # ----- the API server's features -----------------------------------------------------
 
+    def _pod_group_version(self) -> str | None:
+        return self.features.pod_group_version if self.features is not None else None
+
     def discover_features(self) -> ServerFeatures:
         """Discovery (and the layout dry run); logs and exports what is unavailable."""
         features = discover(self._kube, self.settings.node_name, self.settings.driver_name)
@@ -307,6 +314,15 @@ class NodePlugin:
                 extra={"node": self.settings.node_name, "feature": feature},
             )
         self.metrics.set_features_unavailable(LOSSES, features.unavailable)
+        if features.pod_group_version is None:
+            log.info(
+                "workload claims unavailable server=%s reason=%r effect=%r",
+                features.server_version,
+                POD_GROUPS_NOT_SERVED,
+                "a claim reserved for a PodGroup fails at prepare with this reason; claims "
+                "reserved for pods are unaffected",
+                extra={"node": self.settings.node_name},
+            )
         self.features = features
         self._missing_api = (
             None

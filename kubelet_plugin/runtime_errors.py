@@ -1,4 +1,5 @@
-"""Events on pods whose container the runtime refused because of this driver's CDI devices.
+"""Events on pods whose container the runtime refused because of this driver's CDI devices
+(and every pod of the node seen, to ``on_pod``: a PodGroup's late pods, ``pod_groups.join_pod``).
 
 The container runtime resolves the CDI ids the plugin returned only when it creates a
 container. When it rejects one (a device node it cannot stat, a spec it cannot parse) the
@@ -143,8 +144,10 @@ class RuntimeErrorWatcher:
         backoff: Backoff | None = None,
         request_timeout_s: float = 10.0,
         watch_seconds: int = 300,
+        on_pod: Callable[[Mapping[str, Any]], object] | None = None,
     ) -> None:
         self._kube = kube
+        self._on_pod = on_pod
         self._node = node_name
         self._records = records
         self._events = events
@@ -171,7 +174,17 @@ class RuntimeErrorWatcher:
             self._thread = None
 
     def check(self, pod: Mapping[str, Any]) -> int:
-        """Report the CDI rejections of one pod not reported before; how many were posted."""
+        """Report the CDI rejections of one pod not reported before; how many were posted.
+        Every pod seen also goes to ``on_pod`` (a failure there is logged, never fatal)."""
+        if self._on_pod is not None:
+            try:
+                self._on_pod(pod)
+            except Exception as e:
+                meta = pod.get("metadata") or {}
+                log.warning(
+                    "pod hook failed pod=%s/%s error=%s",
+                    meta.get("namespace"), meta.get("name"), e,
+                )  # fmt: skip
         posted = 0
         found = rejections(pod, self._records()) if _any_waiting(pod) else []
         for r in found:

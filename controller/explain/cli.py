@@ -57,6 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add_kubeconfig_flag(parser, env)
 
 
+def gang_note(group: str) -> str:
+    """What a per-claim fit cannot say for a pod of a PodGroup (gang scheduling)."""
+    return (
+        f"the pod belongs to PodGroup {group}: the scheduler places the whole group at once "
+        "(gang minCount, topology), so a claim that fits alone may still wait for the group's "
+        "other pods (docs/training.md)"
+    )
+
+
 def explain_objects(
     cluster: ClusterRead,
     claims: list[tuple[str, Json]],
@@ -102,6 +111,12 @@ def explain_objects(
         if recommendations and e.state == "pending":
             e = replace(e, recommendations=tuple(recommend(claim, ctx)))
         out.append(e)
+    group = ((pod or {}).get("spec") or {}).get("schedulingGroup") or {}
+    if group.get("podGroupName"):
+        note = gang_note(str(group["podGroupName"]))
+        out = [
+            e if e.state == "allocated" else replace(e, warnings=(*e.warnings, note)) for e in out
+        ]
     pending = [c for c in mine if not c.allocated_node]
     if pod_ref is not None and len(mine) > 1 and pending:
         ctx = Context(

@@ -2,10 +2,14 @@
 
 claim → its pods (``status.reservedFor``, or a pod whose ``status.resourceClaimStatuses`` or
 ``spec.resourceClaims`` name it) → the pod's controller (``ownerReferences``: a ReplicaSet's
-Deployment, a Job, a StatefulSet), else its ``spec.workloadRef`` (a scheduling.k8s.io
-Workload's pod group), else the pod itself. A claim whose pods are gone is grouped by its own
-controller (a pod's template claim: that pod) or its name, and marked. :func:`group` is pure;
-:func:`read_cluster` asks the API server.
+Deployment, a Job, a StatefulSet), else its PodGroup (``spec.schedulingGroup.podGroupName``,
+Kubernetes 1.36+) shown as the group's Workload (the PodGroup's ``spec.workloadRef``) when
+the PodGroup is known, else the pod itself. A claim reserved for a PodGroup
+(``DRAWorkloadResourceClaims``) belongs to the group's pods, or to the group's Workload once
+they are gone. (Kubernetes 1.35's alpha ``spec.workloadRef`` of a pod is still read.) A claim
+whose pods are gone is grouped by its own controller (a pod's template claim: that pod; a
+PodGroup's: that group) or its name, and marked. :func:`group` is pure; :func:`read_cluster`
+asks the API server.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from kubernetes import client
 
-from controller.kube_client import request
+from controller.kube_client import ApiCallError, request
 from controller.report.recommend import Kind, Model
 from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.trust.policy import Mechanism
@@ -56,6 +60,7 @@ class Cluster:
     replicasets: tuple[Json, ...] = ()
     namespaces: Mapping[str, Mapping[str, str]] | None = None  # name -> labels
     slices: tuple[Json, ...] = ()
+    pod_groups: tuple[Json, ...] = ()  # scheduling.k8s.io PodGroups, where served
 
 
 def _pod_claims(pod: Mapping[str, Any]) -> set[str]:
@@ -72,7 +77,24 @@ def _pod_claims(pod: Mapping[str, Any]) -> set[str]:
     return names
 
 
-def pod_owner(pod: Mapping[str, Any], replicasets: Mapping[ClaimKey, Json]) -> Owner:
+def group_owner(namespace: str, name: str, pod_groups: Mapping[ClaimKey, Json]) -> Owner:
+    """A PodGroup's Workload (``spec.workloadRef.workloadName``), else the PodGroup."""
+    pg = pod_groups.get((namespace, name)) or {}
+    workload = ((pg.get("spec") or {}).get("workloadRef") or {}).get("workloadName")
+    if workload:
+        return Owner(namespace, "Workload", str(workload))
+    return Owner(namespace, "PodGroup", name)
+
+
+def _pod_group(pod: Mapping[str, Any]) -> str:
+    return str(((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName") or "")
+
+
+def pod_owner(
+    pod: Mapping[str, Any],
+    replicasets: Mapping[ClaimKey, Json],
+    pod_groups: Mapping[ClaimKey, Json] | None = None,
+) -> Owner:
     namespace, name = _meta(pod, "namespace"), _meta(pod, "name")
     ref = _controller(pod)
     if ref is not None:
@@ -83,7 +105,9 @@ def pod_owner(pod: Mapping[str, Any], replicasets: Mapping[ClaimKey, Json]) -> O
             if up is not None and up.get("kind") == "Deployment":
                 return Owner(namespace, "Deployment", str(up.get("name", "")))
         return Owner(namespace, kind, owner)
-    workload = (pod.get("spec") or {}).get("workloadRef") or {}
+    if _pod_group(pod):
+        return group_owner(namespace, _pod_group(pod), pod_groups or {})
+    workload = (pod.get("spec") or {}).get("workloadRef") or {}  # Kubernetes 1.35 (alpha)
     if workload.get("name"):
         group = workload.get("podGroup")
         return Owner(
@@ -98,6 +122,7 @@ def group(keys: Iterable[ClaimKey], cluster: Cluster) -> dict[ClaimKey, Owner]:
     replicasets = {(_meta(r, "namespace"), _meta(r, "name")): r for r in cluster.replicasets}
     pods_by_uid = {_meta(p, "uid"): p for p in cluster.pods}
     pods_by_name = {(_meta(p, "namespace"), _meta(p, "name")): p for p in cluster.pods}
+    pod_groups = {(_meta(g, "namespace"), _meta(g, "name")): g for g in cluster.pod_groups}
     by_claim: dict[ClaimKey, list[Json]] = {}
     for p in cluster.pods:
         for claim_name in _pod_claims(p):
@@ -107,8 +132,12 @@ def group(keys: Iterable[ClaimKey], cluster: Cluster) -> dict[ClaimKey, Owner]:
         namespace, name = key
         claim = claims.get(key)
         pods = list(by_claim.get(key, []))
+        groups: list[str] = []
         if claim is not None:
             for r in (claim.get("status") or {}).get("reservedFor") or []:
+                if r.get("resource") == "podgroups" and r.get("apiGroup") == "scheduling.k8s.io":
+                    groups.append(str(r.get("name", "")))
+                    continue
                 if r.get("resource") != "pods":
                     continue
                 found = pods_by_uid.get(str(r.get("uid", ""))) or pods_by_name.get(
@@ -117,13 +146,22 @@ def group(keys: Iterable[ClaimKey], cluster: Cluster) -> dict[ClaimKey, Owner]:
                 if found is not None:
                     pods.append(found)
         if pods:
-            owners = sorted({pod_owner(p, replicasets) for p in pods}, key=lambda o: o.name)
+            owners = sorted(
+                {pod_owner(p, replicasets, pod_groups) for p in pods}, key=lambda o: o.name
+            )
             out[key] = owners[0]
+        elif groups:
+            out[key] = group_owner(namespace, groups[0], pod_groups)
         elif claim is None:
             out[key] = Owner(namespace, "ResourceClaim", name, "claim gone")
         else:
             ref = _controller(claim)
-            if ref is not None:
+            if ref is not None and ref.get("kind") == "PodGroup":
+                owner = group_owner(namespace, str(ref.get("name", "")), pod_groups)
+                out[key] = Owner(
+                    namespace, owner.kind, owner.name, "pods gone: grouped by the claim's owner"
+                )
+            elif ref is not None:
                 out[key] = Owner(
                     namespace,
                     str(ref.get("kind", "")),
@@ -213,8 +251,28 @@ def _items(api: client.ApiClient, what: str, path: str, **query: str) -> tuple[J
     return tuple((answer or {}).get("items") or [])
 
 
+POD_GROUP_VERSIONS = ("v1beta1", "v1alpha3")
+
+
+def _pod_groups(api: client.ApiClient) -> tuple[Json, ...]:
+    """The PodGroups of the first ``scheduling.k8s.io`` version that serves them; none where
+    the Workload API is off (the default in Kubernetes 1.37)."""
+    for version in POD_GROUP_VERSIONS:
+        path = f"/apis/scheduling.k8s.io/{version}/podgroups"
+        try:
+            answer = request(api, f"PodGroups ({version})", "GET", path)
+        except ApiCallError as e:
+            if e.status == 403:  # not allowed to list them: groups are shown as PodGroups
+                return ()
+            raise
+        if answer is not None:
+            return tuple(answer.get("items") or [])
+    return ()
+
+
 def read_cluster(api: client.ApiClient, driver: str = DEFAULT_DRIVER_NAME) -> Cluster:
-    """Claims, pods, ReplicaSets, namespaces and the driver's slices, one list each."""
+    """Claims, pods, ReplicaSets, namespaces, PodGroups (where served) and the driver's
+    slices, one list each."""
     namespaces = {
         _meta(n, "name"): dict((n.get("metadata") or {}).get("labels") or {})
         for n in _items(api, "Namespaces", "/api/v1/namespaces")
@@ -230,4 +288,5 @@ def read_cluster(api: client.ApiClient, driver: str = DEFAULT_DRIVER_NAME) -> Cl
             f"{RESOURCE_V1}/resourceslices",
             fieldSelector=f"spec.driver={driver}",
         ),
+        pod_groups=_pod_groups(api),
     )

@@ -58,6 +58,9 @@ class AllocationRecord(_Model):
     unprepared_at: float | None = Field(default=None, alias="unpreparedAt")
     # The claim's tenant when it was prepared; absent in records of older plugins.
     tenant: str | None = None
+    # PodGroups the claim is reserved for (names, the claim's namespace): a pod of one that
+    # starts on the node later joins ``pods`` (``DeviceState.join_group``).
+    pod_groups: tuple[str, ...] = Field(default=(), alias="podGroups")
 
 
 class ClaimRecord(_Model):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from driver.kube.http import ApiError, KubeClient
@@ -75,6 +75,9 @@ class ServerFeatures:
     device_taints: bool = True
     consumable_capacity: bool = True
     unavailable: Mapping[str, str] = field(default_factory=dict)  # feature -> what users lose
+    # scheduling.k8s.io version serving PodGroups ("v1beta1", "v1alpha3") or None: claims
+    # reserved for a PodGroup (gate DRAWorkloadResourceClaims) need it
+    pod_group_version: str | None = None
 
     def log_lines(self) -> list[str]:
         return [f"feature unavailable feature={k} loss={v!r}" for k, v in self.unavailable.items()]
@@ -208,6 +211,25 @@ def probe_outcome(status: int, answer: Json) -> ProbeOutcome:
     return "combined-kept" if kept else "fields-dropped"
 
 
+POD_GROUP_VERSIONS = ("v1", "v1beta1", "v1alpha3")
+
+
+def pod_group_version(kube: KubeClient) -> str | None:
+    """The ``scheduling.k8s.io`` version that serves ``podgroups`` (v1beta1 before v1alpha3),
+    None when none does (the Workload API is off by default in Kubernetes 1.37)."""
+    group = kube.send("GET", "/apis/scheduling.k8s.io")
+    if not group.ok:
+        return None
+    served = {str(v.get("version")) for v in group.json().get("versions", ())}
+    for version in POD_GROUP_VERSIONS:
+        if version not in served:
+            continue
+        doc = kube.send("GET", f"/apis/scheduling.k8s.io/{version}")
+        if doc.ok and "podgroups" in served_resources({version: doc.json()})[version]:
+            return version
+    return None
+
+
 def discover(kube: KubeClient, node_name: str, driver_name: str) -> ServerFeatures:
     """Ask the server (discovery plus one dry run); ApiUnreachable/ApiError propagate."""
     version_doc = kube.request("GET", "/version")
@@ -236,11 +258,14 @@ def discover(kube: KubeClient, node_name: str, driver_name: str) -> ServerFeatur
         features = decide(version_doc, docs, probe, kept)
     else:
         features = decide(version_doc, docs, None)
+    features = replace(features, pod_group_version=pod_group_version(kube))
     log.info(
-        "api server features server=%s slice_layout=%s taint_rule_version=%s unavailable=%s",
+        "api server features server=%s slice_layout=%s taint_rule_version=%s "
+        "pod_group_version=%s unavailable=%s",
         features.server_version,
         features.slice_layout,
         features.taint_rule_version or "none",
+        features.pod_group_version or "none",
         ",".join(features.unavailable) or "none",
     )
     return features

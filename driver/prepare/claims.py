@@ -12,7 +12,7 @@ malformed opaque config) naming the claim as ``namespace/name`` and the field.
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,13 +49,26 @@ class PodRef:
 
 
 @dataclass(frozen=True)
+class PodGroupRef:
+    """A PodGroup in ``status.reservedFor`` (``scheduling.k8s.io``, ``podgroups``; gate
+    ``DRAWorkloadResourceClaims``): the claim serves every pod of the group that uses it."""
+
+    index: int  # position in status.reservedFor
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class ClaimAllocation:
-    """The part of a claim this node's driver must prepare."""
+    """The part of a claim this node's driver must prepare. ``reserved_for`` holds the
+    claim's pods on this node: those named in ``status.reservedFor`` and, for each PodGroup
+    there (``pod_groups``), the group's pods on this node that use the claim."""
 
     ref: ClaimRef
     devices: tuple[AllocatedDevice, ...]
     configs: tuple[ConfigEntry, ...]
     reserved_for: tuple[PodRef, ...] = ()
+    pod_groups: tuple[PodGroupRef, ...] = ()
 
     @property
     def key(self) -> str:
@@ -90,6 +103,19 @@ def _node_selector_excludes(selector: Mapping[str, Any], node_name: str) -> bool
     return True
 
 
+POD_GROUP_API = "scheduling.k8s.io"
+
+
+def pod_groups_of(claim: Mapping[str, Any]) -> tuple[PodGroupRef, ...]:
+    """The PodGroups in the claim's ``status.reservedFor``."""
+    status = _obj(claim.get("status"))
+    return tuple(
+        PodGroupRef(index=i, name=str(r.get("name", "")), uid=str(r.get("uid", "")))
+        for i, r in enumerate(map(_obj, _list(status.get("reservedFor"))))
+        if r.get("apiGroup") == POD_GROUP_API and r.get("resource") == "podgroups"
+    )
+
+
 def parse_claim(
     claim: Mapping[str, Any],
     ref: ClaimRef,
@@ -97,8 +123,13 @@ def parse_claim(
     driver_name: str,
     node_name: str,
     device_names: Container[str],
+    group_pods: Mapping[str, Sequence[PodRef]] | None = None,
 ) -> ClaimAllocation:
-    """Check a claim against the kubelet's reference and this node; return what to prepare."""
+    """Check a claim against the kubelet's reference and this node; return what to prepare.
+
+    ``group_pods`` maps the UID of each PodGroup in ``status.reservedFor`` to its pods on
+    this node that use the claim (read by the caller). A claim reserved for a PodGroup that
+    is not in it fails: its consumers, and so its limits and usage, would be unknown."""
     key = f"{ref.namespace}/{ref.name}"
     meta = _obj(claim.get("metadata"))
     uid = meta.get("uid")
@@ -167,11 +198,25 @@ def parse_claim(
     except ConfigError as e:
         raise ConfigError(f"claim {key}: {e}") from e
 
-    pods = tuple(
+    pods = [
         PodRef(name=str(r.get("name", "")), uid=str(r.get("uid", "")))
         for r in map(_obj, _list(status.get("reservedFor")))
-        if r.get("resource") == "pods"
-    )
+        if r.get("resource") == "pods" and not r.get("apiGroup")
+    ]
+    groups = pod_groups_of(claim)
+    for group in groups:
+        members = (group_pods or {}).get(group.uid)
+        if members is None:
+            raise ClaimError(
+                f"claim {key}: status.reservedFor[{group.index}] names PodGroup "
+                f"{ref.namespace}/{group.name} (uid {group.uid}) whose pods on node "
+                f"{node_name!r} are unknown; not prepared"
+            )
+        pods.extend(p for p in members if p not in pods)
     return ClaimAllocation(
-        ref=ref, devices=tuple(devices), configs=tuple(configs), reserved_for=pods
+        ref=ref,
+        devices=tuple(devices),
+        configs=tuple(configs),
+        reserved_for=tuple(pods),
+        pod_groups=groups,
     )

@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -61,7 +61,7 @@ from driver.prepare.cdi import (
     device_id,
     device_name,
 )
-from driver.prepare.claims import ClaimAllocation, parse_claim
+from driver.prepare.claims import ClaimAllocation, PodRef, parse_claim
 from driver.prepare.plan import (
     AttachGpu,
     Plan,
@@ -105,6 +105,15 @@ class StepHandler(Protocol):
     def apply(self, step: Step, plan: Plan) -> StepOutcome: ...
 
     def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None: ...
+
+
+@runtime_checkable
+class PodJoiner(Protocol):
+    """A handler whose applied step covers the claim's pods (MPS limits on their cgroups):
+    :meth:`DeviceState.join_group` gives a pod that joins a prepared claim later the same.
+    Raises a TrancheError while that cannot be done yet (the pod's cgroup is missing)."""
+
+    def join(self, step: Step, plan: Plan, pods: Sequence[str]) -> None: ...
 
 
 @runtime_checkable
@@ -323,6 +332,61 @@ class DeviceState:
             log.error("checkpoint problem kind=%s message=%s", status.kind, status.message)
         return state
 
+    # pods joining a PodGroup claim ---------------------------------------------
+
+    def join_group(
+        self, namespace: str, group: str, pod: PodRef, claim_names: Collection[str]
+    ) -> list[str]:
+        """Add ``pod``, of PodGroup ``namespace/group``, to the records of the prepared claims
+        among ``claim_names`` that are reserved for that group and do not list it yet (the
+        kubelet prepares such a claim once, for the first pod of the group on the node);
+        usage attribution then counts it, and handlers that act on the claim's pods
+        (:class:`PodJoiner`: MPS memory limits) act on it too. Returns the claims it joined."""
+        joined: list[str] = []
+
+        def candidate(record: ClaimRecord) -> bool:
+            alloc = record.allocation
+            return (
+                record.state == "PrepareCompleted"
+                and alloc is not None
+                and record.namespace == namespace
+                and record.name in claim_names
+                and group in alloc.pod_groups
+                and all(p.uid != pod.uid for p in alloc.pods)
+            )
+
+        if not any(candidate(r) for r in self.checkpoint.load()[0].claims.values()):
+            return joined  # the usual case: no lock taken
+        with self._locked():
+            state = self._load()
+            for record in list(state.claims.values()):
+                alloc = record.allocation
+                if not candidate(record) or alloc is None:
+                    continue
+                try:
+                    for step in record.plan.steps:
+                        handler = self.handlers.get(step.kind)
+                        if isinstance(handler, PodJoiner):
+                            handler.join(step, record.plan, (pod.uid,))
+                except TrancheError as e:  # not yet: the next event of the pod retries
+                    log.warning(
+                        "pod not joined to a PodGroup claim yet claim=%s/%s pod=%s/%s error=%s",
+                        record.namespace, record.name, namespace, pod.name, e,
+                    )  # fmt: skip
+                    continue
+                pods = (*alloc.pods, PodRecord(name=pod.name, uid=pod.uid))
+                self.checkpoint.put(
+                    record.model_copy(
+                        update={"allocation": alloc.model_copy(update={"pods": pods})}
+                    )
+                )
+                joined.append(f"{record.namespace}/{record.name}")
+                log.info(
+                    "pod joined a PodGroup claim claim=%s/%s pod=%s/%s pod_group=%s",
+                    record.namespace, record.name, namespace, pod.name, group,
+                )  # fmt: skip
+        return joined
+
     # prepare ---------------------------------------------------------------
 
     def prepare(
@@ -331,8 +395,14 @@ class DeviceState:
         ref: ClaimRef,
         tenancy: Tenancy | None = None,
         on_refused: Callable[[TrustViolation], None] | None = None,
+        *,
+        group_pods: Mapping[str, Sequence[PodRef]] | None = None,
+        group_error: TrancheError | None = None,
     ) -> PrepareResult:
         """Prepare one claim (the API object as JSON); errors are the result's ``error``.
+        ``group_pods``: the pods on this node of each PodGroup the claim is reserved for
+        (:func:`driver.prepare.claims.parse_claim`); ``group_error``: why they could not be
+        read (a claim not yet prepared fails with it; a prepared one keeps its answer).
 
         With ``tenancy`` (the claim's namespace resolved by ``driver.trust.policy``), trust
         levels are checked against every claim on the node (``driver.prepare.trust_check``),
@@ -341,14 +411,17 @@ class DeviceState:
         already prepared keeps its answer whatever its namespace's level is now.
         """
         planned: tuple[ClaimAllocation, Plan] | None = None
-        problem: TrancheError | None = None
+        problem: TrancheError | None = group_error
         try:
+            if group_error is not None:
+                raise group_error
             allocation = parse_claim(
                 claim,
                 ref,
                 driver_name=self.driver_name,
                 node_name=self.node_name,
                 device_names=_Names(self.inventory, self.shares),
+                group_pods=group_pods,
             )
             planned = (allocation, build_plan(allocation, self.inventory, self.shares))
         except TrancheError as e:
@@ -701,6 +774,7 @@ def _allocation_record(
         namespace=allocation.ref.namespace,
         claim=allocation.ref.name,
         pods=tuple(PodRecord(name=p.name, uid=p.uid) for p in allocation.reserved_for),
+        pod_groups=tuple(g.name for g in allocation.pod_groups),
         devices=tuple(
             AllocatedDeviceRecord(
                 name=d.device,

@@ -568,14 +568,25 @@ class MpsHandler:
                     Mount(str(self._daemons.log_dir(key)), LOG_IN_CONTAINER, ("rbind", "ro")),
                 ),
             )
-        if self._limits is not None:
-            hard = {
-                d.gpu_uuid: limit
-                for d in group
-                if d.type == "gpu" and (limit := device_limit(step.mps, d, plan)) is not None
-            }
-            self._limits.apply(plan.claim_uid, step.group_id, hard, step.pods)
+        self._limit(step, plan, step.pods)
         return StepOutcome(edits=edits)
+
+    def _limit(self, step: StartMps, plan: Plan, pods: Sequence[str]) -> None:
+        if self._limits is None:
+            return
+        by_name = {d.device: d for d in plan.devices}
+        hard = {
+            d.gpu_uuid: limit
+            for d in (by_name[n] for n in step.devices)
+            if d.type == "gpu" and (limit := device_limit(step.mps, d, plan)) is not None
+        }
+        self._limits.apply(plan.claim_uid, step.group_id, hard, pods)
+
+    def join(self, step: Step, plan: Plan, pods: Sequence[str]) -> None:
+        """Pods that joined the prepared claim later (a PodGroup's): the same hard limits
+        on their cgroups; ClaimError while a cgroup does not exist yet."""
+        assert isinstance(step, StartMps)
+        self._limit(step, plan, pods)
 
     def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
         assert isinstance(step, StartMps)

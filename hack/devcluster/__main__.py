@@ -16,7 +16,13 @@ from pydantic import ValidationError
 
 from driver.flags import add_flag
 from hack.devcluster.binaries import build_or_find, build_or_find_node
-from hack.devcluster.config import DEFAULT_K8S_VERSION, ClusterConfig, k8s_minor, parse_gates
+from hack.devcluster.config import (
+    DEFAULT_K8S_VERSION,
+    ClusterConfig,
+    k8s_minor,
+    parse_gates,
+    parse_runtime_config,
+)
 from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
 from hack.devcluster.nodes import add_node
@@ -61,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
         up,
         "--feature-gates",
         "extra feature gates NAME=true|false,... on top of the DRA gates",
+        default="",
+    )
+    add_flag(
+        up,
+        "--runtime-config",
+        "extra API group/versions GROUP/VERSION=true|false,... for kube-apiserver "
+        "(e.g. scheduling.k8s.io/v1alpha3=true for Workload and PodGroup)",
         default="",
     )
     add_flag(
@@ -112,6 +125,7 @@ def _config(args: argparse.Namespace) -> ClusterConfig:
         bin_dir=bin_dir,
         apiserver_port=args.apiserver_port,
         feature_gates=parse_gates(args.feature_gates),
+        runtime_config_extra=parse_runtime_config(args.runtime_config),
         start_timeout_s=args.start_timeout,
     )
 

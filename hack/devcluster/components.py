@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hack.devcluster.config import CONTROLLERS, ClusterConfig, Layout, Ports
+from hack.devcluster.config import ClusterConfig, Layout, Ports
 from hack.devcluster.pki import Pki
 from hack.devcluster.processes import ProcessSpec
 
@@ -109,7 +109,7 @@ def controller_manager(config: ClusterConfig, layout: Layout, ports: Ports) -> P
             "--bind-address=127.0.0.1",
             f"--secure-port={ports.controller_manager}",
             f"--cert-dir={layout.cert_dir('kube-controller-manager')}",
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(config.controllers())}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             f"--feature-gates={config.gate_string()}",
             f"--v={config.verbosity}",

@@ -67,6 +67,24 @@ VERSION_RUNTIME_CONFIG: dict[str, str] = {
     "1.37": "",
 }
 
+# API versions a gate needs to do anything, added to --runtime-config when the gate is on.
+# GenericWorkload (beta, off by default in 1.37): kube-scheduler and kube-controller-manager
+# v1.37.2 watch PodGroups and Workloads through scheduling.k8s.io/v1beta1 (off by default);
+# Workload and PodGroup are also served in v1alpha3, which CompositePodGroup needs.
+# Checked against pkg/scheduler/eventhandlers.go, cmd/kube-controller-manager/app/resource.go
+# and pkg/controlplane/instance.go of k8s.io/kubernetes@v1.37.2.
+GATE_RUNTIME_CONFIG: dict[str, dict[str, str]] = {
+    "1.37": {"GenericWorkload": "scheduling.k8s.io/v1beta1"},
+}
+
+# Controllers a gate needs: with GenericWorkload the API server's admission stamps the
+# scheduling.k8s.io/podgroup-protection finalizer on every PodGroup (plugin/pkg/admission/
+# scheduling/podgroupprotection); only podgroup-protection-controller removes it, so without
+# it a deleted PodGroup never goes.
+GATE_CONTROLLERS: dict[str, dict[str, str]] = {
+    "1.37": {"GenericWorkload": "podgroup-protection-controller"},
+}
+
 
 def k8s_minor(text: str) -> str:
     """``1.35``, ``v1.35.4``, ``1.35.4`` → ``1.35``; ValueError outside the matrix."""
@@ -102,6 +120,10 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager
 COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 
 _GATE_NAME = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+# An API group/version as kube-apiserver's --runtime-config takes it: "scheduling.k8s.io/v1alpha3",
+# "v1" (the core group) or "api/all" / "api/alpha" / "api/beta" / "api/ga".
+_API_VERSION = re.compile(r"^(?:[a-z0-9]([a-z0-9.-]*[a-z0-9])?/)?v[0-9]+(?:(?:alpha|beta)[0-9]+)?$")
+_API_SHORTCUTS = frozenset({"api/all", "api/alpha", "api/beta", "api/ga"})
 
 
 class ClusterConfig(BaseModel):
@@ -114,6 +136,11 @@ class ClusterConfig(BaseModel):
     apiserver_port: int = Field(default=0, ge=0, le=65535, description="0 = pick a free port")
     feature_gates: dict[str, bool] = Field(
         default_factory=dict, description="extra gates, override the DRA defaults by name"
+    )
+    runtime_config_extra: dict[str, bool] = Field(
+        default_factory=dict,
+        description="extra API group/versions for kube-apiserver --runtime-config, "
+        "on top of those the version needs",
     )
     start_timeout_s: float = Field(default=180.0, gt=0)
     die_with_parent: bool = Field(
@@ -137,23 +164,56 @@ class ClusterConfig(BaseModel):
                 raise ValueError(f"feature gate name {name!r} is not a CamelCase gate name")
         return gates
 
+    @field_validator("runtime_config_extra")
+    @classmethod
+    def _api_versions(cls, apis: dict[str, bool]) -> dict[str, bool]:
+        for name in apis:
+            if name not in _API_SHORTCUTS and not _API_VERSION.match(name):
+                raise ValueError(
+                    f"--runtime-config: {name!r} is not an API group/version "
+                    "(e.g. scheduling.k8s.io/v1alpha3) nor api/all|alpha|beta|ga"
+                )
+        return apis
+
     def gate_string(self) -> str:
         gates = {**VERSION_GATES[self.k8s_version], **self.feature_gates}
         return ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
 
+    def controllers(self) -> tuple[str, ...]:
+        """The controllers to run: :data:`CONTROLLERS` plus those a switched-on gate needs."""
+        gates = {**VERSION_GATES[self.k8s_version], **self.feature_gates}
+        extra = GATE_CONTROLLERS.get(self.k8s_version, {})
+        return CONTROLLERS + tuple(c for gate, c in extra.items() if gates.get(gate))
+
     def runtime_config(self) -> str:
-        return VERSION_RUNTIME_CONFIG[self.k8s_version]
+        """The version's own API versions, those its switched-on gates need, then the extra
+        ones (an extra one wins by name)."""
+        apis = parse_runtime_config(VERSION_RUNTIME_CONFIG[self.k8s_version])
+        gates = {**VERSION_GATES[self.k8s_version], **self.feature_gates}
+        for gate, api in GATE_RUNTIME_CONFIG.get(self.k8s_version, {}).items():
+            if gates.get(gate):
+                apis[api] = True
+        apis.update(self.runtime_config_extra)
+        return ",".join(f"{k}={str(v).lower()}" for k, v in apis.items())
 
 
-def parse_gates(text: str, *, field: str = "--feature-gates") -> dict[str, bool]:
-    """``A=true,B=false`` → ``{"A": True, "B": False}``; errors name the field and item."""
+def parse_gates(
+    text: str, *, field: str = "--feature-gates", form: str = "NAME"
+) -> dict[str, bool]:
+    """``A=true,B=false`` → ``{"A": True, "B": False}``; errors name the field and item.
+    Also parses ``--runtime-config`` (``group/version=true,...``) with ``field`` set."""
     gates: dict[str, bool] = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
         name, sep, value = item.partition("=")
         if not sep or value.lower() not in {"true", "false"}:
-            raise ValueError(f"{field}: {item!r} is not NAME=true|false")
+            raise ValueError(f"{field}: {item!r} is not {form}=true|false")
         gates[name.strip()] = value.lower() == "true"
     return gates
+
+
+def parse_runtime_config(text: str) -> dict[str, bool]:
+    """``scheduling.k8s.io/v1alpha3=true,...`` → ``{"scheduling.k8s.io/v1alpha3": True}``."""
+    return parse_gates(text, field="--runtime-config", form="GROUP/VERSION")
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,8 @@ class DevCluster:
             if (
                 running is not None
                 and self.k8s_version() == self.config.k8s_version
+                and self._started_with()
+                == (self.config.gate_string(), self.config.runtime_config())
                 and probes.apiserver_ready(running.server, Pki(self.layout.pki_dir))()
             ):
                 log.info("cluster already running state_dir=%s", self.layout.root)
@@ -147,6 +149,15 @@ class DevCluster:
         except FileNotFoundError:
             data = {}
         return str(data.get("k8s_version") or DEFAULT_K8S_VERSION)
+
+    def _started_with(self) -> tuple[str, str]:
+        """The feature-gate and runtime-config strings of the running cluster (a changed one
+        restarts it at ``up``)."""
+        try:
+            data = json.loads(self.layout.cluster_file.read_text())
+        except FileNotFoundError:
+            data = {}
+        return str(data.get("feature_gates") or ""), str(data.get("runtime_config") or "")
 
     def feature_gates(self) -> dict[str, bool]:
         """The feature gates the running control plane was started with."""

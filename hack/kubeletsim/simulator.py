@@ -86,6 +86,7 @@ class KubeletSimulator:
         poll_interval: float = 0.2,
         health_retry: float = 1.0,
         update_pod_status: bool = True,
+        workload_claims: bool = False,
     ) -> None:
         if version_style not in STYLES:
             raise ValueError(f"version_style {version_style!r}: expected one of {sorted(STYLES)}")
@@ -96,6 +97,9 @@ class KubeletSimulator:
         self._poll = poll_interval
         self._health_retry = health_retry
         self._update_pod_status = update_pod_status
+        # kubelet v1.37.2 with DRAWorkloadResourceClaims: a claim reserved for the pod's
+        # PodGroup is the pod's too (resourceclaim.IsReservedForPod, acceptPodGroupReservation)
+        self._workload_claims = workload_claims
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -354,6 +358,23 @@ class KubeletSimulator:
             names.append(extended["resourceClaimName"])
         return names
 
+    def _reserved_for(self, pod: dict[str, Any], status: dict[str, Any]) -> bool:
+        """The claim is reserved for the pod, or (workload claims on) for the pod's PodGroup
+        by group, resource and name: a pod does not know its PodGroup's UID."""
+        group = ((pod["spec"].get("schedulingGroup") or {}).get("podGroupName")) or None
+        for r in status.get("reservedFor", []):
+            if r.get("uid") == pod["metadata"]["uid"]:
+                return True
+            if (
+                self._workload_claims
+                and group is not None
+                and r.get("apiGroup") == "scheduling.k8s.io"
+                and r.get("resource") == "podgroups"
+                and r.get("name") == group
+            ):
+                return True
+        return False
+
     def _sync_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         names = self._claim_names(pod)
@@ -368,8 +389,7 @@ class KubeletSimulator:
             if claim is None:
                 return
             status = claim.get("status", {})
-            reserved = {r.get("uid") for r in status.get("reservedFor", [])}
-            if "allocation" not in status or meta["uid"] not in reserved:
+            if "allocation" not in status or not self._reserved_for(pod, status):
                 return
             ref = ClaimRequest(meta["namespace"], claim["metadata"]["uid"], name)
             drivers = tuple(

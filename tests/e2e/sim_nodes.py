@@ -95,9 +95,12 @@ def plugin_node(
     version_style: str = "1.37",
     extra_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    *,
+    workload_claims: bool = False,
 ) -> Iterator[PluginNode]:
     """The real plugin for the existing Node ``name`` plus the kubelet simulator; both
-    stopped and the node's files removed afterwards."""
+    stopped and the node's files removed afterwards. ``workload_claims``: the simulator
+    prepares claims reserved for the pod's PodGroup (kubelet gate DRAWorkloadResourceClaims)."""
     root = Path(tempfile.mkdtemp(prefix="sn", dir="/tmp"))
     api = cluster.api_client()
     try:
@@ -111,7 +114,13 @@ def plugin_node(
                 env=env or {},
             )
         )
-        kubelet = KubeletSimulator(name, node.kubelet_root, api, version_style=version_style)
+        kubelet = KubeletSimulator(
+            name,
+            node.kubelet_root,
+            api,
+            version_style=version_style,
+            workload_claims=workload_claims,
+        )
         try:
             kubelet.start()
             node.start()

@@ -33,6 +33,7 @@ def test_discovery_finds_the_layout_and_taint_rule_version_of_this_server(
     assert (f.slice_layout, f.taint_rule_version) == EXPECTED[k8s_version]
     assert f.server_version.startswith(f"v{k8s_version}.")
     assert dict(f.unavailable) == {}
+    assert f.pod_group_version is None, "the Workload API is off by default"
 
 
 def test_the_plugin_publishes_mig_placements_in_the_layout_it_discovered(
@@ -49,6 +50,15 @@ def test_the_plugin_publishes_mig_placements_in_the_layout_it_discovered(
     )
     assert f"slice_layout={layout}" in line and f"taint_rule_version={rules}" in line
     assert "unavailable=none" in line
+    assert "pod_group_version=none" in line
+    # the start names the API version that claims reserved for a PodGroup would need
+    assert wait_for(
+        "the workload-claims log line",
+        lambda: next(
+            (x for x in pn.node.log_path.read_text().splitlines() if "workload claims" in x),
+            None,
+        ),
+    )
 
     def published() -> list[dict[str, Any]] | None:
         items = get_json(pn.api, f"{RESOURCE_V1}/resourceslices").get("items", [])

@@ -54,6 +54,20 @@ def claim(
     }
 
 
+def reserved_for_group(obj: dict[str, Any], group: str, uid: str | None = None) -> dict[str, Any]:
+    """``obj`` reserved for PodGroup ``group`` (gate DRAWorkloadResourceClaims) instead of pods,
+    as the v1.37.2 scheduler writes it (resourceclaim.BindTo)."""
+    obj["status"]["reservedFor"] = [
+        {
+            "apiGroup": "scheduling.k8s.io",
+            "resource": "podgroups",
+            "name": group,
+            "uid": uid or f"pg-uid-{group}",
+        }
+    ]
+    return obj
+
+
 def ref_of(obj: dict[str, Any]) -> ClaimRef:
     meta = obj["metadata"]
     return ClaimRef(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"])

@@ -8,14 +8,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import ValidationError
 
-from hack.devcluster.components import apiserver
-from hack.devcluster.config import ClusterConfig, Layout, Ports, parse_gates
+from hack.devcluster.components import apiserver, controller_manager
+from hack.devcluster.config import (
+    ClusterConfig,
+    Layout,
+    Ports,
+    parse_gates,
+    parse_runtime_config,
+)
 from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
 from hack.devcluster.pki import Pki, ensure_pki
@@ -146,3 +153,55 @@ def test_each_matrix_version_gets_only_the_gates_it_knows_and_its_runtime_config
 def test_a_version_outside_the_matrix_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"'1\.33' is not in the version matrix"):
         ClusterConfig(state_dir=Path("/s"), bin_dir=Path("/b"), k8s_version="1.33")
+
+
+def test_runtime_config_adds_extra_api_versions_and_those_gates_need() -> None:
+    def args(**kw: Any) -> dict[str, str]:
+        cfg = ClusterConfig(state_dir=Path("/s"), bin_dir=Path("/b"), **kw)
+        spec = apiserver(cfg, Layout(Path("/s")), Ports(1, 2, 3, 4, 5), Pki(Path("/s/pki")))
+        return dict(a.split("=", 1) for a in spec.argv[1:] if "=" in a)
+
+    gang = args(
+        feature_gates={"GenericWorkload": True},
+        runtime_config_extra={"scheduling.k8s.io/v1alpha3": True},
+    )
+    # the scheduler watches PodGroups in v1beta1: the gate brings it; v1alpha3 is the extra
+    assert gang["--runtime-config"] == (
+        "scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true"
+    )
+    assert "GenericWorkload=true" in gang["--feature-gates"]
+    v134 = args(k8s_version="1.34", runtime_config_extra={"resource.k8s.io/v1alpha3": False})
+    assert v134["--runtime-config"] == "resource.k8s.io/v1alpha3=false"  # the extra one wins
+    assert "--runtime-config" not in args(feature_gates={"GenericWorkload": False})
+
+
+@pytest.mark.parametrize("bad", ["scheduling.k8s.io", "Scheduling/v1", "api/everything", "a/b=c"])
+def test_bad_runtime_config_is_refused_naming_the_flag(bad: str) -> None:
+    with pytest.raises(ValidationError, match=r"--runtime-config: .* is not an API group/version"):
+        ClusterConfig(state_dir=Path("/s"), bin_dir=Path("/b"), runtime_config_extra={bad: True})
+
+
+def test_parse_runtime_config_names_the_flag() -> None:
+    assert parse_runtime_config("scheduling.k8s.io/v1alpha3=true,v1=false") == {
+        "scheduling.k8s.io/v1alpha3": True,
+        "v1": False,
+    }
+    with pytest.raises(
+        ValueError,
+        match=r"--runtime-config: 'scheduling.k8s.io/v1' is not GROUP/VERSION=true\|false",
+    ):
+        parse_runtime_config("scheduling.k8s.io/v1")
+
+
+def test_generic_workload_runs_the_podgroup_protection_controller() -> None:
+    def controllers(**kw: Any) -> list[str]:
+        cfg = ClusterConfig(state_dir=Path("/s"), bin_dir=Path("/b"), **kw)
+        spec = controller_manager(cfg, Layout(Path("/s")), Ports(1, 2, 3, 4, 5))
+        flags = dict(a.split("=", 1) for a in spec.argv[1:] if "=" in a)
+        return flags["--controllers"].split(",")
+
+    assert "podgroup-protection-controller" in controllers(feature_gates={"GenericWorkload": True})
+    assert "podgroup-protection-controller" not in controllers()
+    assert "podgroup-protection-controller" not in controllers(
+        k8s_version="1.34", feature_gates={"GenericWorkload": True}
+    )

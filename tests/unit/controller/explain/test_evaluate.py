@@ -260,6 +260,20 @@ def test_required_node_affinity_limits_the_nodes() -> None:
     assert len(group.nodes) == 5
 
 
+def test_a_pending_claim_of_a_gang_pod_says_the_group_is_placed_at_once() -> None:
+    pod = {
+        "metadata": {"namespace": "team", "name": "p"},
+        "spec": {"schedulingGroup": {"podGroupName": "trainers"}},
+    }
+    (e,) = explain_objects(WORLD, [("team/c", claim("c"))], DEFAULT_DRIVER_NAME, pod=pod)
+    assert e.state == "fits"
+    assert e.warnings[-1].startswith(
+        "the pod belongs to PodGroup trainers: the scheduler places the whole group at once"
+    )
+    (alone,) = explain_objects(WORLD, [("team/c", claim("c"))], DEFAULT_DRIVER_NAME)
+    assert not any("PodGroup" in w for w in alone.warnings)
+
+
 def test_counters_name_the_neighbours_and_the_free_placements() -> None:
     held = [
         allocated("other", "mig", "dgx", ["gpu-00000000-mig-4g40gb-0"]),

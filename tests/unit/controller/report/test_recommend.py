@@ -300,6 +300,51 @@ def test_owners_of_claims() -> None:
     assert got[("ml", "c-deploy")] == Owner("ml", "Deployment", "web")
 
 
+def test_owners_of_gang_pods_and_claims_reserved_for_their_podgroup() -> None:
+    """Kubernetes 1.37: a pod names its PodGroup in spec.schedulingGroup; a claim declared on
+    the PodGroup is reserved for the group (status.reservedFor podgroups), not its pods."""
+    group_ref = {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "trainers"}
+    shared = {
+        "metadata": meta("ml", "c-shared"),
+        "status": {"reservedFor": [{**group_ref, "uid": "pg-uid"}]},
+    }
+    orphan = {
+        "metadata": meta("ml", "c-orphan"),
+        "status": {"reservedFor": [{**group_ref, "name": "done", "uid": "pg-done"}]},
+    }
+    cluster = Cluster(
+        claims=(shared, orphan, claim("c-own", owner=("PodGroup", "trainers")), claim("c-solo")),
+        pods=(
+            {
+                "metadata": meta("ml", "trainer-0"),
+                "spec": {
+                    "schedulingGroup": {"podGroupName": "trainers"},
+                    "resourceClaims": [{"name": "shared", "resourceClaimName": "c-shared"}],
+                },
+            },
+            pod("solo-0", "c-solo", schedulingGroup={"podGroupName": "unknown-group"}),
+        ),
+        pod_groups=(
+            {
+                "metadata": meta("ml", "trainers"),
+                "spec": {"workloadRef": {"workloadName": "train", "templateName": "workers"}},
+            },
+            {
+                "metadata": meta("ml", "done"),
+                "spec": {"workloadRef": {"workloadName": "finetune", "templateName": "w"}},
+            },
+        ),
+    )
+    keys = [("ml", n) for n in ("c-shared", "c-orphan", "c-own", "c-solo")]
+    got = group(keys, cluster)
+    assert [(o.kind, o.name, o.note) for o in (got[k] for k in keys)] == [
+        ("Workload", "train", ""),
+        ("Workload", "finetune", ""),  # reserved for the group, its pods gone
+        ("Workload", "train", "pods gone: grouped by the claim's owner"),
+        ("PodGroup", "unknown-group", ""),  # the PodGroup is not readable: shown by name
+    ]
+
+
 def allocated(name: str, device: str, **extra: Any) -> Any:
     result = {"driver": DEFAULT_DRIVER_NAME, "pool": NODE, "device": device, "request": "gpu"}
     result |= extra

@@ -9,8 +9,16 @@ import pytest
 
 from driver.api import ClaimRef
 from driver.errors import ClaimError, ConfigError
-from driver.prepare.claims import parse_claim
-from tests.unit.claim_values import DRIVER, NODE, claim, config, ref_of, result
+from driver.prepare.claims import PodRef, parse_claim
+from tests.unit.claim_values import (
+    DRIVER,
+    NODE,
+    claim,
+    config,
+    ref_of,
+    reserved_for_group,
+    result,
+)
 
 NAMES = {"gpu-00000000", "gpu-00000001", "gpu-00000000-mig-1g10gb-0"}
 
@@ -124,3 +132,36 @@ def test_label_only_node_selector_does_not_exclude() -> None:
     }
     obj = claim("uid-1", [result("gpu-00000000")], node_selector=sel)
     assert len(parse(obj).devices) == 1
+
+
+def test_a_podgroup_reservation_resolves_to_the_groups_pods_on_this_node() -> None:
+    obj = reserved_for_group(claim("uid-1", [result("gpu-00000000")]), "trainers")
+    pods = [PodRef("trainer-0", "u0"), PodRef("trainer-1", "u1")]
+    alloc = parse_claim(
+        obj, ref_of(obj), driver_name=DRIVER, node_name=NODE, device_names=NAMES,
+        group_pods={"pg-uid-trainers": pods},
+    )  # fmt: skip
+    assert alloc.reserved_for == tuple(pods)
+    assert [(g.name, g.uid, g.index) for g in alloc.pod_groups] == [
+        ("trainers", "pg-uid-trainers", 0)
+    ]
+
+
+def test_a_podgroup_reservation_not_resolved_fails_closed_naming_the_group() -> None:
+    obj = reserved_for_group(claim("uid-1", [result("gpu-00000000")]), "trainers")
+    with pytest.raises(ClaimError) as e:
+        parse(obj)  # no group_pods: the consumers are unknown
+    assert str(e.value) == (
+        "claim team-a/train: status.reservedFor[0] names PodGroup team-a/trainers "
+        f"(uid pg-uid-trainers) whose pods on node {NODE!r} are unknown; not prepared"
+    )
+
+
+def test_a_pod_reservation_needs_no_group_lookup_and_other_consumers_are_ignored() -> None:
+    obj = claim("uid-1", [result("gpu-00000000")])
+    obj["status"]["reservedFor"].append(
+        {"apiGroup": "example.com", "resource": "pods", "name": "x", "uid": "u-x"}
+    )
+    alloc = parse(obj)
+    assert [p.name for p in alloc.reserved_for] == ["trainer-0"]
+    assert alloc.pod_groups == ()

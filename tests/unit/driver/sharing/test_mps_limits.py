@@ -17,8 +17,9 @@ from driver.errors import NvmlError
 from driver.nvml.sim import create_state, open_simulated
 from driver.nvml.sim.profiles import PROFILE_DIR
 from driver.nvml.types import MemoryLimit
+from driver.prepare.claims import PodRef
 from driver.prepare.executor import Reconciler
-from tests.unit.claim_values import claim, ref_of, result
+from tests.unit.claim_values import claim, ref_of, reserved_for_group, result
 from tests.unit.sharing_node import CONFIG, sharing_state
 
 GIB = 1 << 30
@@ -179,3 +180,35 @@ def test_without_enforcement_nothing_is_set_and_the_attribute_says_false(tmp_pat
         assert state.unprepare(ref_of(obj)).error == ""
     finally:
         sharing.daemons.sweep(set())
+
+
+LATE = "7c1d3e44-0a2b-4c5d-8e9f-1a2b3c4d5e6f"
+LATE_CGROUP = POD_CGROUP.replace(POD.replace("-", "_"), LATE.replace("-", "_"))
+
+
+def test_a_pod_that_joins_a_podgroup_claim_later_gets_the_same_hard_limit(
+    enforcing: Path,
+) -> None:
+    """A claim reserved for a PodGroup is prepared for the pods there at the time; a pod of
+    the group that starts later (no prepare call of its own) gets the limit when its cgroup
+    exists, and loses it with the claim."""
+    root = cgroup_root(enforcing)
+    config = CONFIG.model_copy(update={"cgroup_root": root})
+    state, _, nvml = sharing_state(enforcing, config=config)
+    gpu = state.inventory.gpus[0]
+    obj = reserved_for_group(mps_share_claim(enforcing, "a", f"{gpu.name}-mps-blue", "20Gi"), "g")
+    first = PodRef("trainer-0", POD)
+    assert state.prepare(obj, ref_of(obj), group_pods={"pg-uid-g": [first]}).error == ""
+    late = PodRef("trainer-1", LATE)
+    assert state.join_group("team-a", "g", late, {"c-a"}) == [], "no cgroup yet: not joined"
+    assert nvml.memory_limits(gpu.uuid, LATE_CGROUP).hard_bytes is None
+    (root / LATE_CGROUP.lstrip("/")).mkdir(parents=True)
+    assert state.join_group("team-a", "g", late, {"c-a"}) == ["team-a/c-a"]
+    assert nvml.memory_limits(gpu.uuid, LATE_CGROUP).hard_bytes == 20 * GIB
+    assert nvml.memory_limits(gpu.uuid, POD_CGROUP).hard_bytes == 20 * GIB
+    assert state.join_group("team-a", "g", late, {"c-a"}) == [], "once"
+    assert state.join_group("team-a", "other", PodRef("x", "u-x"), {"c-a"}) == []
+
+    assert state.unprepare(ref_of(obj)).error == ""
+    assert nvml.memory_limits(gpu.uuid, LATE_CGROUP).hard_bytes is None
+    assert nvml.memory_limits(gpu.uuid, POD_CGROUP).hard_bytes is None
