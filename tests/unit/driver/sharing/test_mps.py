@@ -363,8 +363,11 @@ def test_a_configured_cgroup_that_is_no_cgroup_fails_the_start_naming_it(tmp_pat
     uuid = nvml.list_gpus()[0].uuid
     plain = tmp_path / "not-a-cgroup" / "tranche-mps"
     daemons = MpsDaemons(binary, tmp_path / "mps", nvml, cgroups=[plain])
-    with pytest.raises(ClaimError, match=f"cgroup {plain} is not a cgroup"):
-        daemons.ensure(DaemonSpec(key=uuid, uuid=uuid, gpu_uuid=uuid, whole_gpu=True))
-    assert daemons.processes(uuid) == []
-    assert nvml.compute_mode(uuid) == "Default"
-    assert daemons.records() == {}
+    try:
+        with pytest.raises(ClaimError, match=f"cgroup {plain} is not a cgroup"):
+            daemons.ensure(DaemonSpec(key=uuid, uuid=uuid, gpu_uuid=uuid, whole_gpu=True))
+        assert daemons.processes(uuid) == []
+        assert nvml.compute_mode(uuid) == "Default"
+        assert daemons.records() == {}
+    finally:
+        daemons.sweep(set())  # a daemon started anyway (the bug) is not left running
