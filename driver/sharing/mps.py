@@ -156,6 +156,7 @@ class MpsDaemons:
         self._faults = faults
         self._environ = dict(os.environ if environ is None else environ)
         self._lock = threading.RLock()
+        self._known: set[str] = set()  # keys this process started or adopted
         self.restarts = 0
 
     # paths ----------------------------------------------------------------------------------
@@ -251,6 +252,7 @@ class MpsDaemons:
         return done.returncode == 0
 
     def _adopt(self, spec: DaemonSpec) -> None:
+        self._known.add(spec.key)
         record = self.records().get(spec.key)
         pgid = record[1] if record is not None else None
         pids = self.processes(spec.key) or self.record_pids(spec.key)
@@ -266,10 +268,13 @@ class MpsDaemons:
     # start / stop ---------------------------------------------------------------------------
 
     def ensure(self, spec: DaemonSpec) -> None:
-        """Start the daemon of ``spec.key`` unless it runs already; adopt one that answers
-        but that this process does not see (another PID namespace)."""
+        """Start the daemon of ``spec.key`` unless it runs already; adopt one that another
+        process started (seen in ``/proc``, or answering on its pipe from a PID namespace this
+        process does not see)."""
         with self._lock:
             if self.running(spec.key):
+                if spec.key not in self._known:
+                    self._adopt(spec)
                 return
             if self.answers(spec):
                 self._adopt(spec)
@@ -277,6 +282,7 @@ class MpsDaemons:
             self._start(spec)
 
     def _start(self, spec: DaemonSpec) -> None:
+        command = self._launch_command()  # before any side effect: it may refuse the cgroups
         pipe, logs = self.pipe_dir(spec.key), self.log_dir(spec.key)
         pipe.mkdir(parents=True, exist_ok=True)
         logs.mkdir(parents=True, exist_ok=True)
@@ -288,7 +294,7 @@ class MpsDaemons:
         self._write_record(spec, None)
         try:
             proc = subprocess.Popen(
-                self._launch_command(),
+                command,
                 env=self._env(spec),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -309,6 +315,7 @@ class MpsDaemons:
             raise
         pids = self.processes(spec.key)
         self._write_record(spec, proc.pid, pids)
+        self._known.add(spec.key)
         log.info(
             "mps daemon started key=%s uuid=%s pgid=%d pids=%s pipe_dir=%s",
             spec.key,
@@ -328,6 +335,13 @@ class MpsDaemons:
                 cgroup.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ClaimError(f"MPS control daemon cgroup {cgroup} cannot be made: {e}") from e
+            # A directory of no cgroup filesystem (cgroup v1's tmpfs at /sys/fs/cgroup, a
+            # v2 path on a v1 node) takes the pid as a plain file and moves nothing.
+            if not (cgroup / "cgroup.procs").exists():
+                raise ClaimError(
+                    f"MPS control daemon cgroup {cgroup} is not a cgroup (no cgroup.procs): "
+                    "on cgroup v1 name one directory per hierarchy (mpsCgroups)"
+                )
         script = 'b=$1; shift; for d; do echo $$ > "$d/cgroup.procs" || exit 1; done; exec "$b" -d'
         return ["/bin/sh", "-c", script, "sh", self.binary, *map(str, self.cgroups)]
 
@@ -400,6 +414,7 @@ class MpsDaemons:
                 self._cleanup(record[0])
             else:
                 shutil.rmtree(self.dir(key), ignore_errors=True)
+            self._known.discard(key)
             log.info("mps daemon stopped key=%s", key)
 
     def _kill(self, key: str, pgid: int | None) -> None:
@@ -442,11 +457,14 @@ class MpsDaemons:
         return stopped
 
     def restart_dead(self) -> list[str]:
-        """Restart every recorded daemon that is not running; returns their keys."""
+        """Restart every recorded daemon that is not running, adopt those another process
+        started; returns the keys restarted."""
         restarted = []
         with self._lock:
             for key, (spec, pgid) in self.records().items():
                 if self.running(key):
+                    if key not in self._known:
+                        self._adopt(spec)
                     continue
                 if self.answers(spec):
                     self._adopt(spec)

@@ -68,6 +68,7 @@ VALUE_SETS = {
                      "--set-json", 'kubeletPlugin.metricsScrapers=[{"namespaceSelector": '
                      '{"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]',
                      "--set", "serviceMonitor.enabled=true"],
+    "mps-in-container": ["--set", "kubeletPlugin.mps.outliveContainer=false"],
     "custom-driver": ["--set", "driverName=gpu.example.com",
                       "--set-json", f"bridge.migProfiles={UNUSUAL_MIG_PROFILES}"],
 }  # fmt: skip
@@ -149,6 +150,17 @@ def test_plugin_values_reach_the_plugin_as_settings_it_accepts(
         "--set", "kubeletPlugin.devicePluginCheck=false",
         "--set", "kubeletPlugin.defaultTrustLevel=shared",
     )  # fmt: skip
+    settings = _plugin_settings(objs, monkeypatch)
+    assert settings.sharing.groups == ("team-a",)
+    assert settings.sharing.max_shares == 4
+    assert settings.health_policy.quiet_seconds == 30
+    assert settings.device_plugin_check is False
+    assert settings.default_trust_level == "shared"
+    assert settings.nvml == "real"
+
+
+def _plugin_settings(objs: list[Obj], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The settings the plugin parses from the rendered DaemonSet's TRANCHE_* environment."""
     (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
     env = {
         e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -160,13 +172,7 @@ def test_plugin_values_reach_the_plugin_as_settings_it_accepts(
             monkeypatch.setenv(name, value)
     parser = argparse.ArgumentParser()
     plugin_settings.add_arguments(parser)
-    settings = plugin_settings.settings_from_args(parser.parse_args(["--node-name", "n1"]))
-    assert settings.sharing.groups == ("team-a",)
-    assert settings.sharing.max_shares == 4
-    assert settings.health_policy.quiet_seconds == 30
-    assert settings.device_plugin_check is False
-    assert settings.default_trust_level == "shared"
-    assert settings.nvml == "real"
+    return plugin_settings.settings_from_args(parser.parse_args(["--node-name", "n1"]))
 
 
 def test_chart_ships_the_repository_device_classes_policy_and_bridge_classes(helm: str) -> None:
@@ -1004,8 +1010,9 @@ def test_the_plugin_takes_the_drivers_files_by_path_and_reads_the_hosts_procfs(
 ) -> None:
     """No LD_LIBRARY_PATH (it would load the host's libc into the container's Python): the
     plugin gets the mounted driver root and opens libnvidia-ml, nvidia-smi and
-    nvidia-cuda-mps-control there by path. Not hostPID: the host's procfs, read-only, is
-    what the usage sampler needs (NVML names GPU processes by host PID)."""
+    nvidia-cuda-mps-control there by path. The usage sampler reads the host's procfs (NVML
+    names GPU processes by host PID): the pod's own /proc in the host's PID namespace (MPS
+    daemons outliving the container need it), else the host's mounted read-only."""
     spec, container = _plugin_container(render(helm, "tranche", "tranche", *VALUE_SETS[values]))
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert "LD_LIBRARY_PATH" not in env
@@ -1014,12 +1021,93 @@ def test_the_plugin_takes_the_drivers_files_by_path_and_reads_the_hosts_procfs(
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert env["TRANCHE_DRIVER_ROOT"] == mounts["driver-root"]["mountPath"]
     assert mounts["driver-root"]["readOnly"] is True
-    assert not spec.get("hostPID") and not spec.get("hostIPC") and not spec.get("hostNetwork")
-    (proc,) = [
+    assert not spec.get("hostIPC") and not spec.get("hostNetwork")
+    proc = [
         m for m in mounts.values() if volumes[m["name"]].get("hostPath", {}).get("path") == "/proc"
     ]
-    assert proc["readOnly"] is True
-    assert env["TRANCHE_PROC_ROOT"] == proc["mountPath"]
+    if values == "mps-in-container":
+        assert not spec.get("hostPID")
+        assert [m["readOnly"] for m in proc] == [True]
+        assert env["TRANCHE_PROC_ROOT"] == proc[0]["mountPath"]
+    else:
+        assert spec["hostPID"] is True
+        assert proc == []
+        assert env["TRANCHE_PROC_ROOT"] == "/proc"
+
+
+def _cgroup_mounts(spec: Obj, container: Obj) -> list[tuple[str, Obj]]:
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    return [
+        (m["mountPath"], volumes[m["name"]]["hostPath"])
+        for m in container["volumeMounts"]
+        if volumes[m["name"]].get("hostPath", {}).get("path", "").startswith("/sys/fs/cgroup")
+    ]
+
+
+def test_mps_daemons_outlive_the_plugin_container_unless_turned_off(
+    helm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default the plugin pod is in the host's PID namespace with the host's cgroup root
+    at /host-cgroup, and the plugin starts every MPS daemon in /host-cgroup/tranche-mps (the
+    sharing value's own settings kept). No hostIPC: the daemon's shared memory is not the
+    host's. Turned off, none of the three is granted."""
+    sharing = ["--set-json", 'kubeletPlugin.sharing={"groups": ["blue"], "maxShares": 4}']
+    objs = render(helm, "tranche", "tranche", *sharing)
+    spec, container = _plugin_container(objs)
+    assert spec["hostPID"] is True
+    assert "hostIPC" not in spec
+    assert _cgroup_mounts(spec, container) == [
+        ("/host-cgroup", {"path": "/sys/fs/cgroup", "type": "Directory"})
+    ]
+    settings = _plugin_settings(objs, monkeypatch)
+    assert settings.sharing.mps_cgroups == (Path("/host-cgroup/tranche-mps"),)
+    assert settings.sharing.groups == ("blue",)
+    assert settings.sharing.max_shares == 4
+    # No sharing groups: a claim may still ask for MPS on its own device.
+    default = _plugin_settings(render(helm, "tranche", "tranche"), monkeypatch)
+    assert default.sharing.mps_cgroups == (Path("/host-cgroup/tranche-mps"),)
+    assert default.sharing.groups == ()
+
+    # cgroup v1: one directory per hierarchy; a YAML string value keeps its settings.
+    v1 = ["cpu,cpuacct/tranche-mps", "memory/tranche-mps", "pids/tranche-mps", "cpuset"]
+    objs = render(
+        helm, "tranche", "tranche", "--set", "kubeletPlugin.sharing=groups: [blue]",
+        "--set-json", f"kubeletPlugin.mps.cgroups={json.dumps(v1)}",
+    )  # fmt: skip
+    settings = _plugin_settings(objs, monkeypatch)
+    assert settings.sharing.mps_cgroups == tuple(Path("/host-cgroup", d) for d in v1)
+    assert settings.sharing.groups == ("blue",)
+    # The sharing value's own mpsCgroups wins.
+    own = ["--set-json", 'kubeletPlugin.sharing={"mpsCgroups": ["/host-cgroup/mine"]}']
+    settings = _plugin_settings(render(helm, "tranche", "tranche", *own), monkeypatch)
+    assert settings.sharing.mps_cgroups == (Path("/host-cgroup/mine"),)
+
+    objs = render(helm, "tranche", "tranche", *sharing, *VALUE_SETS["mps-in-container"])
+    spec, container = _plugin_container(objs)
+    assert "hostPID" not in spec
+    assert _cgroup_mounts(spec, container) == []
+    settings = _plugin_settings(objs, monkeypatch)
+    assert settings.sharing.mps_cgroups == ()
+    assert settings.sharing.groups == ("blue",)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            ["--set-json", 'kubeletPlugin.mps.cgroups=["/sys/fs/cgroup/x"]'],
+            "is not a path relative",
+        ),
+        (["--set-json", 'kubeletPlugin.mps.cgroups=["a/../../etc"]'], "is not a path relative"),
+        (["--set-json", "kubeletPlugin.mps.cgroups=[]"], "needs kubeletPlugin.mps.cgroups"),
+        (["--set", "kubeletPlugin.sharing=[blue"], "kubeletPlugin.sharing is not a YAML/JSON"),
+    ],
+)
+def test_mps_cgroups_outside_the_mounted_cgroup_root_are_refused(
+    helm: str, values: list[str], message: str
+) -> None:
+    out = helm_template(helm, "tranche", "tranche", *values)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
 
 
 def _driver_root_mount(spec: Obj, container: Obj) -> tuple[Obj, Obj]:

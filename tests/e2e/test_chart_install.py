@@ -6,7 +6,9 @@ controller Deployment run from it under their own ServiceAccounts. The plugin re
 the real kubelet and publishes the node's slices; a pod with a claim starts. Each pod's own
 token is shown to be its ServiceAccount's and no more (asked from inside the running pods).
 ``helm upgrade`` to a new image tag rolls the DaemonSet while a pod with a prepared claim keeps
-running and a new pod's prepare during the roll succeeds. ``helm uninstall`` leaves nothing of
+running and a new pod's prepare during the roll succeeds; a pod with an MPS share keeps the
+MPS daemon of its GPU through a roll (the daemon outlives the old plugin container and the new
+one adopts it). ``helm uninstall`` leaves nothing of
 the release but what docs/install.md says stays (the driver's ResourceSlices, the namespace).
 
 Pods reach the API server as in-cluster clients do, at the ``kubernetes`` Service's address
@@ -30,13 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
+from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
+from hack.devcluster.realnode.host import cgroup_hierarchies
 from hack.devcluster.realnode.node import RealNodeInfo
 from hack.devcluster.realnode.render import CONTAINERD_NAMESPACE, TEST_IMAGE
 from tests.conftest import unavailable
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import claim
+from tests.e2e.mps_host import answers, daemon_pids
 from tests.e2e.tcp_relay import TcpRelay
 from tests.waiting import wait_for
 
@@ -55,6 +61,7 @@ INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
 PLUGIN_PODS = f"{INSTANCE},app.kubernetes.io/component=kubelet-plugin"
 CONTROLLER_PODS = f"{INSTANCE},app.kubernetes.io/component=controller"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+SHARING_GROUP = "blue"  # the node's sharing group (MPS share devices)
 
 
 @dataclass
@@ -75,10 +82,10 @@ class Install:
         propagation, which this machine's private "/" refuses."""
         return self.node.kubelet_root / "test-driver-root"
 
-    def kubectl(self, *args: str, check: bool = True) -> str:
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
         done = subprocess.run(
             [f"{self.cluster.bin_dir}/kubectl", "--kubeconfig", self.cluster.kubeconfig, *args],
-            capture_output=True, text=True, timeout=120, check=False,
+            capture_output=True, text=True, timeout=120, check=False, input=stdin,
         )  # fmt: skip
         if check:
             assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
@@ -90,6 +97,19 @@ class Install:
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}{done.stdout}"
+
+    @property
+    def mps_cgroups(self) -> list[str]:
+        """The MPS daemons' cgroups (kubeletPlugin.mps.cgroups, relative to the host's cgroup
+        root): under the node's cgroup root, which the node's teardown empties and removes.
+        One per hierarchy on cgroup v1 (this machine), where a new cpuset cgroup has no CPUs:
+        there the node's root itself."""
+        base = Path("/sys/fs/cgroup")
+        out = []
+        for h in cgroup_hierarchies():
+            node_root = h.relative_to(base) / self.node.cgroup_root.lstrip("/")
+            out.append(str(node_root if h.name == "cpuset" else node_root / "tranche-mps"))
+        return out
 
     def values(self, tag: str) -> list[str]:
         on_node = json.dumps({"kubernetes.io/hostname": self.node.name})
@@ -107,6 +127,8 @@ class Install:
             "--set", "controller.replicas=1",
             "--set-json", f"controller.nodeSelector={on_node}",
             "--set", "trust.labelPolicy=false",
+            "--set-json", f'kubeletPlugin.sharing={{"groups": ["{SHARING_GROUP}"]}}',
+            "--set-json", f"kubeletPlugin.mps.cgroups={json.dumps(self.mps_cgroups)}",
         ]  # fmt: skip
 
     def pods(
@@ -420,6 +442,32 @@ def test_a_pod_with_a_claim_starts_on_the_node(install: Install) -> None:
     assert cdi, f"no CDI spec in {install.node.cdi_root}"
 
 
+def upgrade_to_the_other_tag(install: Install) -> str:
+    """``helm upgrade`` to the image tag the plugin does not run (the roll tag, or back);
+    returns the new image once a plugin pod of it exists."""
+    (running,) = {p.spec.containers[0].image for p in install.pods(PLUGIN_PODS)}
+    tag = install.image_tag if running.endswith(f":{install.roll_tag}") else install.roll_tag
+    install.helm_cmd("upgrade", RELEASE, str(CHART), *install.values(tag))
+    new_image = f"localhost/tranche:{tag}"
+    wait_for(
+        "a plugin pod of the new image",
+        lambda: any(p.spec.containers[0].image == new_image for p in install.pods(PLUGIN_PODS)),
+        timeout_s=60,
+    )
+    return new_image
+
+
+def wait_rolled(install: Install, new_image: str) -> Any:
+    """Wait until the only plugin pod runs ``new_image`` and is ready; returns it."""
+
+    def rolled() -> Any:
+        pods = install.pods(PLUGIN_PODS)
+        done = len(pods) == 1 and pods[0].spec.containers[0].image == new_image
+        return pods[0] if done and _ready(pods[0]) else None
+
+    return wait_for("the plugin DaemonSet to roll to the new image", rolled, timeout_s=240)
+
+
 def test_helm_upgrade_rolls_the_plugin_while_claims_keep_working(install: Install) -> None:
     """The DaemonSet surges a pod of the new image beside the old one; the running pod keeps
     its claim; a pod created during the roll is prepared by one of them, without a failure."""
@@ -430,20 +478,9 @@ def test_helm_upgrade_rolls_the_plugin_while_claims_keep_working(install: Instal
     # Event times have whole seconds: the window starts at the second of the upgrade.
     roll_start = dt.datetime.now(dt.UTC).replace(microsecond=0)
     t0 = time.monotonic()
-    install.helm_cmd("upgrade", RELEASE, str(CHART), *install.values(install.roll_tag))
-    new_image = f"localhost/tranche:{install.roll_tag}"
-    wait_for(
-        "a plugin pod of the new image",
-        lambda: any(p.spec.containers[0].image == new_image for p in install.pods(PLUGIN_PODS)),
-        timeout_s=60,
-    )
+    new_image = upgrade_to_the_other_tag(install)
     _workload(install, "during-roll")
-
-    def rolled() -> bool:
-        pods = install.pods(PLUGIN_PODS)
-        return len(pods) == 1 and pods[0].spec.containers[0].image == new_image and _ready(pods[0])
-
-    wait_for("the plugin DaemonSet to roll to the new image", rolled, timeout_s=240)
+    wait_rolled(install, new_image)
     install.timings["rolling_update_s"] = time.monotonic() - t0
     wait_for("pod during-roll to run", lambda: _running(install, "during-roll"), timeout_s=120)
     failed = _failed_prepares(install, since=roll_start)
@@ -460,6 +497,117 @@ def test_helm_upgrade_rolls_the_plugin_while_claims_keep_working(install: Instal
     assert before is not None, "the pod prepared before the roll stopped running"
     assert all(s.restart_count == 0 for s in before.status.container_statuses or [])
     assert old.metadata.name not in {p.metadata.name for p in install.pods(PLUGIN_PODS)}
+
+
+# The MPS client: every second, whether the daemon's control socket is in its pipe directory,
+# and which socket it is (a daemon started again binds a new one).
+MPS_CLIENT = (
+    "while true; do if [ -S /tmp/nvidia-mps/control ]; then "
+    'echo "SERVED inode=$(/bin/busybox stat -c %i /tmp/nvidia-mps/control)"; '
+    'else echo "NOT SERVED"; fi; sleep 1; done'
+)
+
+
+def _mps_client(inst: Install, name: str) -> str:
+    """The docs' MPS share example (docs/examples/mps-shares.yaml) on the real node, its
+    container the MPS client; returns the pod's name."""
+    docs = [
+        d for d in yaml.safe_load_all((ROOT / "docs/examples/mps-shares.yaml").read_text()) if d
+    ]
+    for d in docs:
+        d["metadata"]["name"] = name
+        if d["kind"] == "Pod":
+            spec = d["spec"]
+            spec["nodeSelector"] = {"kubernetes.io/hostname": inst.node.name}
+            spec["terminationGracePeriodSeconds"] = 1
+            spec["resourceClaims"][0]["resourceClaimTemplateName"] = name
+            (c,) = spec["containers"]
+            c.update(image=TEST_IMAGE, imagePullPolicy="Never")
+            c["command"] = ["/bin/sh", "-c", MPS_CLIENT]
+    inst.kubectl("apply", "-n", WORKLOADS, "-f", "-", stdin=yaml.safe_dump_all(docs))
+    return name
+
+
+def _claim_uid(inst: Install, pod: str) -> str:
+    def name() -> str | None:
+        p = inst.core.read_namespaced_pod(pod, WORKLOADS)
+        for st in (p.status.resource_claim_statuses if p.status else None) or []:
+            if st.resource_claim_name:
+                return str(st.resource_claim_name)
+        return None
+
+    claim_name = wait_for(f"the claim of pod {pod}", name)
+    obj: Any = client.CustomObjectsApi(inst.core.api_client).get_namespaced_custom_object(
+        "resource.k8s.io", "v1", WORKLOADS, "resourceclaims", claim_name
+    )
+    return str(obj["metadata"]["uid"])
+
+
+def _served(inst: Install, pod: str) -> set[str]:
+    log = str(inst.core.read_namespaced_pod_log(pod, WORKLOADS))
+    return {x for x in log.splitlines() if "SERVED" in x}
+
+
+def test_an_mps_daemon_outlives_the_plugin_roll_and_is_adopted_not_doubled(
+    install: Install,
+) -> None:
+    """The chart's plugin pod (kubeletPlugin.mps.outliveContainer, the default) starts the
+    MPS daemon outside its container: a rolling update leaves it serving the running client,
+    the new plugin pod adopts it, and unprepare after the roll quits it, leaving nothing."""
+    labels = {LABEL_LEVEL: "shared", LABEL_SHARING_GROUP: SHARING_GROUP}
+    install.core.patch_namespace(WORKLOADS, {"metadata": {"labels": labels}})
+    pod = _mps_client(install, "mps-client")
+    wait_for("the MPS client pod to run", lambda: _running(install, pod), timeout_s=180)
+    uid = _claim_uid(install, pod)
+    spec_file = install.node.cdi_root / f"{DRIVER}-claim_{uid}.json"
+    assert spec_file.exists(), list(install.node.cdi_root.iterdir())
+    (before,) = wait_for("the client to find the daemon's socket", lambda: _served(install, pod))
+    assert before.startswith("SERVED inode="), before
+
+    mps_root = install.node.kubelet_root / "plugins" / DRIVER / "mps"
+    (record_path,) = mps_root.glob("*/daemon.json")
+    record = json.loads(record_path.read_text())
+    key, pipe_dir = record["spec"]["key"], Path(record["pipe_dir"])
+    (pid,) = daemon_pids(mps_root, key)
+    starts = pipe_dir.parent / "log" / "starts.log"
+    (started,) = starts.read_text().splitlines()
+    assert started.endswith(f" devices={record['spec']['uuid']}"), started
+
+    plugin = wait_rolled(install, upgrade_to_the_other_tag(install))
+
+    # The client pod kept running and found the same socket the whole time.
+    running = _running(install, pod)
+    assert running is not None, "the MPS client pod stopped with the plugin roll"
+    assert all(s.restart_count == 0 for s in running.status.container_statuses or [])
+    assert _served(install, pod) == {before}, "the client lost the daemon's socket"
+    # The daemon of before is the GPU's only one, started once, and it answers.
+    assert daemon_pids(mps_root, key) == [pid], "the daemon did not outlive the plugin container"
+    # Outside the plugin container's cgroups: in those the chart gave it.
+    assert "/tranche-mps" in Path(f"/proc/{pid}/cgroup").read_text()
+    assert starts.read_text().splitlines() == [started], "a second daemon was started"
+    assert answers(pipe_dir)
+    logs = install.kubectl("logs", "-n", NAMESPACE, plugin.metadata.name, "-c", "plugin")
+    adopted = [x for x in logs.splitlines() if "mps daemon adopted" in x]
+    assert len(adopted) == 1 and f"key={key} " in adopted[0] and f"pids={pid} " in adopted[0], (
+        adopted
+    )
+
+    # Unprepare after the roll: the new plugin quits the adopted daemon; nothing is left.
+    install.core.delete_namespaced_pod(pod, WORKLOADS)
+
+    def deleted() -> bool:
+        with contextlib.suppress(client.ApiException):
+            install.core.read_namespaced_pod(pod, WORKLOADS)
+            return False
+        return True
+
+    wait_for("the client pod to be deleted", deleted, timeout_s=120)
+    wait_for("the claim's CDI spec to be removed", lambda: not spec_file.exists(), timeout_s=60)
+    wait_for("the daemon to quit", lambda: not daemon_pids(mps_root, key), timeout_s=30)
+    assert not pipe_dir.parent.exists(), list(pipe_dir.parent.rglob("*"))
+    assert not list(mps_root.glob("*/daemon.json"))
+    logs = install.kubectl("logs", "-n", NAMESPACE, plugin.metadata.name, "-c", "plugin")
+    assert f"mps daemon stopped key={key}" in logs
 
 
 # Kinds the chart renders, cluster-wide and in the release namespace.

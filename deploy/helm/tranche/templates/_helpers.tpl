@@ -73,3 +73,45 @@ automountServiceAccountToken: false, so no second token is mounted.
       - configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}
       - downwardAPI: {items: [{path: namespace, fieldRef: {fieldPath: metadata.namespace}}]}
 {{- end }}
+
+{{- /* TRANCHE_SHARING: kubeletPlugin.sharing (a string or a map) with mpsCgroups added when
+MPS daemons outlive the plugin container (kubeletPlugin.mps.cgroups, under the host's cgroup
+root at /host-cgroup) and the value names none. An "@file" value is passed as it is: the file
+must name mpsCgroups itself. */ -}}
+{{- define "tranche.sharingValue" -}}
+{{- $value := .Values.kubeletPlugin.sharing -}}
+{{- $mps := .Values.kubeletPlugin.mps -}}
+{{- if and (kindIs "string" $value) (hasPrefix "@" (trim $value)) -}}
+{{ $value | quote }}
+{{- else -}}
+{{- $setting := dict -}}
+{{- if kindIs "string" $value -}}
+{{- if trim $value -}}
+{{- $setting = fromYaml $value -}}
+{{- if hasKey $setting "Error" -}}
+{{- fail (printf "kubeletPlugin.sharing is not a YAML/JSON mapping: %s" (get $setting "Error")) -}}
+{{- end -}}
+{{- end -}}
+{{- else if $value -}}
+{{- $setting = deepCopy $value -}}
+{{- end -}}
+{{- if and $mps.outliveContainer (not (hasKey $setting "mpsCgroups")) -}}
+{{- if not $mps.cgroups -}}
+{{- fail "kubeletPlugin.mps.outliveContainer needs kubeletPlugin.mps.cgroups (directories under the host's cgroup root)" -}}
+{{- end -}}
+{{- $dirs := list -}}
+{{- range $mps.cgroups -}}
+{{- if or (not (kindIs "string" .)) (hasPrefix "/" .) (regexMatch "(^|/)\\.\\.(/|$)" .) (not .) -}}
+{{- fail (printf "kubeletPlugin.mps.cgroups: %v is not a path relative to the host's cgroup root" .) -}}
+{{- end -}}
+{{- $dirs = append $dirs (printf "/host-cgroup/%s" .) -}}
+{{- end -}}
+{{- $_ := set $setting "mpsCgroups" $dirs -}}
+{{- end -}}
+{{- if $setting -}}
+{{ toJson $setting | quote }}
+{{- else -}}
+""
+{{- end -}}
+{{- end -}}
+{{- end }}

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from driver.checkpoint.store import Checkpoint
+from driver.errors import ClaimError
 from driver.nvml.sim import create_state, open_simulated
 from driver.nvml.sim.driver_root import write_mps_control
 from driver.sharing import SharingNode
@@ -288,6 +289,36 @@ def test_a_daemon_this_process_cannot_see_is_adopted_not_doubled(
     assert not first.dir(uuid).exists()
 
 
+def test_a_daemon_another_process_started_is_adopted_when_seen_in_proc(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plugin in the host's PID namespace (the chart's plugin pod) sees the daemon the
+    previous plugin pod started: its recovery adopts it (recorded, logged), starts none."""
+    binary = str(write_mps_control(tmp_path / "bin"))
+    nvml = open_simulated(create_state("dgx-h100"))
+    uuid = nvml.list_gpus()[0].uuid
+    spec = DaemonSpec(key=uuid, uuid=uuid, gpu_uuid=uuid, whole_gpu=True)
+    first = MpsDaemons(binary, tmp_path / "mps", nvml)
+    first.ensure(spec)
+    (pid,) = first.processes(uuid)
+    try:
+        second = MpsDaemons(binary, tmp_path / "mps", nvml)
+        caplog.set_level("INFO", logger="driver.sharing.mps")
+        assert second.restart_dead() == []
+        adopted = [r.getMessage() for r in caplog.records if "mps daemon adopted" in r.getMessage()]
+        assert adopted == [
+            f"mps daemon adopted key={uuid} uuid={uuid} pids={pid} pipe_dir={second.pipe_dir(uuid)}"
+        ]
+        # Adopted once: the supervisor's next rounds and a new claim's ensure do not log again.
+        assert second.restart_dead() == []
+        second.ensure(spec)
+        assert len([r for r in caplog.records if "mps daemon adopted" in r.getMessage()]) == 1
+        assert len(log_lines(second, uuid, "starts.log")) == 1
+        assert second.record_pids(uuid) == [pid]
+    finally:
+        first.stop(uuid)
+
+
 def _cgroup_hierarchy() -> Path:
     """A cgroup hierarchy this test may make a cgroup in (v2, or v1's ``pids``)."""
     root = Path("/sys/fs/cgroup")
@@ -322,3 +353,21 @@ def test_a_daemon_started_in_the_configured_cgroup_is_outside_the_plugins(tmp_pa
         daemons.sweep(set())
         wait_for("the cgroup to empty", lambda: not (cgroup / "cgroup.procs").read_text().strip())
         cgroup.rmdir()
+
+
+def test_a_configured_cgroup_that_is_no_cgroup_fails_the_start_naming_it(tmp_path: Path) -> None:
+    """A v2 path on a v1 node is a plain directory: the daemon would stay in the plugin's
+    cgroup and die with its container, so the start fails instead of pretending."""
+    binary = str(write_mps_control(tmp_path / "bin"))
+    nvml = open_simulated(create_state("dgx-h100"))
+    uuid = nvml.list_gpus()[0].uuid
+    plain = tmp_path / "not-a-cgroup" / "tranche-mps"
+    daemons = MpsDaemons(binary, tmp_path / "mps", nvml, cgroups=[plain])
+    try:
+        with pytest.raises(ClaimError, match=f"cgroup {plain} is not a cgroup"):
+            daemons.ensure(DaemonSpec(key=uuid, uuid=uuid, gpu_uuid=uuid, whole_gpu=True))
+        assert daemons.processes(uuid) == []
+        assert nvml.compute_mode(uuid) == "Default"
+        assert daemons.records() == {}
+    finally:
+        daemons.sweep(set())  # a daemon started anyway (the bug) is not left running
