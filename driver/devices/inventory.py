@@ -34,13 +34,25 @@ from driver.nvml.types import GpuInfo, MigInstance, MigProfile, SystemInfo
 
 
 class DeviceType(StrEnum):
-    """A kind of device that can be advertised for a GPU."""
+    """A kind of device that can be advertised for a GPU.
+
+    * ``gpu``: the whole GPU.
+    * ``mig``: every MIG placement NVML lists (dynamic MIG: the driver creates the instance
+      for a claim), plus the instances that exist.
+    * ``mig-enabled``: MIG only where an operator put the GPU in MIG mode: the instances that
+      exist and, on a GPU that needs a reset to leave MIG mode (A100, A30), its placements.
+      No dynamic placements on a GPU that switches MIG mode by itself (Hopper and later).
+    """
 
     GPU = "gpu"
     MIG = "mig"
+    MIG_ENABLED = "mig-enabled"
 
 
-DEFAULT_TYPES: tuple[DeviceType, ...] = (DeviceType.GPU, DeviceType.MIG)
+# Every placement of a Hopper costs the control plane about 25 devices per GPU (docs/devices.md,
+# "What advertising costs the control plane"), so dynamic MIG is opted into per GPU, product or
+# node; what an operator already partitioned by hand is still advertised.
+DEFAULT_TYPES: tuple[DeviceType, ...] = (DeviceType.GPU, DeviceType.MIG_ENABLED)
 
 
 class AdvertiseConfig(RootModel[dict[str, tuple[DeviceType, ...]]]):
@@ -49,7 +61,7 @@ class AdvertiseConfig(RootModel[dict[str, tuple[DeviceType, ...]]]):
     Keys are ``"*"`` (every GPU), a product name (``"NVIDIA A100-SXM4-40GB"``)
     or a GPU UUID (``"GPU-..."``); the most specific key wins (UUID, then
     product, then ``"*"``). A GPU no key matches advertises ``gpu`` and
-    ``mig``. An empty list hides the GPU. ``mig`` on a GPU that cannot do MIG
+    ``mig-enabled``. An empty list hides the GPU. ``mig`` on a GPU that cannot do MIG
     is ignored.
     """
 
@@ -95,6 +107,11 @@ class AdvertiseConfig(RootModel[dict[str, tuple[DeviceType, ...]]]):
 
     def to_json(self) -> str:
         return json.dumps({k: [t.value for t in v] for k, v in self.root.items()}, sort_keys=True)
+
+
+# Whole GPUs and every MIG placement on every GPU: dynamic MIG opted in everywhere (tests, the
+# benchmarks and ``--advertise '{"*": ["gpu", "mig"]}'``).
+DYNAMIC_MIG = AdvertiseConfig({"*": (DeviceType.GPU, DeviceType.MIG)})
 
 
 @dataclass(frozen=True)
@@ -352,12 +369,16 @@ def _gpu_slots(
             f"{name} ({info.uuid}): MIG mode is on and this GPU needs a reset to leave it; "
             "the whole GPU is not advertised"
         )
-    if DeviceType.MIG not in types or not info.mig_capable:
-        if static and DeviceType.MIG not in types:
+    mig_types = {DeviceType.MIG, DeviceType.MIG_ENABLED} & set(types)
+    if not mig_types or not info.mig_capable:
+        if static and not mig_types:
             notes.append(f"{name}: has MIG instances but 'mig' is not advertised for it")
         return [], whole_ok, notes
-    dynamic_ok = info.mig_enabled or info.mig_toggle_without_reset
-    if not dynamic_ok and not static:
+    if DeviceType.MIG in types:
+        dynamic_ok = info.mig_enabled or info.mig_toggle_without_reset
+    else:  # mig-enabled: placements only where the operator's MIG mode stays on
+        dynamic_ok = info.mig_enabled and not info.mig_toggle_without_reset
+    if DeviceType.MIG in types and not dynamic_ok and not static:
         notes.append(
             f"{name} ({info.uuid}): MIG mode is off and this GPU needs a reset to enable it; "
             "only the whole GPU is advertised"
