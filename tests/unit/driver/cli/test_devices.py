@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from driver.cli.devices import devices_command
-from driver.devices.inventory import DYNAMIC_MIG, build_inventory
+from driver.devices.inventory import build_inventory
 from driver.devices.slices import build_slices
 from driver.health.monitor import Fault
 from driver.health.policy import FaultClass
