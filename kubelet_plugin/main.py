@@ -31,6 +31,7 @@ from driver.nvml.facade import Nvml
 from driver.nvml.host import NvidiaSmiTimeslice, SysfsHost
 from kubelet_plugin.liveness import HealthEndpoint, probe_sockets
 from kubelet_plugin.node import NodePlugin
+from kubelet_plugin.node_labels import node_advertise
 from kubelet_plugin.settings import (
     PluginSettings,
     add_arguments,
@@ -74,6 +75,14 @@ def serve(settings: PluginSettings, stop: threading.Event) -> int:
     metrics = Metrics(registry)
     nvml = open_nvml(settings, metrics.nvml_call)
     kube = KubeClient.connect(settings.kubeconfig)
+    advertise = node_advertise(
+        kube, settings.node_name, settings.mig_node_label, settings.advertise, stop
+    )
+    if advertise is None:
+        nvml.shutdown()
+        kube.close()
+        return 0  # stopped while waiting for the API server
+    settings = settings.model_copy(update={"advertise": advertise})
     plugin = NodePlugin(settings, kube, nvml, registry, metrics)
     stoppers: list[Callable[[], None]] = []
     try:

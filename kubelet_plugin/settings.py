@@ -22,6 +22,9 @@ from driver.health.policy import HealthPolicy
 from driver.sharing import SharingConfig, parse_sharing
 from driver.trust.policy import TrustLevel
 
+# The Node label that opts a node into dynamic MIG (kubelet_plugin/node_labels.py).
+DEFAULT_MIG_NODE_LABEL = "gpu.tranche.dev/dynamic-mig"
+
 
 class PluginSettings(BaseModel):
     """Validated configuration of one kubelet-plugin process."""
@@ -46,6 +49,12 @@ class PluginSettings(BaseModel):
     profile: str = "dgx-h100"
     sim_state: Path | None = None
     advertise: AdvertiseConfig = AdvertiseConfig()
+    # A Node label (qualified name) whose value "true" opts the node into dynamic MIG; "": off.
+    mig_node_label: str = Field(
+        default=DEFAULT_MIG_NODE_LABEL,
+        pattern=r"^(([a-z0-9]([-a-z0-9]*[a-z0-9])?\.)*[a-z0-9]([-a-z0-9]*[a-z0-9])?/)?"
+        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$|^$",
+    )
     sharing: SharingConfig = SharingConfig()
     dedicated_to: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     kubeconfig: Path | None = None
@@ -141,8 +150,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p,
         "--advertise",
         "device types per GPU, JSON/YAML such as "
-        '\'{"*": ["gpu", "mig"]}\' or @FILE (default: every type)',
+        '\'{"*": ["gpu", "mig"]}\' or @FILE (default: gpu and mig-enabled, docs/devices.md)',
         default="",
+    )
+    add_flag(
+        p,
+        "--mig-node-label",
+        "a Node label: where it is 'true', every GPU advertised 'mig-enabled' (the default) "
+        "advertises every MIG placement instead (dynamic MIG on this node); read at start; "
+        "empty: never read",
+        default=DEFAULT_MIG_NODE_LABEL,
     )
     add_flag(
         p,
@@ -239,6 +256,7 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             profile=args.profile,
             sim_state=Path(args.sim_state) if args.sim_state else None,
             advertise=parse_advertise(args.advertise),
+            mig_node_label=args.mig_node_label,
             sharing=parse_sharing(args.sharing),
             dedicated_to=args.dedicated_to or None,
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,

@@ -108,6 +108,18 @@ class AdvertiseConfig(RootModel[dict[str, tuple[DeviceType, ...]]]):
     def to_json(self) -> str:
         return json.dumps({k: [t.value for t in v] for k, v in self.root.items()}, sort_keys=True)
 
+    def with_dynamic_mig(self) -> AdvertiseConfig:
+        """This configuration on a node opted into dynamic MIG: ``mig-enabled`` becomes ``mig``
+        in every entry (and for GPUs no key matches); other entries stay as they are."""
+
+        def promote(types: tuple[DeviceType, ...]) -> tuple[DeviceType, ...]:
+            out = [DeviceType.MIG if t is DeviceType.MIG_ENABLED else t for t in types]
+            return tuple(dict.fromkeys(out))
+
+        root = {k: promote(v) for k, v in self.root.items()}
+        root.setdefault("*", promote(DEFAULT_TYPES))
+        return AdvertiseConfig(root)
+
 
 # Whole GPUs and every MIG placement on every GPU: dynamic MIG opted in everywhere (tests, the
 # benchmarks and ``--advertise '{"*": ["gpu", "mig"]}'``).

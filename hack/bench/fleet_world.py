@@ -60,7 +60,7 @@ def create_nodes(lab: Lab, names: list[str]) -> dict[str, str]:
     """Ready Node objects; their UIDs by name."""
 
     def one(name: str) -> tuple[str, str]:
-        body = lab.api.sanitize_for_serialization(node_body(name))
+        body = lab.api.sanitize_for_serialization(node_body(name))  # type: ignore[no-untyped-call]
         created = request_json(lab.api, "POST", "/api/v1/nodes", body)
         return name, str(created["metadata"]["uid"])
 

@@ -4,6 +4,7 @@ drives the real plugin process over its Unix sockets, CDI specs appear and go.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import shutil
 import signal
@@ -65,20 +66,24 @@ def _published_devices(pn: PluginNode) -> list[dict[str, Any]] | None:
 
 
 def test_default_publishes_whole_gpus_and_mig_only_when_opted_in(
-    sim_node: Callable[..., PluginNode],
+    cluster: Cluster, sim_node: Callable[..., PluginNode]
 ) -> None:
     plain = sim_node()  # dgx-h100: eight H100s, MIG mode off
     devices = wait_for("the default node's devices", lambda: _published_devices(plain))
     assert sorted(d["attributes"]["type"]["string"] for d in devices) == ["gpu"] * 8
     assert not any(d.get("consumesCounters") for d in devices)
-    opted = sim_node(extra_args=DYNAMIC_MIG_ARGS)
-    devices = wait_for(
-        "every placement", lambda: (d := _published_devices(opted)) and len(d) >= 208 and d
-    )
-    assert (
-        len(devices) == 208
-        and sum(d["attributes"]["type"]["string"] == "mig" for d in devices) == 200
-    )
+
+    def every_placement(pn: PluginNode) -> list[dict[str, Any]] | None:
+        found = _published_devices(pn)
+        return found if found and len(found) >= 208 else None
+
+    def mig_label(node: str) -> None:
+        kubectl(cluster, "label", "node", node, "gpu.tranche.dev/dynamic-mig=true")
+
+    for opted in (sim_node(extra_args=DYNAMIC_MIG_ARGS), sim_node(before_start=mig_label)):
+        devices = wait_for("every placement", functools.partial(every_placement, opted))
+        kinds = [d["attributes"]["type"]["string"] for d in devices]
+        assert len(devices) == 208 and kinds.count("mig") == 200
 
 
 @pytest.mark.matrix

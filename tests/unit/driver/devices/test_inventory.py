@@ -237,3 +237,16 @@ def test_mig_opt_in_by_product_leaves_other_gpus_whole() -> None:
     inv = build_inventory([h100(0), l4(1)], SYSTEM, config)
     assert len(inv.migs_of("gpu-00000000")) > 0
     assert inv.devices_on("gpu-00000001") == ["gpu-00000001"]
+
+
+def test_a_node_opted_into_dynamic_mig_promotes_mig_enabled_only() -> None:
+    config = AdvertiseConfig.parse('{"NVIDIA L4": [gpu], "GPU-x": []}').with_dynamic_mig()
+    assert config.root == {
+        "NVIDIA L4": (DeviceType.GPU,),
+        "GPU-x": (),
+        "*": (DeviceType.GPU, DeviceType.MIG),
+    }
+    explicit = AdvertiseConfig.parse('{"*": [gpu, mig-enabled, mig]}').with_dynamic_mig()
+    assert explicit.root == {"*": (DeviceType.GPU, DeviceType.MIG)}
+    inv = build_inventory([h100(0)], SYSTEM, AdvertiseConfig().with_dynamic_mig())
+    assert inv.device_names() == build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG).device_names()
