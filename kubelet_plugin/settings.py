@@ -14,7 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from driver.devices.inventory import AdvertiseConfig, parse_advertise
+from driver.devices.inventory import AdvertiseConfig, parse_advertise, parse_mig_profiles
 from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
 from driver.flags import add_flag, add_switch, flag_text, parse_address
@@ -49,6 +49,7 @@ class PluginSettings(BaseModel):
     profile: str = "dgx-h100"
     sim_state: Path | None = None
     advertise: AdvertiseConfig = AdvertiseConfig()
+    mig_profiles: tuple[str, ...] = ()  # dynamic placements of these profiles only; (): all
     # A Node label (qualified name) whose value "true" opts the node into dynamic MIG; "": off.
     mig_node_label: str = Field(
         default=DEFAULT_MIG_NODE_LABEL,
@@ -155,6 +156,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_flag(
         p,
+        "--mig-profiles",
+        "comma-separated GPU-instance profiles whose dynamic MIG placements are advertised, "
+        "e.g. 1g.10gb,3g.40gb,7g.80gb (existing instances always are); empty: every profile",
+        default="",
+    )
+    add_flag(
+        p,
         "--mig-node-label",
         "a Node label: where it is 'true', every GPU advertised 'mig-enabled' (the default) "
         "advertises every MIG placement instead (dynamic MIG on this node); read at start; "
@@ -257,6 +265,7 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             sim_state=Path(args.sim_state) if args.sim_state else None,
             advertise=parse_advertise(args.advertise),
             mig_node_label=args.mig_node_label,
+            mig_profiles=parse_mig_profiles(args.mig_profiles),
             sharing=parse_sharing(args.sharing),
             dedicated_to=args.dedicated_to or None,
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,

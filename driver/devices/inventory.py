@@ -20,7 +20,7 @@ import difflib
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -329,6 +329,7 @@ def build_inventory(
     system: SystemInfo,
     advertise: AdvertiseConfig | None = None,
     managed_mig_uuids: Iterable[str] = (),
+    mig_profiles: Collection[str] = (),
 ) -> Inventory:
     """The advertised devices of a node.
 
@@ -338,6 +339,8 @@ def build_inventory(
     *static*: it is advertised with its UUID, and the whole GPU and every
     dynamic slot overlapping it are left out, since they cannot be created
     while it exists.
+    ``mig_profiles`` limits dynamic placements to these GPU-instance profiles (empty: every
+    profile NVML lists); existing instances are advertised whatever their profile.
     """
     advertise = advertise or AdvertiseConfig()
     managed = set(managed_mig_uuids)
@@ -349,7 +352,7 @@ def build_inventory(
     for info in sorted(gpus, key=lambda g: names[g.uuid]):
         name = names[info.uuid]
         types = advertise.types_for(info)
-        gpu_migs, whole_ok, gpu_notes = _gpu_slots(name, info, types, managed)
+        gpu_migs, whole_ok, gpu_notes = _gpu_slots(name, info, types, managed, set(mig_profiles))
         migs.extend(gpu_migs)
         notes.extend(gpu_notes)
         gpu_devices.append(
@@ -364,7 +367,7 @@ def build_inventory(
 
 
 def _gpu_slots(
-    name: str, info: GpuInfo, types: Sequence[DeviceType], managed: set[str]
+    name: str, info: GpuInfo, types: Sequence[DeviceType], managed: set[str], only: set[str]
 ) -> tuple[list[MigDevice], bool, list[str]]:
     """The MIG slots of one GPU, whether the whole GPU can be offered, and notes."""
     notes: list[str] = []
@@ -406,6 +409,8 @@ def _gpu_slots(
         )
     if dynamic_ok:
         for profile in info.mig_profiles:
+            if only and profile.name not in only:
+                continue
             for start, size in profile.placements:
                 if taken & set(range(start, start + size)):
                     continue
@@ -440,6 +445,21 @@ def parse_advertise(value: str | None, env_source: str = "--advertise") -> Adver
         return AdvertiseConfig()
     text, source = flag_text(value, env_source)
     return AdvertiseConfig.parse(text, source=source)
+
+
+MIG_PROFILE_NAME = re.compile(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)?$")
+
+
+def parse_mig_profiles(value: str | None, source: str = "--mig-profiles") -> tuple[str, ...]:
+    """``1g.10gb,3g.40gb`` → the profile names; empty: every profile (an empty tuple)."""
+    names = tuple(dict.fromkeys(n.strip() for n in (value or "").split(",") if n.strip()))
+    bad = [n for n in names if not MIG_PROFILE_NAME.match(n)]
+    if bad:
+        raise ConfigError(
+            f"{source}: {', '.join(map(repr, bad))} is not a GPU-instance profile name "
+            "such as 1g.10gb or 1g.10gb+me"
+        )
+    return names
 
 
 def summary(inventory: Inventory) -> Mapping[str, int]:

@@ -37,6 +37,7 @@ NODES = int(os.environ.get("TRANCHE_BENCH_FLEET_NODES", "500"))
 PODS = int(os.environ.get("TRANCHE_BENCH_FLEET_PODS", "200"))
 BATCH = 25
 MIG_SHARE = 10  # "some MIG nodes": every 10th node opts in
+FEW_PROFILES = ("1g.10gb", "3g.40gb", "7g.80gb")  # 10 placements per H100 instead of 25
 CPU_RATIO_TARGET = 1.5
 APISERVER_MIB_PER_NODE_TARGET = 1.0
 MIB = 1 << 20
@@ -49,16 +50,19 @@ CONFIGS: dict[str, str] = {
     "default": "default (`gpu`, `mig-enabled`)",
     "gpu-only": 'whole GPUs only (`{"*": [gpu]}`)',
     "mig-some": f'MIG opted in on every {MIG_SHARE}th node (`{{"*": [gpu, mig]}}`)',
+    "mig-few": f"MIG opted in on every GPU, `--mig-profiles {','.join(FEW_PROFILES)}`",
     "mig-all": 'MIG opted in on every GPU (`{"*": [gpu, mig]}`, the old default)',
 }
 
 
-def _advertise(config: str, i: int) -> AdvertiseConfig:
+def _advertise(config: str, i: int) -> world.NodeConfig:
     if config == "gpu-only":
-        return GPU_ONLY
+        return GPU_ONLY, ()
+    if config == "mig-few":
+        return DYNAMIC_MIG, FEW_PROFILES
     if config == "mig-all" or (config == "mig-some" and i % MIG_SHARE == 0):
-        return DYNAMIC_MIG
-    return DEFAULT
+        return DYNAMIC_MIG, ()
+    return DEFAULT, ()
 
 
 @dataclass

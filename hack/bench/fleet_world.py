@@ -32,6 +32,7 @@ Obj = dict[str, Any]
 NAMESPACE = "fleet"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 WRITERS = 4  # concurrent creates; the API server shares the machine's two cores
+NodeConfig = tuple[AdvertiseConfig, tuple[str, ...]]  # --advertise, --mig-profiles
 
 
 def cpu_seconds(pid: int) -> float:
@@ -40,10 +41,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def node_slices(name: str, uid: str, profile: str, advertise: AdvertiseConfig) -> list[Obj]:
+def node_slices(name: str, uid: str, profile: str, config: NodeConfig) -> list[Obj]:
     """The slice bodies the plugin would create for node ``name`` (uid ``uid``)."""
     nvml = open_simulated(create_state(profile, node=name))
-    inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), advertise)
+    advertise, mig_profiles = config
+    inventory = build_inventory(
+        nvml.list_gpus(), nvml.system_info(), advertise, mig_profiles=mig_profiles
+    )
     desired = build_slices(inventory, name)
     plan = slice_diff.plan(
         desired, [], node_name=name, node_uid=uid, known_generation=0, known_digest=None
@@ -67,7 +71,7 @@ def create_nodes(lab: Lab, names: list[str]) -> dict[str, str]:
     return dict(parallel(names, one))
 
 
-def publish(lab: Lab, uids: dict[str, str], plan: dict[str, AdvertiseConfig], profile: str) -> int:
+def publish(lab: Lab, uids: dict[str, str], plan: dict[str, NodeConfig], profile: str) -> int:
     """Create every node's slices; the number of devices published."""
 
     def one(name: str) -> int:

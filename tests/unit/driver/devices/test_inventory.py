@@ -18,6 +18,7 @@ from driver.devices.inventory import (
     mig_name,
     nvlink_domains,
     parse_advertise,
+    parse_mig_profiles,
 )
 from driver.errors import ConfigError, DeviceNotFound
 from tests.unit.gpu_values import SYSTEM, a100, h100, instance, l4
@@ -250,3 +251,24 @@ def test_a_node_opted_into_dynamic_mig_promotes_mig_enabled_only() -> None:
     assert explicit.root == {"*": (DeviceType.GPU, DeviceType.MIG)}
     inv = build_inventory([h100(0)], SYSTEM, AdvertiseConfig().with_dynamic_mig())
     assert inv.device_names() == build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG).device_names()
+
+
+def test_mig_profiles_limit_dynamic_placements_but_keep_existing_instances() -> None:
+    gpu = h100(0, mig_enabled=True)
+    made = instance(gpu, "2g.20gb", 0)
+    inv = build_inventory(
+        [replace(gpu, mig_instances=(made,)), h100(1)],
+        SYSTEM,
+        DYNAMIC_MIG,
+        mig_profiles=("3g.40gb", "7g.80gb"),
+    )
+    assert {m.profile.name for m in inv.migs_of("gpu-00000001")} == {"3g.40gb", "7g.80gb"}
+    kept = [(m.profile.name, m.static) for m in inv.migs_of("gpu-00000000")]
+    assert ("2g.20gb", True) in kept and {p for p, _ in kept} <= {"2g.20gb", "3g.40gb"}
+
+
+def test_mig_profiles_are_parsed_and_checked() -> None:
+    assert parse_mig_profiles(" 1g.10gb, 1g.10gb+me,1g.10gb ") == ("1g.10gb", "1g.10gb+me")
+    assert parse_mig_profiles("") == ()
+    with pytest.raises(ConfigError, match="'3g40gb' is not a GPU-instance profile"):
+        parse_mig_profiles("1g.10gb,3g40gb")
