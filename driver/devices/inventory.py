@@ -391,8 +391,13 @@ def _gpu_slots(
         return [], whole_ok, notes
     if DeviceType.MIG in types:
         dynamic_ok = info.mig_enabled or info.mig_toggle_without_reset
-    else:  # mig-enabled: placements only where the operator's MIG mode stays on
-        dynamic_ok = info.mig_enabled and not info.mig_toggle_without_reset
+    else:
+        # mig-enabled: placements only where the operator's MIG mode stays on, or where the
+        # driver made instances for claims under an earlier setting (their slots and counters
+        # stay published until the plugin restarts without them, so the whole GPU is never
+        # handed out beside them).
+        made_for_claims = any(i.uuid in managed for i in info.mig_instances)
+        dynamic_ok = info.mig_enabled and (not info.mig_toggle_without_reset or made_for_claims)
     if DeviceType.MIG in types and not dynamic_ok and not static:
         notes.append(
             f"{name} ({info.uuid}): MIG mode is off and this GPU needs a reset to enable it; "

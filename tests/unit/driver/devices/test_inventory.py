@@ -272,3 +272,15 @@ def test_mig_profiles_are_parsed_and_checked() -> None:
     assert parse_mig_profiles("") == ()
     with pytest.raises(ConfigError, match="'3g40gb' is not a GPU-instance profile"):
         parse_mig_profiles("1g.10gb,3g40gb")
+
+
+def test_default_keeps_the_slots_of_instances_made_for_claims_under_an_earlier_setting() -> None:
+    gpu = h100(0, mig_enabled=True)
+    made = instance(gpu, "3g.40gb", 4)
+    inv = build_inventory(
+        [replace(gpu, mig_instances=(made,))], SYSTEM, managed_mig_uuids={made.uuid}
+    )
+    assert "gpu-00000000-mig-3g40gb-4" in inv.device_names()
+    assert not any(m.static for m in inv.migs)
+    idle = build_inventory([h100(0, mig_enabled=True)], SYSTEM)  # MIG on, nothing made
+    assert idle.device_names() == ["gpu-00000000"]
