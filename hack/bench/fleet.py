@@ -169,6 +169,8 @@ def run(lab: object | None) -> ScenarioResult:
     for config in wanted:
         print(f"  fleet: {config}, {NODES} nodes, {PODS} pods", flush=True)
         measured[config] = measure(config)
+        load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+        result.notes.append(f"{CONFIGS[config]}: load average {load} when it finished")
         for row in _rows(measured[config], CONFIGS[config]):
             result.add(row)
     default, whole = measured.get("default"), measured.get("gpu-only")
