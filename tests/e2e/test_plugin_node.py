@@ -69,7 +69,10 @@ def test_default_publishes_whole_gpus_and_mig_only_when_opted_in(
     cluster: Cluster, sim_node: Callable[..., PluginNode]
 ) -> None:
     plain = sim_node()  # dgx-h100: eight H100s, MIG mode off
-    devices = wait_for("the default node's devices", lambda: _published_devices(plain))
+    devices = wait_for(
+        "the default node's devices",
+        lambda: (d := _published_devices(plain)) and len(d) >= 8 and d,
+    )
     assert sorted(d["attributes"]["type"]["string"] for d in devices) == ["gpu"] * 8
     assert not any(d.get("consumesCounters") for d in devices)
 
@@ -84,6 +87,15 @@ def test_default_publishes_whole_gpus_and_mig_only_when_opted_in(
         devices = wait_for("every placement", functools.partial(every_placement, opted))
         kinds = [d["attributes"]["type"]["string"] for d in devices]
         assert len(devices) == 208 and kinds.count("mig") == 200
+    few = sim_node(before_start=mig_label, extra_args=("--mig-profiles", "3g.40gb,7g.80gb"))
+    devices = wait_for(
+        "three placements per GPU",
+        lambda: (d := _published_devices(few)) and len(d) >= 32 and d,
+    )
+    profiles = sorted(
+        d["attributes"]["profile"]["string"] for d in devices if "profile" in d["attributes"]
+    )
+    assert profiles == ["3g.40gb"] * 16 + ["7g.80gb"] * 8 and len(devices) == 32
 
 
 @pytest.mark.matrix
