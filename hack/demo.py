@@ -43,6 +43,8 @@ from hack.kubeletsim import KubeletSimulator
 from hack.simnode import SimNode, SimNodeConfig
 
 REPO = Path(__file__).resolve().parents[1]
+# The demo's MIG pod needs dynamic MIG, which a node opts into (docs/devices.md).
+DYNAMIC_MIG_ARGS = ("--advertise", '{"*": ["gpu", "mig"]}')
 EXAMPLES = ("one-gpu.yaml", "nvlink-pair.yaml", "gpu-40gi.yaml", "mig-slice.yaml")
 NAMESPACE = "demo"
 NODE = "gpu-node-1"
@@ -227,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(kubeconfig),
                     work / "node",
                     profile="dgx-h100",
+                    extra_args=DYNAMIC_MIG_ARGS,
                     kubelet_root=added.kubelet_root,
                     cdi_root=added.cdi_root,
                 )
@@ -241,7 +244,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             say(f"node {NODE}: simulated DGX H100 (8x H100 80GB, NVLink), kubelet simulator")
             add_node(api, NODE)
-            node = SimNode(SimNodeConfig(NODE, str(kubeconfig), work / "node", profile="dgx-h100"))
+            node = SimNode(
+                SimNodeConfig(
+                    NODE,
+                    str(kubeconfig),
+                    work / "node",
+                    profile="dgx-h100",
+                    extra_args=DYNAMIC_MIG_ARGS,
+                )
+            )
             kubelet = KubeletSimulator(NODE, node.kubelet_root, api)
             kubelet.start()
             node.start()

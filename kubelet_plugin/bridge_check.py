@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from driver.devices.bridge import DevicePluginConflictError, check_no_device_plugin
 from driver.errors import ApiUnavailable, ConfigError, PermanentError, TrancheError
@@ -29,6 +29,12 @@ def check_node(kube: KubeClient, node_name: str, resources: Iterable[str] | None
     """Read Node ``node_name`` and refuse (``DevicePluginConflict``) if a device plugin
     advertises a legacy resource there. ``ConfigError`` if the node does not exist,
     ``ApiUnavailable`` if the API server cannot be reached."""
+    check_no_device_plugin(read_node(kube, node_name), resources)
+
+
+def read_node(kube: KubeClient, node_name: str) -> dict[str, Any]:
+    """Node ``node_name``. ``ConfigError`` if it does not exist, ``PermanentError`` if the
+    plugin may not read it, ``ApiUnavailable`` if the API server cannot be reached."""
     try:
         node = kube.request("GET", f"/api/v1/nodes/{node_name}", timeout_s=30.0)
     except ApiError as e:
@@ -37,7 +43,7 @@ def check_node(kube: KubeClient, node_name: str, resources: Iterable[str] | None
         if e.status in (401, 403):
             raise PermanentError(
                 f"read node {node_name}: {e.status} {e.reason}: the plugin's service account "
-                "needs get on nodes for the bridge check"
+                "needs get on nodes (the bridge check, the dynamic-MIG node label)"
             ) from e
         raise ApiUnavailable(f"read node {node_name}: {e.status} {e.reason}") from e
     except ApiUnreachable as e:
@@ -46,7 +52,7 @@ def check_node(kube: KubeClient, node_name: str, resources: Iterable[str] | None
         ) from e
     except ValueError as e:
         raise ApiUnavailable(f"read node {node_name}: the API server sent invalid JSON: {e}") from e
-    check_no_device_plugin(node, resources)
+    return node
 
 
 def check_node_when_reachable(

@@ -31,6 +31,7 @@ from driver.nvml.facade import Nvml
 from driver.nvml.host import NvidiaSmiTimeslice, SysfsHost
 from kubelet_plugin.liveness import HealthEndpoint, probe_sockets
 from kubelet_plugin.node import NodePlugin
+from kubelet_plugin.node_labels import node_advertise
 from kubelet_plugin.settings import (
     PluginSettings,
     add_arguments,
@@ -74,7 +75,7 @@ def serve(settings: PluginSettings, stop: threading.Event) -> int:
     metrics = Metrics(registry)
     nvml = open_nvml(settings, metrics.nvml_call)
     kube = KubeClient.connect(settings.kubeconfig)
-    plugin = NodePlugin(settings, kube, nvml, registry, metrics)
+    plugins: list[NodePlugin] = []  # the plugin, once built (after the node label is read)
     stoppers: list[Callable[[], None]] = []
     try:
         if settings.metrics_address:
@@ -87,19 +88,28 @@ def serve(settings: PluginSettings, stop: threading.Event) -> int:
         started = threading.Event()
         if settings.health_address:
             host, port = parse_address(settings.health_address, "--health-address")
-            reg_socket, dra_socket = plugin.probe_paths()
             endpoint = HealthEndpoint(
                 host,
                 port,
                 live=lambda: (
-                    probe_sockets(reg_socket, dra_socket, settings.driver_name)
+                    probe_sockets(*plugins[0].probe_paths(), settings.driver_name)
                     if started.is_set()
                     else None
                 ),
-                ready=lambda: plugin.ready() if started.is_set() else STARTING,
+                ready=lambda: plugins[0].ready() if started.is_set() else STARTING,
             )
             endpoint.start()
             stoppers.append(endpoint.stop)
+        # What the node advertises depends on its dynamic-MIG label: read before the inventory.
+        advertise = node_advertise(
+            kube, settings.node_name, settings.mig_node_label, settings.advertise, stop
+        )
+        if advertise is None:
+            return 0  # stopped while waiting for the API server
+        plugin = NodePlugin(
+            settings.model_copy(update={"advertise": advertise}), kube, nvml, registry, metrics
+        )
+        plugins.append(plugin)
         if not plugin.start(stop):
             return 0  # stopped while waiting for the API server
         started.set()

@@ -146,6 +146,7 @@ class NodePlugin:
             nvml.system_info(),
             settings.advertise,
             managed_mig_uuids=managed_mig_uuids(state) | sharing_mig_uuids(nvml, data_dir),
+            mig_profiles=settings.mig_profiles,
         )
         for note in self.inventory.notes:
             log.info("inventory note=%s", note, extra={"node": settings.node_name})

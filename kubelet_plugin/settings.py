@@ -14,13 +14,16 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from driver.devices.inventory import AdvertiseConfig, parse_advertise
+from driver.devices.inventory import AdvertiseConfig, parse_advertise, parse_mig_profiles
 from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
 from driver.flags import add_flag, add_switch, flag_text, parse_address
 from driver.health.policy import HealthPolicy
 from driver.sharing import SharingConfig, parse_sharing
 from driver.trust.policy import TrustLevel
+
+# The Node label that opts a node into dynamic MIG (kubelet_plugin/node_labels.py).
+DEFAULT_MIG_NODE_LABEL = "gpu.tranche.dev/dynamic-mig"
 
 
 class PluginSettings(BaseModel):
@@ -46,6 +49,13 @@ class PluginSettings(BaseModel):
     profile: str = "dgx-h100"
     sim_state: Path | None = None
     advertise: AdvertiseConfig = AdvertiseConfig()
+    mig_profiles: tuple[str, ...] = ()  # dynamic placements of these profiles only; (): all
+    # A Node label (qualified name) whose value "true" opts the node into dynamic MIG; "": off.
+    mig_node_label: str = Field(
+        default=DEFAULT_MIG_NODE_LABEL,
+        pattern=r"^(([a-z0-9]([-a-z0-9]*[a-z0-9])?\.)*[a-z0-9]([-a-z0-9]*[a-z0-9])?/)?"
+        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$|^$",
+    )
     sharing: SharingConfig = SharingConfig()
     dedicated_to: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     kubeconfig: Path | None = None
@@ -141,8 +151,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p,
         "--advertise",
         "device types per GPU, JSON/YAML such as "
-        '\'{"*": ["gpu", "mig"]}\' or @FILE (default: every type)',
+        '\'{"*": ["gpu", "mig"]}\' or @FILE (default: gpu and mig-enabled, docs/devices.md)',
         default="",
+    )
+    add_flag(
+        p,
+        "--mig-profiles",
+        "comma-separated GPU-instance profiles whose dynamic MIG placements are advertised, "
+        "e.g. 1g.10gb,3g.40gb,7g.80gb (existing instances always are); empty: every profile",
+        default="",
+    )
+    add_flag(
+        p,
+        "--mig-node-label",
+        "a Node label: where it is 'true', every GPU advertised 'mig-enabled' (the default) "
+        "advertises every MIG placement instead (dynamic MIG on this node); read at start; "
+        "empty: never read",
+        default=DEFAULT_MIG_NODE_LABEL,
     )
     add_flag(
         p,
@@ -239,6 +264,8 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             profile=args.profile,
             sim_state=Path(args.sim_state) if args.sim_state else None,
             advertise=parse_advertise(args.advertise),
+            mig_node_label=args.mig_node_label,
+            mig_profiles=parse_mig_profiles(args.mig_profiles),
             sharing=parse_sharing(args.sharing),
             dedicated_to=args.dedicated_to or None,
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,

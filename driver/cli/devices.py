@@ -28,6 +28,7 @@ from driver.devices.inventory import (
     Inventory,
     build_inventory,
     parse_advertise,
+    parse_mig_profiles,
 )
 from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
 from driver.errors import TrancheError
@@ -55,6 +56,7 @@ class DevicesSettings(BaseModel):
     node_name: str
     driver_name: str
     advertise: AdvertiseConfig
+    mig_profiles: tuple[str, ...] = ()
     health_state: Path | None
     output: Literal["table", "yaml", "json"]
 
@@ -72,6 +74,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
     add_flag(p, "--advertise", "device types per GPU: JSON/YAML like "
              "'{\"*\": [\"gpu\", \"mig\"]}' or @FILE", default="")  # fmt: skip
+    add_flag(p, "--mig-profiles", "comma-separated GPU-instance profiles whose dynamic "
+             "MIG placements are shown (as the plugin's flag); empty: every profile",
+             default="")  # fmt: skip
     add_flag(p, "--health-state", "the plugin's health state file, to show its taints")
     add_switch(
         p,
@@ -105,6 +110,7 @@ def _settings(args: argparse.Namespace) -> DevicesSettings:
             node_name=args.node_name,
             driver_name=args.driver_name,
             advertise=parse_advertise(args.advertise),
+            mig_profiles=parse_mig_profiles(args.mig_profiles),
             health_state=Path(args.health_state) if args.health_state else None,
             output=args.output,
         )
@@ -202,7 +208,12 @@ def run(args: argparse.Namespace) -> int:
         settings = _settings(args)
         nvml = _open(settings)
         try:
-            inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), settings.advertise)
+            inventory = build_inventory(
+                nvml.list_gpus(),
+                nvml.system_info(),
+                settings.advertise,
+                mig_profiles=settings.mig_profiles,
+            )
         finally:
             nvml.shutdown()
         taints = _taints(settings, inventory)

@@ -20,7 +20,7 @@ import difflib
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -34,13 +34,25 @@ from driver.nvml.types import GpuInfo, MigInstance, MigProfile, SystemInfo
 
 
 class DeviceType(StrEnum):
-    """A kind of device that can be advertised for a GPU."""
+    """A kind of device that can be advertised for a GPU.
+
+    * ``gpu``: the whole GPU.
+    * ``mig``: every MIG placement NVML lists (dynamic MIG: the driver creates the instance
+      for a claim), plus the instances that exist.
+    * ``mig-enabled``: MIG only where an operator put the GPU in MIG mode: the instances that
+      exist and, on a GPU that needs a reset to leave MIG mode (A100, A30), its placements.
+      No dynamic placements on a GPU that switches MIG mode by itself (Hopper and later).
+    """
 
     GPU = "gpu"
     MIG = "mig"
+    MIG_ENABLED = "mig-enabled"
 
 
-DEFAULT_TYPES: tuple[DeviceType, ...] = (DeviceType.GPU, DeviceType.MIG)
+# Every placement of a Hopper costs the control plane about 25 devices per GPU (docs/devices.md,
+# "What advertising costs the control plane"), so dynamic MIG is opted into per GPU, product or
+# node; what an operator already partitioned by hand is still advertised.
+DEFAULT_TYPES: tuple[DeviceType, ...] = (DeviceType.GPU, DeviceType.MIG_ENABLED)
 
 
 class AdvertiseConfig(RootModel[dict[str, tuple[DeviceType, ...]]]):
@@ -49,7 +61,7 @@ class AdvertiseConfig(RootModel[dict[str, tuple[DeviceType, ...]]]):
     Keys are ``"*"`` (every GPU), a product name (``"NVIDIA A100-SXM4-40GB"``)
     or a GPU UUID (``"GPU-..."``); the most specific key wins (UUID, then
     product, then ``"*"``). A GPU no key matches advertises ``gpu`` and
-    ``mig``. An empty list hides the GPU. ``mig`` on a GPU that cannot do MIG
+    ``mig-enabled``. An empty list hides the GPU. ``mig`` on a GPU that cannot do MIG
     is ignored.
     """
 
@@ -95,6 +107,23 @@ class AdvertiseConfig(RootModel[dict[str, tuple[DeviceType, ...]]]):
 
     def to_json(self) -> str:
         return json.dumps({k: [t.value for t in v] for k, v in self.root.items()}, sort_keys=True)
+
+    def with_dynamic_mig(self) -> AdvertiseConfig:
+        """This configuration on a node opted into dynamic MIG: ``mig-enabled`` becomes ``mig``
+        in every entry (and for GPUs no key matches); other entries stay as they are."""
+
+        def promote(types: tuple[DeviceType, ...]) -> tuple[DeviceType, ...]:
+            out = [DeviceType.MIG if t is DeviceType.MIG_ENABLED else t for t in types]
+            return tuple(dict.fromkeys(out))
+
+        root = {k: promote(v) for k, v in self.root.items()}
+        root.setdefault("*", promote(DEFAULT_TYPES))
+        return AdvertiseConfig(root)
+
+
+# Whole GPUs and every MIG placement on every GPU: dynamic MIG opted in everywhere (tests, the
+# benchmarks and ``--advertise '{"*": ["gpu", "mig"]}'``).
+DYNAMIC_MIG = AdvertiseConfig({"*": (DeviceType.GPU, DeviceType.MIG)})
 
 
 @dataclass(frozen=True)
@@ -300,6 +329,7 @@ def build_inventory(
     system: SystemInfo,
     advertise: AdvertiseConfig | None = None,
     managed_mig_uuids: Iterable[str] = (),
+    mig_profiles: Collection[str] = (),
 ) -> Inventory:
     """The advertised devices of a node.
 
@@ -309,6 +339,8 @@ def build_inventory(
     *static*: it is advertised with its UUID, and the whole GPU and every
     dynamic slot overlapping it are left out, since they cannot be created
     while it exists.
+    ``mig_profiles`` limits dynamic placements to these GPU-instance profiles (empty: every
+    profile NVML lists); existing instances are advertised whatever their profile.
     """
     advertise = advertise or AdvertiseConfig()
     managed = set(managed_mig_uuids)
@@ -320,7 +352,7 @@ def build_inventory(
     for info in sorted(gpus, key=lambda g: names[g.uuid]):
         name = names[info.uuid]
         types = advertise.types_for(info)
-        gpu_migs, whole_ok, gpu_notes = _gpu_slots(name, info, types, managed)
+        gpu_migs, whole_ok, gpu_notes = _gpu_slots(name, info, types, managed, set(mig_profiles))
         migs.extend(gpu_migs)
         notes.extend(gpu_notes)
         gpu_devices.append(
@@ -335,7 +367,7 @@ def build_inventory(
 
 
 def _gpu_slots(
-    name: str, info: GpuInfo, types: Sequence[DeviceType], managed: set[str]
+    name: str, info: GpuInfo, types: Sequence[DeviceType], managed: set[str], only: set[str]
 ) -> tuple[list[MigDevice], bool, list[str]]:
     """The MIG slots of one GPU, whether the whole GPU can be offered, and notes."""
     notes: list[str] = []
@@ -352,12 +384,21 @@ def _gpu_slots(
             f"{name} ({info.uuid}): MIG mode is on and this GPU needs a reset to leave it; "
             "the whole GPU is not advertised"
         )
-    if DeviceType.MIG not in types or not info.mig_capable:
-        if static and DeviceType.MIG not in types:
+    mig_types = {DeviceType.MIG, DeviceType.MIG_ENABLED} & set(types)
+    if not mig_types or not info.mig_capable:
+        if static and not mig_types:
             notes.append(f"{name}: has MIG instances but 'mig' is not advertised for it")
         return [], whole_ok, notes
-    dynamic_ok = info.mig_enabled or info.mig_toggle_without_reset
-    if not dynamic_ok and not static:
+    if DeviceType.MIG in types:
+        dynamic_ok = info.mig_enabled or info.mig_toggle_without_reset
+    else:
+        # mig-enabled: placements only where the operator's MIG mode stays on, or where the
+        # driver made instances for claims under an earlier setting (their slots and counters
+        # stay published until the plugin restarts without them, so the whole GPU is never
+        # handed out beside them).
+        made_for_claims = any(i.uuid in managed for i in info.mig_instances)
+        dynamic_ok = info.mig_enabled and (not info.mig_toggle_without_reset or made_for_claims)
+    if DeviceType.MIG in types and not dynamic_ok and not static:
         notes.append(
             f"{name} ({info.uuid}): MIG mode is off and this GPU needs a reset to enable it; "
             "only the whole GPU is advertised"
@@ -373,6 +414,8 @@ def _gpu_slots(
         )
     if dynamic_ok:
         for profile in info.mig_profiles:
+            if only and profile.name not in only:
+                continue
             for start, size in profile.placements:
                 if taken & set(range(start, start + size)):
                     continue
@@ -407,6 +450,21 @@ def parse_advertise(value: str | None, env_source: str = "--advertise") -> Adver
         return AdvertiseConfig()
     text, source = flag_text(value, env_source)
     return AdvertiseConfig.parse(text, source=source)
+
+
+MIG_PROFILE_NAME = re.compile(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)?$")
+
+
+def parse_mig_profiles(value: str | None, source: str = "--mig-profiles") -> tuple[str, ...]:
+    """``1g.10gb,3g.40gb`` → the profile names; empty: every profile (an empty tuple)."""
+    names = tuple(dict.fromkeys(n.strip() for n in (value or "").split(",") if n.strip()))
+    bad = [n for n in names if not MIG_PROFILE_NAME.match(n)]
+    if bad:
+        raise ConfigError(
+            f"{source}: {', '.join(map(repr, bad))} is not a GPU-instance profile name "
+            "such as 1g.10gb or 1g.10gb+me"
+        )
+    return names
 
 
 def summary(inventory: Inventory) -> Mapping[str, int]:

@@ -19,6 +19,7 @@ from hack.bench import (
     attribution,
     discovery,
     explain,
+    fleet,
     health,
     modes,
     prepare,
@@ -31,7 +32,7 @@ from hack.bench.machine import REPO, describe
 from hack.bench.results import ScenarioResult
 
 SCENARIOS: dict[str, ModuleType] = {
-    m.NAME: m for m in (discovery, prepare, modes, health, attribution, realnode, explain)
+    m.NAME: m for m in (discovery, prepare, modes, health, attribution, realnode, explain, fleet)
 }
 
 

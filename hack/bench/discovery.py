@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.devices.slices import build_slices
 from driver.nvml.sim import create_state, open_simulated
 from hack.bench.lab import Lab, node_slices
@@ -19,6 +19,7 @@ NEEDS_CLUSTER = True
 PROFILE = "dgx-h100"
 IN_PROCESS_RUNS = 30
 PLUGIN_STARTS = 3
+MIG_ARGS = ("--advertise", DYNAMIC_MIG.to_json())  # as before dynamic MIG became opt-in
 
 
 def run(lab: Lab | None) -> ScenarioResult:
@@ -30,7 +31,7 @@ def run(lab: Lab | None) -> ScenarioResult:
     slices: list[dict[str, Any]] = []
     for _ in range(IN_PROCESS_RUNS):
         t0 = time.perf_counter()
-        inventory = build_inventory(nvml.list_gpus(), nvml.system_info())
+        inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
         t1 = time.perf_counter()
         slices = build_slices(inventory, "bench-node")
         t2 = time.perf_counter()
@@ -40,7 +41,8 @@ def run(lab: Lab | None) -> ScenarioResult:
     devices = sum(len(s["spec"].get("devices") or []) for s in slices)
     result.setup.append(
         f"Simulated `{PROFILE}` (8x H100 80GB HBM3, NVLink, MIG off, dynamic MIG placements "
-        f"advertised): {len(inventory.gpus)} GPUs, {len(slices)} ResourceSlices, "
+        f"advertised: `--advertise {MIG_ARGS[1]}`): {len(inventory.gpus)} GPUs, "
+        f"{len(slices)} ResourceSlices, "
         f"{devices} devices. In-process timings repeat {IN_PROCESS_RUNS} times over the "
         "in-memory simulation; start-to-published runs the real `tranche kubelet-plugin` "
         f"process {PLUGIN_STARTS} times, each for a fresh Node, polling the API server every 20 ms."
@@ -68,7 +70,7 @@ def run(lab: Lab | None) -> ScenarioResult:
 
     to_socket, to_published = [], []
     for _ in range(PLUGIN_STARTS):
-        bench = lab.node("disc", profile=PROFILE, start=False)
+        bench = lab.node("disc", profile=PROFILE, extra_args=MIG_ARGS, start=False)
         t0 = time.monotonic()
         bench.node.start(wait=False)
         bench.node.wait_serving()

@@ -16,7 +16,7 @@ from typing import Any
 
 from driver.api import ClaimRef
 from driver.checkpoint.store import Checkpoint
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.nvml.facade import Nvml
 from driver.nvml.sim import create_state, open_simulated
 from driver.prepare.cdi import CdiSpecs
@@ -49,6 +49,7 @@ class Executor:
             nvml.list_gpus(),
             nvml.system_info(),
             managed_mig_uuids=managed_mig_uuids(nvml, state_dir),
+            advertise=DYNAMIC_MIG,  # the MIG rows prepare dynamic MIG devices
         )
         sharing = SharingNode(nvml, inventory, config, state_dir=state_dir, simulated=True)
         state = DeviceState(

@@ -23,7 +23,7 @@ import yaml
 from controller.explain.cli import explain_objects
 from controller.explain.model import inventory_from
 from controller.explain.read import ClusterRead
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
 from driver.nvml.sim import create_state, open_simulated
 from hack.bench.machine import REPO
@@ -46,7 +46,8 @@ def _fleet() -> tuple[list[Json], list[Json]]:
     for i in range(NODES):
         node = f"node-{i:03d}"
         nvml = open_simulated(create_state("dgx-h100", node=node))
-        node_slices = build_slices(build_inventory(nvml.list_gpus(), nvml.system_info()), node)
+        inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
+        node_slices = build_slices(inventory, node)
         slices += node_slices
         gpus = [
             d["name"]

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from driver.checkpoint.store import Checkpoint
-from driver.devices.inventory import Inventory, build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, Inventory, build_inventory
 from driver.devices.slices import DEFAULT_DRIVER_NAME, SliceLayout, build_slices
 from driver.kube.features import discover
 from driver.kube.http import KubeClient
@@ -195,7 +195,7 @@ def simulated_device_state(tmp_path: Path, node: str) -> DeviceState:
     nvml = open_simulated(tmp_path / "sim.json")
     return DeviceState(
         nvml,
-        build_inventory(nvml.list_gpus(), nvml.system_info()),
+        build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG),
         CdiSpecs(tmp_path / "cdi"),
         Checkpoint(tmp_path / "checkpoint.json", boot_id="e2e"),
         lock_path=tmp_path / "pu.lock",

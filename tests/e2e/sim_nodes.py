@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "docs" / "examples"
 DEVICE_CLASSES = REPO / "deploy" / "deviceclasses"
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
+# Plugin arguments that opt every GPU into dynamic MIG (the default advertises none on Hopper).
+DYNAMIC_MIG_ARGS = ("--advertise", '{"*": ["gpu", "mig"]}')
 
 
 def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:

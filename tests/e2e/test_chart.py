@@ -204,7 +204,15 @@ def test_chart_ships_the_repository_device_classes_policy_and_bridge_classes(hel
 # whatever its driver name): they keep the gpu.tranche.dev domain.
 FIXED_KEYS = {
     f"gpu.tranche.dev/{k}"
-    for k in ("tenant", "trust-level", "sharing-group", "legacy-webhook", "mechanism", "scrape-job")
+    for k in (
+        "tenant",
+        "trust-level",
+        "sharing-group",
+        "legacy-webhook",
+        "mechanism",
+        "scrape-job",
+        "dynamic-mig",
+    )
 }
 
 

@@ -15,7 +15,7 @@ import pytest
 from driver.kube.client import send
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.sim_nodes import RESOURCE_V1, PluginNode, apply_example
+from tests.e2e.sim_nodes import DYNAMIC_MIG_ARGS, RESOURCE_V1, PluginNode, apply_example
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -46,7 +46,7 @@ def taints(d: dict[str, Any]) -> set[tuple[str, str, str]]:
 def test_lost_gpu_is_tainted_evicts_its_pod_and_heals(
     cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
 ) -> None:
-    pn = sim_node(extra_args=("--health-policy", FAST_HEALING))
+    pn = sim_node(extra_args=("--health-policy", FAST_HEALING, *DYNAMIC_MIG_ARGS))
     apply_example(cluster, "one-gpu.yaml", namespace, pn.name)
     claim = wait_for("claim of pod one-gpu", lambda: pn.pod_claim_name(namespace, "one-gpu", "gpu"))
     result = wait_for(

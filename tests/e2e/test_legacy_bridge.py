@@ -29,7 +29,7 @@ from controller.settings import ControllerSettings
 from controller.webhook.pods import ANNOTATION_REWRITTEN
 from controller.webhook.server import MUTATE_PODS_PATH
 from driver.devices.bridge import bridge_device_class
-from driver.devices.inventory import Inventory, build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, Inventory, build_inventory
 from driver.kube.client import RESOURCE_V1
 from driver.nvml.sim import create_state, open_simulated
 from tests.e2e.cluster_state import get_json, request_json
@@ -44,7 +44,7 @@ Obj = dict[str, Any]
 
 def _inventory(profile: str) -> Inventory:
     nvml = open_simulated(create_state(profile))
-    return build_inventory(nvml.list_gpus(), nvml.system_info())
+    return build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
 
 
 @contextlib.contextmanager

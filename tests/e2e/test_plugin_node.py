@@ -4,6 +4,7 @@ drives the real plugin process over its Unix sockets, CDI specs appear and go.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import shutil
 import signal
@@ -26,7 +27,14 @@ from hack.kubeletsim.client import ClaimRequest
 from hack.simnode import SimNode, SimNodeConfig, SimNodeError
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.sim_nodes import REPO, PluginNode, apply_example, delete_pod, kubectl
+from tests.e2e.sim_nodes import (
+    DYNAMIC_MIG_ARGS,
+    REPO,
+    PluginNode,
+    apply_example,
+    delete_pod,
+    kubectl,
+)
 from tests.e2e.tcp_relay import TcpRelay
 from tests.waiting import wait_for
 
@@ -47,6 +55,47 @@ def _allocated(pn: PluginNode, namespace: str, claim_name: str) -> list[dict[str
         "devices"
     ]["results"]
     return results
+
+
+def _published_devices(pn: PluginNode) -> list[dict[str, Any]] | None:
+    items = get_json(
+        pn.api, f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={pn.name}"
+    )
+    devices = [d for s in items.get("items", []) for d in s["spec"].get("devices") or []]
+    return devices or None
+
+
+def test_default_publishes_whole_gpus_and_mig_only_when_opted_in(
+    cluster: Cluster, sim_node: Callable[..., PluginNode]
+) -> None:
+    plain = sim_node()  # dgx-h100: eight H100s, MIG mode off
+    devices = wait_for(
+        "the default node's devices",
+        lambda: (d := _published_devices(plain)) and len(d) >= 8 and d,
+    )
+    assert sorted(d["attributes"]["type"]["string"] for d in devices) == ["gpu"] * 8
+    assert not any(d.get("consumesCounters") for d in devices)
+
+    def every_placement(pn: PluginNode) -> list[dict[str, Any]] | None:
+        found = _published_devices(pn)
+        return found if found and len(found) >= 208 else None
+
+    def mig_label(node: str) -> None:
+        kubectl(cluster, "label", "node", node, "gpu.tranche.dev/dynamic-mig=true")
+
+    for opted in (sim_node(extra_args=DYNAMIC_MIG_ARGS), sim_node(before_start=mig_label)):
+        devices = wait_for("every placement", functools.partial(every_placement, opted))
+        kinds = [d["attributes"]["type"]["string"] for d in devices]
+        assert len(devices) == 208 and kinds.count("mig") == 200
+    few = sim_node(before_start=mig_label, extra_args=("--mig-profiles", "3g.40gb,7g.80gb"))
+    devices = wait_for(
+        "three placements per GPU",
+        lambda: (d := _published_devices(few)) and len(d) >= 32 and d,
+    )
+    profiles = sorted(
+        d["attributes"]["profile"]["string"] for d in devices if "profile" in d["attributes"]
+    )
+    assert profiles == ["3g.40gb"] * 16 + ["7g.80gb"] * 8 and len(devices) == 32
 
 
 @pytest.mark.matrix
@@ -321,7 +370,7 @@ def test_metrics_count_prepares_by_mode_and_refusals_by_reason(
     cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
 ) -> None:
     port = _free_port()
-    pn = sim_node(extra_args=("--metrics-address", f"127.0.0.1:{port}"))
+    pn = sim_node(extra_args=("--metrics-address", f"127.0.0.1:{port}", *DYNAMIC_MIG_ARGS))
     apply_example(cluster, "one-gpu.yaml", namespace, pn.name)
     _prepared(pn, namespace, "one-gpu", "gpu")
     apply_example(cluster, "mig-slice.yaml", namespace, pn.name)  # isolated: MIG is refused

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from kubernetes import client
 
-from driver.devices.inventory import Inventory, MigDevice, build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, Inventory, MigDevice, build_inventory
 from driver.nvml.sim import create_state, open_simulated
 from tests.e2e.dra_objects import (
     NODE_LABEL,
@@ -50,7 +50,7 @@ def _wait_refused(api: client.ApiClient, namespace: str, name: str) -> None:
 def _mixed() -> Inventory:
     """Two H100s (NVLink peers, MIG-capable) and two L4s."""
     nvml = open_simulated(create_state("mixed"))
-    return build_inventory(nvml.list_gpus(), nvml.system_info())
+    return build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,7 @@ def test_two_gpu_claim_lands_on_nvlink_peers(
     u = [h100(i).uuid for i in range(4)]
     gpus = [h100(0, peers=(u[1],)), h100(1, peers=(u[0],)),
             h100(2, peers=(u[3],)), h100(3, peers=(u[2],))]  # fmt: skip
-    inventory = build_inventory(gpus, SYSTEM)
+    inventory = build_inventory(gpus, SYSTEM, DYNAMIC_MIG)
     node = _node(make_node, "sched-nvlink")
     whole = f'{A}.type == "gpu"'
     with device_class(api) as cls, publishing(api, node, inventory):
@@ -110,7 +110,7 @@ def test_mig_slots_never_overlap(
 ) -> None:
     """Fill GPU 0 with MIG claims; the next one for GPU 0 waits, GPU 1 still has room."""
     gpus = [h100(0), h100(1)]
-    inventory = build_inventory(gpus, SYSTEM)
+    inventory = build_inventory(gpus, SYSTEM, DYNAMIC_MIG)
     node = _node(make_node, "sched-mig")
     with device_class(api) as cls, publishing(api, node, inventory):
         placed = [
@@ -136,7 +136,7 @@ def test_whole_gpu_never_beside_its_mig_slots(
     api: client.ApiClient, namespace: str, make_node: Callable[..., str]
 ) -> None:
     gpus = [h100(0), replace(h100(1), product_name="NVIDIA H100 80GB HBM3 (spare)")]
-    inventory = build_inventory(gpus, SYSTEM)
+    inventory = build_inventory(gpus, SYSTEM, DYNAMIC_MIG)
     node = _node(make_node, "sched-whole")
     with device_class(api) as cls, publishing(api, node, inventory):
         mig = schedule(api, namespace, node, cls, [_mig("1g.10gb", gpus[0].uuid)])

@@ -11,7 +11,7 @@ import pytest
 from driver.kube.client import RESOURCE_V1
 from driver.kube.features import ServerFeatures
 from tests.e2e.cluster_state import get_json
-from tests.e2e.sim_nodes import PluginNode
+from tests.e2e.sim_nodes import DYNAMIC_MIG_ARGS, PluginNode
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.matrix]
@@ -40,7 +40,7 @@ def test_the_plugin_publishes_mig_placements_in_the_layout_it_discovered(
     sim_node: Callable[..., PluginNode], k8s_version: str
 ) -> None:
     layout, rules = EXPECTED[k8s_version]
-    pn = sim_node(profile="dgx-h100")
+    pn = sim_node(profile="dgx-h100", extra_args=DYNAMIC_MIG_ARGS)
     line = wait_for(
         "the plugin's discovery log line",
         lambda: next(

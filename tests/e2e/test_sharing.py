@@ -17,7 +17,7 @@ from kubernetes import client
 
 from driver.api import ClaimRef
 from driver.checkpoint.store import Checkpoint
-from driver.devices.inventory import AdvertiseConfig, Inventory, build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, AdvertiseConfig, Inventory, build_inventory
 from driver.devices.slices import build_slices
 from driver.kube.features import discover
 from driver.nvml.facade import Nvml
@@ -73,7 +73,7 @@ class SimNode:
         create_state(profile, tmp_path / "sim.json")
         self.nvml: Nvml = open_simulated(tmp_path / "sim.json")
         gpus = self.nvml.list_gpus()
-        advertise = AdvertiseConfig({"*": (), gpus[0].uuid: AdvertiseConfig().root["*"]})
+        advertise = AdvertiseConfig({"*": (), gpus[0].uuid: DYNAMIC_MIG.root["*"]})
         self.inventory: Inventory = build_inventory(gpus, self.nvml.system_info(), advertise)
         self.gpu = next(g for g in self.inventory.gpus if g.advertised)
         self.sharing = SharingNode(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.devices.inventory import AdvertiseConfig, build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, AdvertiseConfig, build_inventory
 from driver.devices.slices import SliceLayout, build_slices
 from driver.kube.features import ServerFeatures, discover
 from driver.nvml.sim import create_state, open_simulated, shipped_profiles
@@ -26,7 +26,7 @@ from tests.waiting import wait_for
 
 def _sim_inventory(profile: str) -> Any:
     nvml = open_simulated(create_state(profile))
-    return build_inventory(nvml.list_gpus(), nvml.system_info())
+    return build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
 
 
 def _layout(cluster: Cluster) -> SliceLayout:
@@ -71,7 +71,7 @@ def test_restart_with_nothing_changed_does_not_bump(
     cluster: Cluster, make_node: Callable[..., str]
 ) -> None:
     node = make_node("slices-restart")
-    inventory = build_inventory([h100(0), h100(1)], SYSTEM)
+    inventory = build_inventory([h100(0), h100(1)], SYSTEM, DYNAMIC_MIG)
     with cluster.api_client() as api:
         with publishing(api, node, inventory) as first:
             generation = first.generation
@@ -89,7 +89,7 @@ def test_restart_with_nothing_changed_does_not_bump(
 def test_wiped_slices_are_republished(cluster: Cluster, make_node: Callable[..., str]) -> None:
     """A starting kubelet deletes every slice of its node; they come back unchanged."""
     node = make_node("slices-wipe")
-    inventory = build_inventory([h100(0), l4(1)], SYSTEM)
+    inventory = build_inventory([h100(0), l4(1)], SYSTEM, DYNAMIC_MIG)
     with cluster.api_client() as api, publishing(api, node, inventory) as pub:
         before = list_slices(api, node)
         names = [s["metadata"]["name"] for s in before]
@@ -114,7 +114,7 @@ def test_wiped_slices_are_republished(cluster: Cluster, make_node: Callable[...,
 
 def test_edited_slice_is_restored(cluster: Cluster, make_node: Callable[..., str]) -> None:
     node = make_node("slices-edit")
-    inventory = build_inventory([h100(0)], SYSTEM)
+    inventory = build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG)
     with cluster.api_client() as api, publishing(api, node, inventory):
         objects = client.CustomObjectsApi(api)
         target = next(s for s in list_slices(api, node) if "devices" in s["spec"])
@@ -141,10 +141,10 @@ def test_inventory_change_bumps_generation_and_drops_old_slices(
     node = make_node("slices-change")
     with (
         cluster.api_client() as api,
-        publishing(api, node, build_inventory([h100(0), h100(1)], SYSTEM)) as pub,
+        publishing(api, node, build_inventory([h100(0), h100(1)], SYSTEM, DYNAMIC_MIG)) as pub,
     ):
         first = pub.generation
-        smaller = build_inventory([h100(0)], SYSTEM)
+        smaller = build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG)
         pub.update(build_slices(smaller, node, layout=_layout(cluster)))
         assert pub.wait_published(60), pub.error
         stored = list_slices(api, node)
@@ -158,7 +158,7 @@ def test_inventory_change_bumps_generation_and_drops_old_slices(
 def test_slices_go_with_their_node(cluster: Cluster, make_node: Callable[..., str]) -> None:
     node = make_node("slices-gc")
     with cluster.api_client() as api:
-        with publishing(api, node, build_inventory([l4(0)], SYSTEM)):
+        with publishing(api, node, build_inventory([l4(0)], SYSTEM, DYNAMIC_MIG)):
             assert list_slices(api, node)
         client.CoreV1Api(api).delete_node(node)
         wait_for("the garbage collector to delete the node's slices",
@@ -183,7 +183,11 @@ def test_publishing_recovers_after_an_api_outage(
             on_count=events.append,
             on_reconnect=lambda: events.append("reconnected"),  # the plugin rediscovers here
         )
-        pub.update(build_slices(build_inventory([h100(0)], SYSTEM), node, layout=_layout(cluster)))
+        pub.update(
+            build_slices(
+                build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG), node, layout=_layout(cluster)
+            )
+        )
         pub.start()
         try:
             assert not pub.wait_published(2)  # API server unreachable: nothing published
@@ -195,7 +199,9 @@ def test_publishing_recovers_after_an_api_outage(
             relay.down()  # an outage while the inventory changes
             pub.update(
                 build_slices(
-                    build_inventory([h100(0), l4(1)], SYSTEM), node, layout=_layout(cluster)
+                    build_inventory([h100(0), l4(1)], SYSTEM, DYNAMIC_MIG),
+                    node,
+                    layout=_layout(cluster),
                 )
             )
             assert not pub.wait_published(2)
@@ -211,7 +217,7 @@ def test_publishing_recovers_after_an_api_outage(
 def test_dropped_field_is_a_clear_error(cluster: Cluster, make_node: Callable[..., str]) -> None:
     """A field the API server drops (its feature gate is off) withdraws the pool."""
     node = make_node("slices-dropped")
-    inventory = build_inventory([l4(0)], SYSTEM)
+    inventory = build_inventory([l4(0)], SYSTEM, DYNAMIC_MIG)
     gated = {  # DRANodeAllocatableResources is alpha and off in v1.37.2
         "name": "gpu-00000000-extra",
         "attributes": {"type": {"string": "gpu"}},

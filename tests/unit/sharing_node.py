@@ -14,7 +14,7 @@ from pathlib import Path
 
 from driver.api import ClaimRef
 from driver.checkpoint.store import Checkpoint
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.faults import NO_FAULTS, FaultPoints
 from driver.nvml.facade import Nvml
 from driver.nvml.sim import open_simulated
@@ -47,7 +47,9 @@ def sharing_state(
         config = config.model_copy(update={"mps_control": str(sim_mps_control(workdir))})
     state_dir = workdir / "state"
     managed = managed_mig_uuids(nvml, state_dir)
-    inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), managed_mig_uuids=managed)
+    inventory = build_inventory(
+        nvml.list_gpus(), nvml.system_info(), managed_mig_uuids=managed, advertise=DYNAMIC_MIG
+    )
     node = SharingNode(
         nvml,
         inventory,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from driver.api import ClaimRef
 from driver.checkpoint.store import Checkpoint
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.faults import FaultPoints
 from driver.nvml.sim import open_simulated
 from driver.prepare.cdi import CdiSpecs
@@ -27,7 +27,7 @@ BOOT_ID = "boot-1"
 
 def device_state(workdir: Path, faults: FaultPoints, boot_id: str = BOOT_ID) -> DeviceState:
     nvml = open_simulated(workdir / "sim.json")
-    inventory = build_inventory(nvml.list_gpus(), nvml.system_info())
+    inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
     return DeviceState(
         nvml,
         inventory,

@@ -15,6 +15,7 @@ def test_every_scenario_is_selectable_by_name() -> None:
         "attribution",
         "discovery",
         "explain",
+        "fleet",
         "health",
         "modes",
         "prepare",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.devices.slices import build_slices
 from kubelet_plugin.slice_diff import content, digest, lost_fields, plan
 from tests.unit.gpu_values import SYSTEM, h100, l4
@@ -14,7 +14,7 @@ NODE, UID = "node-a", "uid-1"
 
 
 def _desired(n: int = 2) -> list[dict[str, Any]]:
-    return build_slices(build_inventory([h100(i) for i in range(n)], SYSTEM), NODE)
+    return build_slices(build_inventory([h100(i) for i in range(n)], SYSTEM, DYNAMIC_MIG), NODE)
 
 
 def _stored(desired: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
@@ -75,7 +75,7 @@ def test_changed_desire_bumps_and_rewrites_every_slice() -> None:
 
 def test_slices_no_longer_wanted_are_deleted() -> None:
     old = _desired(2)
-    new = build_slices(build_inventory([l4(0)], SYSTEM), NODE)
+    new = build_slices(build_inventory([l4(0)], SYSTEM, DYNAMIC_MIG), NODE)
     p = plan(new, _stored(old, 2), node_name=NODE, node_uid=UID, known_generation=2,
              known_digest=digest(old))  # fmt: skip
     assert set(p.delete) == {s["metadata"]["name"] for s in old} - {

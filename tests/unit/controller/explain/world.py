@@ -12,7 +12,7 @@ from controller.explain.cli import explain_objects
 from controller.explain.evaluate import Explanation
 from controller.explain.model import inventory_from
 from controller.explain.read import ClusterRead
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
 from driver.nvml.types import GpuInfo
 from driver.sharing.devices import share_devices
@@ -71,7 +71,7 @@ def node_slices(
     taints: Mapping[str, Sequence[Json]] | None = None,
     dedicated_to: str | None = None,
 ) -> list[Json]:
-    inventory = build_inventory(gpus, SYSTEM)
+    inventory = build_inventory(gpus, SYSTEM, DYNAMIC_MIG)
     extra = share_devices(inventory, SharingConfig(groups=groups)) if groups else None
     common = {"dedicatedTo": {"string": dedicated_to}} if dedicated_to else None
     return build_slices(

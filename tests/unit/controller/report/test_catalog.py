@@ -5,7 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from controller.report.catalog import DeviceInfo, catalog_from_slices
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.devices.slices import build_slices
 from tests.unit.gpu_values import SYSTEM, h100
 
@@ -14,7 +14,7 @@ NODE = "node-a"
 
 def test_gpus_and_dynamic_mig_devices_of_prepared_claims() -> None:
     gpu, mig_gpu = h100(0), h100(1, mig_enabled=True)
-    slices = build_slices(build_inventory([gpu, mig_gpu], SYSTEM), NODE)
+    slices = build_slices(build_inventory([gpu, mig_gpu], SYSTEM, DYNAMIC_MIG), NODE)
     claim = {
         "status": {
             "devices": [
@@ -34,5 +34,5 @@ def test_gpus_and_dynamic_mig_devices_of_prepared_claims() -> None:
 
 
 def test_a_mig_device_of_a_gone_claim_is_unknown() -> None:
-    slices = build_slices(build_inventory([h100(1, mig_enabled=True)], SYSTEM), NODE)
+    slices = build_slices(build_inventory([h100(1, mig_enabled=True)], SYSTEM, DYNAMIC_MIG), NODE)
     assert "MIG-old" not in catalog_from_slices(slices)

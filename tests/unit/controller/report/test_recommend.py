@@ -25,7 +25,7 @@ from controller.report.recommend import (
     smallest_fit,
     stats,
 )
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
 from driver.nvml.sim import create_state, open_simulated
 from driver.sharing.devices import share_devices
@@ -48,7 +48,7 @@ def h100_slices(max_shares: int = 8) -> list[dict[str, Any]]:
     nvml = open_simulated(create_state("dgx-h100"))
     gpus = nvml.list_gpus()
     nvml.set_mig_mode(gpus[1].uuid, True)
-    inventory = build_inventory(nvml.list_gpus()[:2], nvml.system_info())
+    inventory = build_inventory(nvml.list_gpus()[:2], nvml.system_info(), DYNAMIC_MIG)
     config = SharingConfig(groups=("team",), max_shares=max_shares)
     return build_slices(inventory, NODE, extra_devices=share_devices(inventory, config))
 

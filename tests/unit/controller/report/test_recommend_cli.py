@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from controller.report.cli import ReportSettings, add_arguments, run
 from controller.report.owners import Cluster
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
 from driver.metrics import Metrics
 from driver.nvml.sim import SimControl, create_state, open_simulated
@@ -76,7 +76,7 @@ def meta(ns: str, name: str, owner: tuple[str, str] | None = None) -> Any:
 def objects() -> Cluster:
     nvml = open_simulated(create_state("dgx-h100"))
     nvml.set_mig_mode(nvml.list_gpus()[7].uuid, True)
-    inventory = build_inventory(nvml.list_gpus(), nvml.system_info())
+    inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
     config = SharingConfig(groups=("lab",))
     slices = build_slices(inventory, NODE, extra_devices=share_devices(inventory, config))
     gpus = [g.name for g in inventory.gpus]

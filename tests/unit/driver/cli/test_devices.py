@@ -41,13 +41,21 @@ def test_yaml_is_what_the_plugin_publishes(
 
 
 def test_table_lists_gpus_and_mig_slots(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(["--nvml", "simulated", "--profile", "mixed"], capsys)
+    mig = json.dumps({"*": ["gpu", "mig"]})
+    code, out, _ = _run(["--nvml", "simulated", "--profile", "mixed", "--advertise", mig], capsys)
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == ["NAME", "TYPE", "PRODUCT", "MEMORY", "PROFILE", "PARENT", "TAINTS"]
     mig = next(line for line in lines if "-mig-3g40gb-4 " in line)
     assert "3g.40gb" in mig and "H100" in mig
     assert any(line.split()[1] == "gpu" and "L4" in line for line in lines[1:])
+
+
+def test_table_by_default_lists_whole_gpus_only(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["--nvml", "simulated", "--profile", "dgx-h100"], capsys)
+    assert code == 0
+    rows = [line.split() for line in out.splitlines()[1:]]
+    assert len(rows) == 8 and all(r[1] == "gpu" for r in rows)
 
 
 def test_static_mig_and_advertise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

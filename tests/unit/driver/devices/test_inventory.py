@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from driver.devices.inventory import (
+    DYNAMIC_MIG,
     AdvertiseConfig,
     DeviceType,
     GpuDevice,
@@ -17,6 +18,7 @@ from driver.devices.inventory import (
     mig_name,
     nvlink_domains,
     parse_advertise,
+    parse_mig_profiles,
 )
 from driver.errors import ConfigError, DeviceNotFound
 from tests.unit.gpu_values import SYSTEM, a100, h100, instance, l4
@@ -25,7 +27,9 @@ H100_SLOTS = 7 + 7 + 4 + 3 + 2 + 1 + 1  # placements of every GI profile
 
 
 def test_gpu_names_use_the_uuid_not_the_index() -> None:
-    inv = build_inventory([h100(1, uuid="GPU-1a2b3c4d-0000-0000-0000-000000000000")], SYSTEM)
+    inv = build_inventory(
+        [h100(1, uuid="GPU-1a2b3c4d-0000-0000-0000-000000000000")], SYSTEM, DYNAMIC_MIG
+    )
     assert inv.gpus[0].name == "gpu-1a2b3c4d"
 
 
@@ -57,7 +61,7 @@ def test_mig_names(profile: str, start: int, expected: str) -> None:
 
 
 def test_hopper_advertises_whole_gpu_and_every_placement() -> None:
-    inv = build_inventory([h100(0), h100(1)], SYSTEM)
+    inv = build_inventory([h100(0), h100(1)], SYSTEM, DYNAMIC_MIG)
     assert [g.name for g in inv.gpus if g.advertised] == ["gpu-00000000", "gpu-00000001"]
     assert len(inv.migs_of("gpu-00000000")) == H100_SLOTS
     names = inv.device_names()
@@ -67,8 +71,8 @@ def test_hopper_advertises_whole_gpu_and_every_placement() -> None:
 
 
 def test_order_does_not_depend_on_nvml_enumeration() -> None:
-    a = build_inventory([h100(0), h100(1), h100(2)], SYSTEM)
-    b = build_inventory([h100(2), h100(0), h100(1)], SYSTEM)
+    a = build_inventory([h100(0), h100(1), h100(2)], SYSTEM, DYNAMIC_MIG)
+    b = build_inventory([h100(2), h100(0), h100(1)], SYSTEM, DYNAMIC_MIG)
     assert a.device_names() == b.device_names()
 
 
@@ -81,7 +85,8 @@ def test_order_does_not_depend_on_nvml_enumeration() -> None:
         ({"*": []}, False, False),
         ({"*": [], "NVIDIA H100 80GB HBM3": ["mig"]}, False, True),
         ({"NVIDIA H100 80GB HBM3": ["mig"], h100(0).uuid: []}, False, False),
-        ({"NVIDIA A100-SXM4-80GB": []}, True, True),  # no rule matches: default
+        ({"NVIDIA A100-SXM4-80GB": []}, True, False),  # no rule matches: default
+        ({"*": ["gpu", "mig-enabled"]}, True, False),  # MIG mode off: no placements
     ],
 )  # fmt: skip
 def test_advertise_rules(config: dict[str, list[str]], expect_gpu: bool, expect_mig: bool) -> None:
@@ -120,7 +125,7 @@ def test_advertise_from_file(tmp_path: Path) -> None:
 
 
 def test_lookup_by_name_and_parent() -> None:
-    inv = build_inventory([h100(0), h100(1)], SYSTEM)
+    inv = build_inventory([h100(0), h100(1)], SYSTEM, DYNAMIC_MIG)
     slot = inv.device("gpu-00000001-mig-3g40gb-4")
     assert isinstance(slot, MigDevice)
     assert (slot.start, slot.size, slot.profile.name) == (4, 4, "3g.40gb")
@@ -131,7 +136,7 @@ def test_lookup_by_name_and_parent() -> None:
 
 
 def test_unknown_device_suggests_close_names() -> None:
-    inv = build_inventory([h100(0)], SYSTEM)
+    inv = build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG)
     with pytest.raises(DeviceNotFound) as err:
         inv.device("gpu-00000000-mig-3g40gb-2")
     assert "gpu-00000000-mig-3g40gb-2" in str(err.value)
@@ -143,7 +148,7 @@ def test_unknown_device_suggests_close_names() -> None:
 def test_unmanaged_instance_is_static_and_blocks_overlaps() -> None:
     gpu = h100(0, mig_enabled=True)
     gpu = replace(gpu, mig_instances=(instance(gpu, "3g.40gb", 4),))
-    inv = build_inventory([gpu], SYSTEM)
+    inv = build_inventory([gpu], SYSTEM, DYNAMIC_MIG)
     assert not inv.gpus[0].advertised  # the whole GPU is not free
     static = inv.device("gpu-00000000-mig-3g40gb-4")
     assert isinstance(static, MigDevice) and static.static
@@ -159,18 +164,21 @@ def test_unmanaged_instance_is_static_and_blocks_overlaps() -> None:
 def test_instance_created_by_the_driver_changes_nothing() -> None:
     gpu = h100(0, mig_enabled=True)
     created = instance(gpu, "3g.40gb", 4)
-    before = build_inventory([h100(0)], SYSTEM)
+    before = build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG)
     after = build_inventory(
-        [replace(gpu, mig_instances=(created,))], SYSTEM, managed_mig_uuids={created.uuid}
+        [replace(gpu, mig_instances=(created,))],
+        SYSTEM,
+        managed_mig_uuids={created.uuid},
+        advertise=DYNAMIC_MIG,
     )
     assert after.device_names() == before.device_names()
     assert not any(m.static for m in after.migs)
 
 
 def test_ampere_needs_a_reset_to_change_mig_mode() -> None:
-    off = build_inventory([a100(0, mig_enabled=False)], SYSTEM)
+    off = build_inventory([a100(0, mig_enabled=False)], SYSTEM, DYNAMIC_MIG)
     assert off.device_names() == ["gpu-00000000"]
-    on = build_inventory([a100(0, mig_enabled=True)], SYSTEM)
+    on = build_inventory([a100(0, mig_enabled=True)], SYSTEM, DYNAMIC_MIG)
     assert not on.gpus[0].advertised
     assert len(on.migs) == H100_SLOTS
     assert on.notes
@@ -195,12 +203,84 @@ def test_nvlink_domains_follow_connected_peers() -> None:
 
 def test_fabric_clique_is_the_domain() -> None:
     gpus = [replace(h100(i), fabric_clique="cluster-1.3") for i in range(2)]
-    inv = build_inventory(gpus, SYSTEM)
+    inv = build_inventory(gpus, SYSTEM, DYNAMIC_MIG)
     assert {g.nvlink_domain for g in inv.gpus} == {"clique-cluster-1.3"}
 
 
 def test_devices_on_a_gpu() -> None:
-    inv = build_inventory([h100(0), h100(1)], SYSTEM)
+    inv = build_inventory([h100(0), h100(1)], SYSTEM, DYNAMIC_MIG)
     on0 = inv.devices_on("gpu-00000000")
     assert on0[0] == "gpu-00000000" and len(on0) == 1 + H100_SLOTS
     assert all(n.startswith("gpu-00000000") for n in on0)
+
+
+def test_default_advertises_whole_hoppers_without_their_placements() -> None:
+    inv = build_inventory([h100(0), h100(1)], SYSTEM)
+    assert inv.device_names() == ["gpu-00000000", "gpu-00000001"]
+    assert all(g.advertised for g in inv.gpus)
+
+
+def test_default_keeps_mig_an_operator_turned_on() -> None:
+    gpu = h100(0, mig_enabled=True)
+    made = instance(gpu, "3g.40gb", 4)
+    hopper = build_inventory([replace(gpu, mig_instances=(made,))], SYSTEM)
+    assert [(m.name, m.static) for m in hopper.migs] == [("gpu-00000000-mig-3g40gb-4", True)]
+    ampere = build_inventory([a100(1, mig_enabled=True)], SYSTEM)  # MIG mode stays on: placements
+    assert ampere.migs and not ampere.gpus[0].advertised
+    assert (
+        ampere.device_names()
+        == build_inventory([a100(1, mig_enabled=True)], SYSTEM, DYNAMIC_MIG).device_names()
+    )
+
+
+def test_mig_opt_in_by_product_leaves_other_gpus_whole() -> None:
+    config = AdvertiseConfig.parse('{"NVIDIA H100 80GB HBM3": [gpu, mig]}')
+    inv = build_inventory([h100(0), l4(1)], SYSTEM, config)
+    assert len(inv.migs_of("gpu-00000000")) > 0
+    assert inv.devices_on("gpu-00000001") == ["gpu-00000001"]
+
+
+def test_a_node_opted_into_dynamic_mig_promotes_mig_enabled_only() -> None:
+    config = AdvertiseConfig.parse('{"NVIDIA L4": [gpu], "GPU-x": []}').with_dynamic_mig()
+    assert config.root == {
+        "NVIDIA L4": (DeviceType.GPU,),
+        "GPU-x": (),
+        "*": (DeviceType.GPU, DeviceType.MIG),
+    }
+    explicit = AdvertiseConfig.parse('{"*": [gpu, mig-enabled, mig]}').with_dynamic_mig()
+    assert explicit.root == {"*": (DeviceType.GPU, DeviceType.MIG)}
+    inv = build_inventory([h100(0)], SYSTEM, AdvertiseConfig().with_dynamic_mig())
+    assert inv.device_names() == build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG).device_names()
+
+
+def test_mig_profiles_limit_dynamic_placements_but_keep_existing_instances() -> None:
+    gpu = h100(0, mig_enabled=True)
+    made = instance(gpu, "2g.20gb", 0)
+    inv = build_inventory(
+        [replace(gpu, mig_instances=(made,)), h100(1)],
+        SYSTEM,
+        DYNAMIC_MIG,
+        mig_profiles=("3g.40gb", "7g.80gb"),
+    )
+    assert {m.profile.name for m in inv.migs_of("gpu-00000001")} == {"3g.40gb", "7g.80gb"}
+    kept = [(m.profile.name, m.static) for m in inv.migs_of("gpu-00000000")]
+    assert ("2g.20gb", True) in kept and {p for p, _ in kept} <= {"2g.20gb", "3g.40gb"}
+
+
+def test_mig_profiles_are_parsed_and_checked() -> None:
+    assert parse_mig_profiles(" 1g.10gb, 1g.10gb+me,1g.10gb ") == ("1g.10gb", "1g.10gb+me")
+    assert parse_mig_profiles("") == ()
+    with pytest.raises(ConfigError, match="'3g40gb' is not a GPU-instance profile"):
+        parse_mig_profiles("1g.10gb,3g40gb")
+
+
+def test_default_keeps_the_slots_of_instances_made_for_claims_under_an_earlier_setting() -> None:
+    gpu = h100(0, mig_enabled=True)
+    made = instance(gpu, "3g.40gb", 4)
+    inv = build_inventory(
+        [replace(gpu, mig_instances=(made,))], SYSTEM, managed_mig_uuids={made.uuid}
+    )
+    assert "gpu-00000000-mig-3g40gb-4" in inv.device_names()
+    assert not any(m.static for m in inv.migs)
+    idle = build_inventory([h100(0, mig_enabled=True)], SYSTEM)  # MIG on, nothing made
+    assert idle.device_names() == ["gpu-00000000"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from driver.devices.inventory import AdvertiseConfig, build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, AdvertiseConfig, build_inventory
 from driver.devices.slices import (
     MAX_COUNTER_SETS,
     build_slices,
@@ -73,7 +73,7 @@ def test_pci_bus_id_has_a_four_digit_domain() -> None:
 
 
 def test_gpu_attributes_match_nvidias_names() -> None:
-    inv = build_inventory([h100(0, peers=(h100(1).uuid,)), h100(1)], SYSTEM)
+    inv = build_inventory([h100(0, peers=(h100(1).uuid,)), h100(1)], SYSTEM, DYNAMIC_MIG)
     gpu = _by_name(build_slices(inv, NODE))["gpu-00000000"]
     attrs = gpu["attributes"]
     assert attrs["type"] == {"string": "gpu"}
@@ -94,7 +94,7 @@ def test_gpu_attributes_match_nvidias_names() -> None:
 
 
 def test_mig_attributes() -> None:
-    inv = build_inventory([h100(0)], SYSTEM)
+    inv = build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG)
     mig = _by_name(build_slices(inv, NODE))["gpu-00000000-mig-2g20gb-2"]
     attrs = mig["attributes"]
     assert attrs["type"] == {"string": "mig"}
@@ -107,14 +107,16 @@ def test_mig_attributes() -> None:
 
 
 def test_gpu_without_peers_has_no_nvlink_domain() -> None:
-    gpu = _by_name(build_slices(build_inventory([l4(0)], SYSTEM), NODE))["gpu-00000000"]
+    gpu = _by_name(build_slices(build_inventory([l4(0)], SYSTEM, DYNAMIC_MIG), NODE))[
+        "gpu-00000000"
+    ]
     assert "nvlinkDomain" not in gpu["attributes"]
     assert "consumesCounters" not in gpu  # no MIG: no counters needed
 
 
 def test_counters_prevent_overlap_by_construction() -> None:
     """Two devices of one GPU conflict on a counter exactly when NVML could not hold both."""
-    inv = build_inventory([h100(0)], SYSTEM)
+    inv = build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG)
     slices = build_slices(inv, NODE)
     (capacity,) = _counter_sets(slices).values()
     devices = list(_devices(slices))
@@ -148,7 +150,7 @@ def test_counters_prevent_overlap_by_construction() -> None:
 )
 def test_layouts(layout: list[str]) -> None:
     """Layouts NVML accepts fit the counters; the overlapping one does not."""
-    slices = build_slices(build_inventory([h100(0)], SYSTEM), NODE)
+    slices = build_slices(build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG), NODE)
     (capacity,) = _counter_sets(slices).values()
     by_name = _by_name(slices)
     ds = [by_name[f"gpu-00000000-mig-{p.replace('.', '').replace('+', '').replace('@', '-')}"]
@@ -160,7 +162,7 @@ def test_layouts(layout: list[str]) -> None:
 
 def test_counter_sets_live_in_their_own_slices() -> None:
     gpus = [h100(i) for i in range(MAX_COUNTER_SETS + 2)]
-    slices = build_slices(build_inventory(gpus, SYSTEM), NODE)
+    slices = build_slices(build_inventory(gpus, SYSTEM, DYNAMIC_MIG), NODE)
     counter_slices = [s for s in slices if "sharedCounters" in s["spec"]]
     assert [len(s["spec"]["sharedCounters"]) for s in counter_slices] == [MAX_COUNTER_SETS, 2]
     for s in slices:
@@ -182,8 +184,8 @@ def test_counter_sets_live_in_their_own_slices() -> None:
 
 def test_slices_are_deterministic() -> None:
     gpus = [h100(0), h100(1), l4(2)]
-    a = build_slices(build_inventory(gpus, SYSTEM), NODE)
-    b = build_slices(build_inventory(list(reversed(gpus)), SYSTEM), NODE)
+    a = build_slices(build_inventory(gpus, SYSTEM, DYNAMIC_MIG), NODE)
+    b = build_slices(build_inventory(list(reversed(gpus)), SYSTEM, DYNAMIC_MIG), NODE)
     assert a == b
 
 
@@ -194,13 +196,13 @@ def test_empty_pool_is_one_slice_without_devices() -> None:
 
 
 def test_ampere_with_mig_on_still_gets_counters() -> None:
-    slices = build_slices(build_inventory([a100(0, mig_enabled=True)], SYSTEM), NODE)
+    slices = build_slices(build_inventory([a100(0, mig_enabled=True)], SYSTEM, DYNAMIC_MIG), NODE)
     assert "gpu-00000000" not in _by_name(slices)
     assert len(_counter_sets(slices)) == 1
 
 
 def test_taints_go_to_their_devices() -> None:
-    inv = build_inventory([h100(0)], SYSTEM)
+    inv = build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG)
     taint = {"key": "gpu.tranche.dev/xid", "value": "79", "effect": "NoSchedule"}
     slices = build_slices(inv, NODE, taints={"gpu-00000000-mig-1g10gb-0": [taint]})
     by_name = _by_name(slices)
@@ -213,7 +215,7 @@ def test_taints_go_to_their_devices() -> None:
 
 
 def test_extra_devices_share_the_gpu_counters() -> None:
-    inv = build_inventory([l4(0)], SYSTEM)
+    inv = build_inventory([l4(0)], SYSTEM, DYNAMIC_MIG)
     gpu = inv.gpus[0]
     shared = {
         "name": "gpu-00000000-ts",
@@ -229,7 +231,7 @@ def test_extra_devices_share_the_gpu_counters() -> None:
 
 
 def test_many_devices_are_split_at_the_limit() -> None:
-    inv = build_inventory([h100(0)], SYSTEM)
+    inv = build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG)
     extras = [{"name": f"gpu-00000000-x{i}", "attributes": {}} for i in range(60)]
     slices = build_slices(inv, NODE, extra_devices={"gpu-00000000": extras})
     device_slices = [s for s in slices if "devices" in s["spec"]]
@@ -246,13 +248,13 @@ def test_long_node_names_give_valid_slice_names() -> None:
 def test_counters_cover_inconsistent_profiles() -> None:
     """A profile table whose packings exceed the GPU totals still lets every layout fit."""
     gpu = replace(h100(0), multiprocessors=100)  # 7 x 16 = 112 SMs in seven 1g slots
-    slices = build_slices(build_inventory([gpu], SYSTEM), NODE)
+    slices = build_slices(build_inventory([gpu], SYSTEM, DYNAMIC_MIG), NODE)
     (capacity,) = _counter_sets(slices).values()
     assert capacity["multiprocessors"] >= 112
 
 
 def test_kubernetes_134_layout_keeps_each_gpus_counters_in_its_own_slice() -> None:
-    inv = build_inventory([h100(0), h100(1)], SYSTEM)
+    inv = build_inventory([h100(0), h100(1)], SYSTEM, DYNAMIC_MIG)
     split = build_slices(inv, NODE)
     combined = build_slices(inv, NODE, layout="combined")
     assert len(combined) == 2
@@ -266,7 +268,7 @@ def test_kubernetes_134_layout_keeps_each_gpus_counters_in_its_own_slice() -> No
 
 
 def test_without_partitionable_devices_only_non_overlapping_devices_are_published() -> None:
-    inv = build_inventory([h100(0), a100(1, mig_enabled=True)], SYSTEM)
+    inv = build_inventory([h100(0), a100(1, mig_enabled=True)], SYSTEM, DYNAMIC_MIG)
     gpu = inv.gpus[0]
     shared = {
         "name": "gpu-00000000-ts",

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from driver.api import HealthSnapshot
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.health.monitor import KEY_GPU_LOST, KEY_XID, HealthMonitor, device_gpu_map
 from driver.health.policy import HealthPolicy
 from driver.health.watch import HealthWatcher
@@ -38,7 +38,7 @@ def nvml(store: SimStore) -> Iterator[Nvml]:
 @pytest.fixture
 def devices(nvml: Nvml) -> dict[str, str]:
     """Device name -> GPU UUID for every device the node advertises (GPUs and MIG slots)."""
-    return device_gpu_map(build_inventory(nvml.list_gpus(), nvml.system_info()))
+    return device_gpu_map(build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG))
 
 
 @pytest.fixture

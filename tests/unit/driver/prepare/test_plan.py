@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.errors import ConfigError, DeviceNotFound
 from driver.prepare.claims import parse_claim
 from driver.prepare.plan import Plan, build_plan
@@ -15,10 +15,12 @@ from tests.unit.claim_values import DRIVER, NODE, claim, config, ref_of, result
 from tests.unit.gpu_values import SYSTEM, h100, instance
 
 GPU0, GPU1 = h100(0), h100(1)
-INVENTORY = build_inventory([GPU0, GPU1], SYSTEM)
+INVENTORY = build_inventory([GPU0, GPU1], SYSTEM, DYNAMIC_MIG)
 STATIC_GPU = h100(2, mig_enabled=True)
 STATIC = instance(STATIC_GPU, "3g.40gb", 4, gi_id=2)
-WITH_STATIC = build_inventory([GPU0, replace(STATIC_GPU, mig_instances=(STATIC,))], SYSTEM)
+WITH_STATIC = build_inventory(
+    [GPU0, replace(STATIC_GPU, mig_instances=(STATIC,))], SYSTEM, DYNAMIC_MIG
+)
 V1 = "gpu.tranche.dev/v1alpha1"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from driver.devices.inventory import build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.devices.slices import build_slices, full_gpu_consumption
 from driver.errors import ConfigError
 from driver.nvml.sim import create_state, open_simulated
@@ -30,7 +30,7 @@ def node(tmp_path: Path) -> Path:
 
 def test_share_devices_take_the_whole_gpu_and_offer_capacity(node: Path) -> None:
     nvml = open_simulated(node / "sim.json")
-    inventory = build_inventory(nvml.list_gpus(), nvml.system_info())
+    inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
     cfg = SharingConfig(groups=("blue", "red"), max_shares=4, memory_step="1Gi")
     devices = share_devices(inventory, cfg)
     gpu = inventory.gpus[0]
@@ -63,12 +63,12 @@ def test_share_devices_take_the_whole_gpu_and_offer_capacity(node: Path) -> None
 
 def test_no_groups_no_share_devices_and_hidden_gpus_get_none(node: Path) -> None:
     nvml = open_simulated(node / "sim.json")
-    inventory = build_inventory(nvml.list_gpus(), nvml.system_info())
+    inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
     assert share_devices(inventory, SharingConfig()) == {}
     nvml.set_mig_mode(inventory.gpus[0].uuid, True)
     profile = inventory.gpus[0].info.mig_profiles[0]
     nvml.create_mig_instance(inventory.gpus[0].uuid, profile.id, 0)  # static MIG: not whole
-    inventory = build_inventory(nvml.list_gpus(), nvml.system_info())
+    inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
     devices = share_devices(inventory, SharingConfig(groups=("blue",), mps=False))
     assert inventory.gpus[0].name not in devices
     assert len(devices) == 7 and all(len(v) == 1 for v in devices.values())

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from driver.checkpoint.store import Checkpoint
-from driver.devices.inventory import MigDevice, build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, MigDevice, build_inventory
 from driver.nvml.sim import SimControl, SimStore, create_state, open_simulated
 from tests.unit.claim_values import claim, ref_of, result
 from tests.unit.sharing_node import sharing_state
@@ -134,7 +134,7 @@ def test_a_whole_gpu_in_mig_mode_is_switched_back_or_refused(node: Path) -> None
 def test_ampere_with_mig_off_advertises_no_dynamic_slots(tmp_path: Path) -> None:
     create_state("dgx-a100", tmp_path / "sim.json")
     nvml = open_simulated(tmp_path / "sim.json")
-    inventory = build_inventory(nvml.list_gpus(), nvml.system_info())
+    inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
     assert inventory.migs == ()
     assert all(g.advertised for g in inventory.gpus)
 
