@@ -227,7 +227,7 @@ class NodePlugin:
             refusal=self.device_plugins.refusal if self.device_plugins else None,
         )
         self.driver = StatusWritingDriver(
-            MeasuredDriver(self.plugin_driver, metrics, self.prepared_count),
+            MeasuredDriver(self.plugin_driver, metrics),
             ClaimStatusWriter(
                 kube,
                 settings.driver_name,
@@ -379,7 +379,7 @@ class NodePlugin:
             self._node_event("Warning", "CheckpointCorrupt", status.message)
         for uid, problem in self.recovery.failed.items():
             self._node_event("Warning", "ClaimRecoveryFailed", f"claim {uid}: {problem}")
-        self.metrics.set_prepared_claims(self.prepared_count())
+        self.metrics.prepared_claims_from(self.prepared_count)
         self.sharing.start()
         if self.device_plugins is not None:
             self.device_plugins.start()  # a device plugin deployed later stops new prepares

@@ -261,7 +261,8 @@ class CdiSpecs:
     def write(self, claim_uid: str, devices: Sequence[CdiDevice], common: ContainerEdits) -> Path:
         path = self.path(claim_uid)
         spec = build_spec(devices, common + self._node_edits, self._numbers)
-        data = json.dumps(spec, indent=2).encode() + b"\n"
+        # Compact: ``indent`` switches json to its pure-Python encoder (about 0.1 ms a spec).
+        data = json.dumps(spec, separators=(",", ":")).encode() + b"\n"
         # Not fsynced: the spec is whole for the runtime at once (page cache), and after a
         # machine crash start-up recovery rewrites the spec of every prepared claim (its
         # directory is a tmpfs on most nodes anyway).
