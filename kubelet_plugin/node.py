@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from driver.kube.http import ApiError, KubeClient
 from driver.metrics import Metrics
 from driver.nvml.driver_root import DriverRoot
 from driver.nvml.facade import Nvml
+from driver.nvml.types import GpuInfo
 from driver.prepare.cdi import CdiSpecs, DeviceNumbers
 from driver.prepare.driver_root import DriverFiles, find_driver_files
 from driver.prepare.executor import DeviceState, RecoveryReport
@@ -48,6 +51,7 @@ from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.health_events import HealthEvents
 from kubelet_plugin.measured_driver import MeasuredDriver
+from kubelet_plugin.memory import release_freed_memory
 from kubelet_plugin.namespace_cache import WatchedNamespaces
 from kubelet_plugin.publisher import Publisher
 from kubelet_plugin.runtime_errors import RuntimeErrorWatcher
@@ -80,7 +84,9 @@ def _device_numbers(settings: PluginSettings) -> DeviceNumbers | None:
     return DeviceNumbers.from_proc_devices(PROC_DEVICES)
 
 
-def driver_files(settings: PluginSettings, nvml: Nvml) -> DriverFiles:
+def driver_files(
+    settings: PluginSettings, nvml: Nvml, gpus: Sequence[GpuInfo] | None = None
+) -> DriverFiles:
     """The driver's files for every claim's CDI spec, found once at start.
 
     With ``--nvml simulated`` the simulated driver root is written first: at
@@ -92,7 +98,7 @@ def driver_files(settings: PluginSettings, nvml: Nvml) -> DriverFiles:
 
         if root == Path("/"):
             root = settings.data_dir / SIM_DRIVER_ROOT
-        write_driver_root(root, nvml.system_info(), nvml.list_gpus())
+        write_driver_root(root, nvml.system_info(), nvml.list_gpus() if gpus is None else gpus)
     host_root = str(settings.host_driver_root or root)
     files = find_driver_files(root, host_root, hook_path=settings.cdi_hook_path)
     if files.missing:
@@ -139,15 +145,16 @@ class NodePlugin:
 
         self.checkpoint = Checkpoint(data_dir / CHECKPOINT_FILE, faults=faults)
         state, _ = self.checkpoint.load()
+        gpus = nvml.list_gpus()  # once: a discovery is hundreds of NVML calls per GPU
         self.inventory = build_inventory(
-            nvml.list_gpus(),
+            gpus,
             nvml.system_info(),
             settings.advertise,
             managed_mig_uuids=managed_mig_uuids(state) | sharing_mig_uuids(nvml, data_dir),
         )
         for note in self.inventory.notes:
             log.info("inventory note=%s", note, extra={"node": settings.node_name})
-        self.driver_files = driver_files(settings, nvml)
+        self.driver_files = driver_files(settings, nvml, gpus)
         self.sharing = SharingNode(
             nvml,
             self.inventory,
@@ -189,7 +196,7 @@ class NodePlugin:
             nvml.wait_event,
             nvml.probe,
             recovery_action=nvml.recovery_action,
-            register_events=nvml.register_events,
+            register_events=lambda: nvml.register_events([g.uuid for g in gpus]),
         )
         self.publisher = Publisher(
             kube,
@@ -416,12 +423,21 @@ class NodePlugin:
             self._sampler_thread.join(timeout=5)
 
     def _sample_loop(self) -> None:
-        while not self._stop.wait(self.settings.sample_interval_s):
+        # Start-up's slice building leaves freed heap pages behind: give them back once the
+        # first publish is done, and after each sample (bursts of prepares do the same).
+        deadline = time.monotonic() + self.settings.sample_interval_s
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if self.publisher.wait_published(0.2):
+                release_freed_memory()
+                break
+        while not self._stop.wait(max(0.0, deadline - time.monotonic())):
+            deadline = time.monotonic() + self.settings.sample_interval_s
             try:
                 self.sampler.sample_once()
             except Exception as e:  # the loop must outlive any one bad sample
                 log.exception("usage sample failed node=%s error=%s", self.settings.node_name, e)
                 self.metrics.count_error(error_reason(e))
+            release_freed_memory()
 
     def probe_paths(self) -> tuple[str, str]:
         return self.server.registration_socket, self.server.endpoint
