@@ -25,7 +25,7 @@ from driver.devices.slices import build_slices
 from driver.nvml.sim import create_state, open_simulated
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from hack.bench.claims import TIME_SLICING, Wanted, create_allocated
-from hack.bench.lab import BenchNode, Lab, plugin_pid
+from hack.bench.lab import BenchNode, Lab, plugin_pid, wait_socket
 from hack.bench.machine import rss_bytes
 from hack.bench.results import Row, ScenarioResult, median, ms, percentile
 from hack.kubeletsim.client import ClaimRequest, PluginConnection
@@ -38,7 +38,6 @@ WARMUP = 5
 CYCLES = 60
 CONCURRENCY = 16
 STARTS = 3
-POLL_S = 0.005
 MIB = 1 << 20
 PUBLISH_CASES = (
     ("8 GPUs, whole GPUs only", "dgx-h100", '{"*": ["gpu"]}'),
@@ -51,16 +50,6 @@ def _published_devices(profile: str, advertise: str) -> int:
     nvml = open_simulated(create_state(profile))
     inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), parse_advertise(advertise))
     return sum(len(s["spec"].get("devices") or []) for s in build_slices(inventory, "n"))
-
-
-def _wait_socket(path: Path, timeout_s: float = 60.0) -> float:
-    """Poll every 5 ms for the registration socket; the monotonic time it was seen."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists():
-            return time.monotonic()
-        time.sleep(POLL_S)
-    raise TimeoutError(f"{path} did not appear in {timeout_s:.0f}s")
 
 
 def _spread(values: Sequence[float]) -> str:
@@ -76,7 +65,7 @@ def _publish_rows(lab: Lab, result: ScenarioResult) -> None:
             bench = lab.node("pub", profile=profile, extra_args=args, start=False)
             t0 = time.monotonic()
             bench.node.start(wait=False)
-            to_socket.append(_wait_socket(bench.node.registration_socket) - t0)
+            to_socket.append(wait_socket(bench.node.registration_socket) - t0)
             to_published.append(lab.wait_slices(bench.name, devices) - t0)
             bench.node.stop()
         result.add(
@@ -139,7 +128,7 @@ def _restart(bench: BenchNode) -> tuple[float, PluginConnection]:
     bench.node.stop()
     t0 = time.monotonic()
     bench.node.start(wait=False)
-    seen = _wait_socket(bench.node.registration_socket) - t0
+    seen = wait_socket(bench.node.registration_socket) - t0
     return seen, bench.connect()
 
 
