@@ -3,9 +3,9 @@
 :class:`NodePlugin` owns the NVML session, the inventory, the executor
 (:class:`~driver.prepare.executor.DeviceState`), the ResourceSlice publisher, the health
 monitor and its watcher, the namespace label cache, the usage sampler and the gRPC
-servers. ``start()`` recovers the checkpoint, publishes the slices, then opens the DRA
-socket and only after it the registration socket (the kubelet connects as soon as the
-latter appears). ``stop()`` undoes it in reverse order.
+servers. ``start()`` recovers the checkpoint, builds the slices, opens the DRA socket and
+only after it the registration socket (the kubelet connects as soon as the latter
+appears), then writes the slices. ``stop()`` undoes it in reverse order.
 """
 
 from __future__ import annotations
@@ -390,12 +390,14 @@ class NodePlugin:
         self.sharing.start()
         if self.device_plugins is not None:
             self.device_plugins.start()  # a device plugin deployed later stops new prepares
-        self.publisher.start()
         self.namespaces.start()
         self.runtime_errors.start()
-        self.republish()
+        self.republish()  # the slices are built and queued; written once the sockets are open
         self.watcher.start()
         self.server.start()
+        # The first sync (a list, a write and a check per slice) would compete for the
+        # interpreter with opening the sockets the kubelet waits for; it follows them.
+        self.publisher.start()
         self._sampler_thread.start()
         log.info(
             "plugin started node=%s driver=%s gpus=%d devices=%d",
