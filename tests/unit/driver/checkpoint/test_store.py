@@ -466,3 +466,18 @@ def test_a_checkpoint_of_another_boot_is_reported_until_its_claims_are_gone(
     assert cp.load(locked=True)[1].kind == "other-boot"
     cp.remove("u1")
     assert cp.load(locked=True)[1].kind == "ok"
+
+
+def test_claim_files_of_the_previous_writer_still_load(tmp_path: Path) -> None:
+    """Files written before records were serialised once (members in insertion order,
+    checksum before the claim) load unchanged after an upgrade."""
+    body = record("u1").model_dump(mode="json", by_alias=True)
+    doc: dict[str, Any] = {"version": 2, "bootId": "b"}
+    doc["checksum"] = digest({"version": 2, "bootId": "b", "claim": body})
+    doc["claim"] = body
+    path = claim_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(doc) + "\n")
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert status.kind == "ok"
+    assert state.claims["u1"] == record("u1")
