@@ -20,7 +20,7 @@ carries a process id. ``docs/metrics.md`` lists every series.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -273,6 +273,10 @@ class Metrics:
 
     def set_prepared_claims(self, count: int) -> None:
         self._prepared.set(count)
+
+    def prepared_claims_from(self, count: Callable[[], int]) -> None:
+        """Read the prepared claims' count from ``count`` at each scrape (not at each call)."""
+        self._prepared.set_function(count)
 
     def set_published_devices(self, count: int) -> None:
         self._published.set(count)

@@ -259,6 +259,7 @@ class StatusWritingDriver:
         self._yield_s = yield_s
         self._quiet_s = quiet_s
         self._in_flight = 0
+        self._waiting_for_calls = 0
         self._last_call = 0.0
         self._idle = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="claim-status")
@@ -285,7 +286,9 @@ class StatusWritingDriver:
             with self._idle:
                 self._in_flight -= 1
                 self._last_call = time.monotonic()
-                if not self._in_flight:
+                # Only a writer waiting for the calls to end needs waking; one waiting out
+                # the quiet time wakes by itself (a wake-up per call cost the calls time).
+                if not self._in_flight and self._waiting_for_calls:
                     self._idle.notify_all()
 
     def _write(self, claims: Sequence[ClaimRef]) -> None:
@@ -293,7 +296,11 @@ class StatusWritingDriver:
         with self._idle:
             while (now := time.monotonic()) < deadline:
                 if self._in_flight:
-                    self._idle.wait(deadline - now)
+                    self._waiting_for_calls += 1
+                    try:
+                        self._idle.wait(deadline - now)
+                    finally:
+                        self._waiting_for_calls -= 1
                 elif (quiet := now - self._last_call) < self._quiet_s:
                     self._idle.wait(min(deadline - now, self._quiet_s - quiet))
                 else:

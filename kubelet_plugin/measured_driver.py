@@ -3,23 +3,24 @@
 :class:`MeasuredDriver` wraps the plugin's :class:`driver.api.DraDriver`. The
 latency of a call (claim and namespace reads included) is observed once per
 claim it carried, labelled with the claim's sharing mode; a failed claim counts
-its bounded error reason instead.
+its bounded error reason instead. The prepared claims' gauge is read at scrape time
+(``Metrics.prepared_claims_from``): counting them here cost every call time in
+proportion to the node's claims.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from driver.api import ClaimRef, DraDriver, PrepareResult, UnprepareResult
 from driver.metrics import Metrics
 
 
 class MeasuredDriver:
-    def __init__(self, inner: DraDriver, metrics: Metrics, prepared: Callable[[], int]) -> None:
+    def __init__(self, inner: DraDriver, metrics: Metrics) -> None:
         self._inner = inner
         self._metrics = metrics
-        self._prepared = prepared
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         start = time.monotonic()
@@ -30,7 +31,6 @@ class MeasuredDriver:
                 self._metrics.count_error(result.reason or "internal")
             else:
                 self._metrics.observe_prepare(result.mode or "none", elapsed)
-        self._metrics.set_prepared_claims(self._prepared())
         return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
@@ -42,5 +42,4 @@ class MeasuredDriver:
                 self._metrics.count_error(result.reason or "internal")
             elif result.mode:  # an unknown claim has no mode and costs nothing to measure
                 self._metrics.observe_unprepare(result.mode, elapsed)
-        self._metrics.set_prepared_claims(self._prepared())
         return results

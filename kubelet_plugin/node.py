@@ -3,9 +3,9 @@
 :class:`NodePlugin` owns the NVML session, the inventory, the executor
 (:class:`~driver.prepare.executor.DeviceState`), the ResourceSlice publisher, the health
 monitor and its watcher, the namespace label cache, the usage sampler and the gRPC
-servers. ``start()`` recovers the checkpoint, publishes the slices, then opens the DRA
-socket and only after it the registration socket (the kubelet connects as soon as the
-latter appears). ``stop()`` undoes it in reverse order.
+servers. ``start()`` recovers the checkpoint, builds the slices, opens the DRA socket and
+only after it the registration socket (the kubelet connects as soon as the latter
+appears), then writes the slices. ``stop()`` undoes it in reverse order.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from driver.kube.http import ApiError, KubeClient
 from driver.metrics import Metrics
 from driver.nvml.driver_root import DriverRoot
 from driver.nvml.facade import Nvml
+from driver.nvml.types import GpuInfo
 from driver.prepare.cdi import CdiSpecs, DeviceNumbers
 from driver.prepare.driver_root import DriverFiles, find_driver_files
 from driver.prepare.executor import DeviceState, RecoveryReport
@@ -48,6 +51,7 @@ from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.health_events import HealthEvents
 from kubelet_plugin.measured_driver import MeasuredDriver
+from kubelet_plugin.memory import release_freed_memory
 from kubelet_plugin.namespace_cache import WatchedNamespaces
 from kubelet_plugin.pod_groups import NOT_SERVED as POD_GROUPS_NOT_SERVED
 from kubelet_plugin.pod_groups import PodGroupResolver, join_pod
@@ -82,7 +86,9 @@ def _device_numbers(settings: PluginSettings) -> DeviceNumbers | None:
     return DeviceNumbers.from_proc_devices(PROC_DEVICES)
 
 
-def driver_files(settings: PluginSettings, nvml: Nvml) -> DriverFiles:
+def driver_files(
+    settings: PluginSettings, nvml: Nvml, gpus: Sequence[GpuInfo] | None = None
+) -> DriverFiles:
     """The driver's files for every claim's CDI spec, found once at start.
 
     With ``--nvml simulated`` the simulated driver root is written first: at
@@ -94,7 +100,7 @@ def driver_files(settings: PluginSettings, nvml: Nvml) -> DriverFiles:
 
         if root == Path("/"):
             root = settings.data_dir / SIM_DRIVER_ROOT
-        write_driver_root(root, nvml.system_info(), nvml.list_gpus())
+        write_driver_root(root, nvml.system_info(), nvml.list_gpus() if gpus is None else gpus)
     host_root = str(settings.host_driver_root or root)
     files = find_driver_files(root, host_root, hook_path=settings.cdi_hook_path)
     if files.missing:
@@ -141,8 +147,9 @@ class NodePlugin:
 
         self.checkpoint = Checkpoint(data_dir / CHECKPOINT_FILE, faults=faults)
         state, _ = self.checkpoint.load()
+        gpus = nvml.list_gpus()  # once: a discovery is hundreds of NVML calls per GPU
         self.inventory = build_inventory(
-            nvml.list_gpus(),
+            gpus,
             nvml.system_info(),
             settings.advertise,
             managed_mig_uuids=managed_mig_uuids(state) | sharing_mig_uuids(nvml, data_dir),
@@ -150,7 +157,7 @@ class NodePlugin:
         )
         for note in self.inventory.notes:
             log.info("inventory note=%s", note, extra={"node": settings.node_name})
-        self.driver_files = driver_files(settings, nvml)
+        self.driver_files = driver_files(settings, nvml, gpus)
         self.sharing = SharingNode(
             nvml,
             self.inventory,
@@ -192,7 +199,7 @@ class NodePlugin:
             nvml.wait_event,
             nvml.probe,
             recovery_action=nvml.recovery_action,
-            register_events=nvml.register_events,
+            register_events=lambda: nvml.register_events([g.uuid for g in gpus]),
         )
         self.publisher = Publisher(
             kube,
@@ -232,7 +239,7 @@ class NodePlugin:
             pod_groups=PodGroupResolver(kube, settings.node_name, self._pod_group_version),
         )
         self.driver = StatusWritingDriver(
-            MeasuredDriver(self.plugin_driver, metrics, self.prepared_count),
+            MeasuredDriver(self.plugin_driver, metrics),
             ClaimStatusWriter(
                 kube,
                 settings.driver_name,
@@ -396,16 +403,18 @@ class NodePlugin:
             self._node_event("Warning", "CheckpointCorrupt", status.message)
         for uid, problem in self.recovery.failed.items():
             self._node_event("Warning", "ClaimRecoveryFailed", f"claim {uid}: {problem}")
-        self.metrics.set_prepared_claims(self.prepared_count())
+        self.metrics.prepared_claims_from(self.prepared_count)
         self.sharing.start()
         if self.device_plugins is not None:
             self.device_plugins.start()  # a device plugin deployed later stops new prepares
-        self.publisher.start()
         self.namespaces.start()
         self.runtime_errors.start()
-        self.republish()
+        self.republish()  # the slices are built and queued; written once the sockets are open
         self.watcher.start()
         self.server.start()
+        # The first sync (a list, a write and a check per slice) would compete for the
+        # interpreter with opening the sockets the kubelet waits for; it follows them.
+        self.publisher.start()
         self._sampler_thread.start()
         log.info(
             "plugin started node=%s driver=%s gpus=%d devices=%d",
@@ -433,12 +442,21 @@ class NodePlugin:
             self._sampler_thread.join(timeout=5)
 
     def _sample_loop(self) -> None:
-        while not self._stop.wait(self.settings.sample_interval_s):
+        # Start-up's slice building leaves freed heap pages behind: give them back once the
+        # first publish is done, and after each sample (bursts of prepares do the same).
+        deadline = time.monotonic() + self.settings.sample_interval_s
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if self.publisher.wait_published(0.2):
+                release_freed_memory()
+                break
+        while not self._stop.wait(max(0.0, deadline - time.monotonic())):
+            deadline = time.monotonic() + self.settings.sample_interval_s
             try:
                 self.sampler.sample_once()
             except Exception as e:  # the loop must outlive any one bad sample
                 log.exception("usage sample failed node=%s error=%s", self.settings.node_name, e)
                 self.metrics.count_error(error_reason(e))
+            release_freed_memory()
 
     def probe_paths(self) -> tuple[str, str]:
         return self.server.registration_socket, self.server.endpoint

@@ -86,6 +86,25 @@ def _key(record: AllocationRecord) -> HistoryKey:
     return record.claim_uid, record.prepared_at
 
 
+TenantKey = tuple[str | None, str | None]  # a record's tenant and trust level
+
+
+def _gpus(record: ClaimRecord) -> set[str]:
+    return {d.gpu_uuid for d in record.plan.devices}
+
+
+def _tenant_key(record: ClaimRecord) -> TenantKey:
+    return record.tenant, record.trust_level
+
+
+def _index(
+    by_gpu: dict[str, set[str]], by_tenant: dict[TenantKey, set[str]], uid: str, r: ClaimRecord
+) -> None:
+    for gpu in _gpus(r):
+        by_gpu.setdefault(gpu, set()).add(uid)
+    by_tenant.setdefault(_tenant_key(r), set()).add(uid)
+
+
 @dataclass
 class _View:
     """The parsed checkpoint as of ``generation``."""
@@ -97,6 +116,42 @@ class _View:
     history: dict[HistoryKey, AllocationRecord] = field(default_factory=dict)
     history_lines: int = 0
     started: set[str] = field(default_factory=set)  # claims whose record is in the journal
+    # Built at the first query, then kept up to date by set_claim and drop_claim.
+    _by_gpu: dict[str, set[str]] | None = None
+    _by_tenant: dict[TenantKey, set[str]] | None = None
+    _other_boot: str | None = None
+    _other_boot_known: bool = False
+
+    def set_claim(self, uid: str, record: ClaimRecord) -> None:
+        self.drop_claim(uid)
+        self.claims[uid] = record
+        if self._by_gpu is not None and self._by_tenant is not None:
+            _index(self._by_gpu, self._by_tenant, uid, record)
+
+    def other_boot(self, boot_id: str) -> str | None:
+        """A boot id other than ``boot_id`` some claim was written in (cached: writes only
+        ever record ``boot_id``, so only a dropped claim can change the answer)."""
+        if not self._other_boot_known:
+            self._other_boot = next((b for b in self.boot_ids.values() if b != boot_id), None)
+            self._other_boot_known = True
+        return self._other_boot
+
+    def drop_claim(self, uid: str) -> None:
+        if self._other_boot is not None:
+            self._other_boot_known = False
+        record = self.claims.pop(uid, None)
+        if record is None or self._by_gpu is None or self._by_tenant is None:
+            return
+        for gpu in _gpus(record):
+            self._by_gpu[gpu].discard(uid)
+        self._by_tenant[_tenant_key(record)].discard(uid)
+
+    def indexes(self) -> tuple[dict[str, set[str]], dict[TenantKey, set[str]]]:
+        if self._by_gpu is None or self._by_tenant is None:
+            self._by_gpu, self._by_tenant = {}, {}
+            for uid, record in self.claims.items():
+                _index(self._by_gpu, self._by_tenant, uid, record)
+        return self._by_gpu, self._by_tenant
 
     def add_history(self, records: Iterable[AllocationRecord]) -> None:
         for record in records:
@@ -154,6 +209,33 @@ class Checkpoint:
             if legacy:
                 status = self._merge_legacy(data, status)
             return data, status
+
+    def claims_on(self, gpus: Iterable[str]) -> set[str] | None:
+        """UIDs of the claims holding a device of any of ``gpus`` (whole, MIG or share), as
+        the last load under the lock and the writes since left them; None when this process
+        holds no current copy (the caller then looks at every claim)."""
+        with self._mutex:
+            if self._view is None:
+                return None
+            by_gpu, _ = self._view.indexes()
+            found: set[str] = set()
+            for gpu in gpus:
+                found.update(by_gpu.get(gpu, ()))
+            return found
+
+    def claims_of_tenants(self, wanted: Callable[[TenantKey], bool]) -> set[str] | None:
+        """UIDs of the claims whose recorded (tenant, trust level) is ``wanted``; None as
+        for :meth:`claims_on`. A prepare judges other tenants' claims only, so a node full
+        of one tenant's claims costs it nothing."""
+        with self._mutex:
+            if self._view is None:
+                return None
+            _, by_tenant = self._view.indexes()
+            found: set[str] = set()
+            for key, uids in by_tenant.items():
+                if wanted(key):
+                    found.update(uids)
+            return found
 
     def _fresh(self, locked: bool) -> tuple[_View, LoadStatus | None]:
         generation = self._generation.read()
@@ -234,7 +316,7 @@ class Checkpoint:
             files.empty_file(self._started)
 
     def _status(self, view: _View) -> LoadStatus:
-        other = next((b for b in view.boot_ids.values() if b != self.boot_id), None)
+        other = view.other_boot(self.boot_id)
         if other is not None:
             return LoadStatus(
                 "other-boot",
@@ -296,7 +378,7 @@ class Checkpoint:
                 raise
             self._end_change(view, before, after)
             if self._view is not None:
-                self._view.claims[uid] = record.model_copy()
+                self._view.set_claim(uid, record.model_copy())
                 self._view.boot_ids[uid] = self.boot_id
 
     def remove(self, uid: str, ended: AllocationRecord | None = None) -> None:
@@ -320,7 +402,7 @@ class Checkpoint:
             current = self._view
             if current is None:
                 return
-            current.claims.pop(uid, None)
+            current.drop_claim(uid)
             current.boot_ids.pop(uid, None)
             if ended is not None:
                 current.add_history([ended])

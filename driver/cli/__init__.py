@@ -14,6 +14,7 @@ subcommands live beside it: :mod:`driver.cli.devices` (``tranche devices``) and
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -28,9 +29,18 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
-def load_commands() -> dict[str, Command]:
+def load_commands(only: str | None = None) -> dict[str, Command]:
+    """Every subcommand, or only the one named ``only`` when one has that name.
+
+    Loading a command imports its package: the controller's import the kubernetes
+    client (tens of MiB and hundreds of milliseconds), which ``tranche kubelet-plugin``
+    must not pay for, so :func:`main` loads only the command it runs.
+    """
+    found = entry_points(group="tranche.commands")
+    if only is not None and only in found.names:
+        found = found.select(name=only)
     commands: dict[str, Command] = {}
-    for ep in entry_points(group="tranche.commands"):
+    for ep in found:
         cmd = ep.load()
         if isinstance(cmd, Command):
             commands[ep.name] = cmd
@@ -52,7 +62,8 @@ def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(load_commands())
+    first = next((a for a in (sys.argv[1:] if argv is None else argv) if a[:1] != "-"), None)
+    parser = build_parser(load_commands(first))
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args._run
     return run(args)

@@ -71,7 +71,7 @@ from driver.prepare.plan import (
     Step,
     build_plan,
 )
-from driver.prepare.trust_check import check_claim, mechanism_of
+from driver.prepare.trust_check import check_claim, judged_with, mechanism_of
 from driver.trust.policy import Tenancy
 
 log = logging.getLogger(__name__)
@@ -326,6 +326,19 @@ class DeviceState:
         finally:
             self._thread_lock.release()
 
+    def _sharing_gpus(self, state: CheckpointData, plan: Plan) -> CheckpointData:
+        """The claims of ``state`` with a device on a GPU of ``plan``: all that the guards,
+        shared settings and undo steps compare a plan with (each rule is per GPU)."""
+        return self._subset(state, self.checkpoint.claims_on(d.gpu_uuid for d in plan.devices))
+
+    @staticmethod
+    def _subset(state: CheckpointData, uids: set[str] | None) -> CheckpointData:
+        """``state`` limited to ``uids``; all of it when the checkpoint could not say."""
+        if uids is None:
+            return state
+        claims = {uid: state.claims[uid] for uid in uids if uid in state.claims}
+        return CheckpointData.model_construct(claims=claims, history=[])
+
     def _load(self) -> CheckpointData:
         state, status = self.checkpoint.load(locked=True)
         if status.kind == "corrupt":
@@ -457,12 +470,15 @@ class DeviceState:
             assert problem is not None
             return PrepareResult(error=str(problem), reason=error_reason(problem))
         allocation, plan = planned
+        # Guards, trust rules and shared settings look only at claims on the plan's GPUs
+        # (and, for trust, other tenants' claims): a prepare costs the same on a full node.
+        near = self._sharing_gpus(state, plan)
         try:
             if tenancy is not None:
                 check_claim(
                     allocation,
                     plan,
-                    state,
+                    self._subset(state, self.checkpoint.claims_of_tenants(judged_with(tenancy))),
                     tenancy,
                     self.node_name,
                     device_groups={
@@ -473,7 +489,7 @@ class DeviceState:
                     dedicated_to=self.dedicated_to,
                 )
             for guard in self._guards:
-                guard(allocation, plan, state)
+                guard(allocation, plan, near)
             missing = sorted({s.kind for s in plan.steps if s.kind not in self.handlers})
             if missing:
                 raise ClaimError(
@@ -503,7 +519,7 @@ class DeviceState:
         try:
             done = [
                 c.plan
-                for c in state.claims.values()
+                for c in near.claims.values()
                 if c.state == "PrepareCompleted" and c.uid != ref.uid
             ]
             devices, uuids = self._apply(ref, plan, done)
@@ -556,7 +572,7 @@ class DeviceState:
         )
         done = [
             c.plan
-            for c in state.claims.values()
+            for c in self._sharing_gpus(state, record.plan).claims.values()
             if c.state == "PrepareCompleted" and c.uid != record.uid
         ]
         try:
@@ -613,7 +629,8 @@ class DeviceState:
         log.info("rolled back claim_uid=%s state=%s", record.uid, record.state)
 
     def _undo(self, state: CheckpointData, record: ClaimRecord) -> None:
-        others = [c.plan for uid, c in state.claims.items() if uid != record.uid]
+        near = self._sharing_gpus(state, record.plan)
+        others = [c.plan for uid, c in near.claims.items() if uid != record.uid]
         for step in reversed(record.plan.steps):
             handler = self.handlers.get(step.kind)
             if handler is None:

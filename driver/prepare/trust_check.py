@@ -31,7 +31,7 @@ that shares with nobody.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from driver.checkpoint.store import CheckpointData, ClaimRecord
 from driver.prepare.claims import ClaimAllocation
@@ -86,6 +86,17 @@ def _same_tenant(record: ClaimRecord, tenancy: Tenancy) -> bool:
     fails closed (no tenant, or a level this version does not know: see
     :func:`recorded_tenancy`) is never the same tenant."""
     return record.tenant == tenancy.tenant and record.trust_level in _LEVELS
+
+
+def judged_with(tenancy: Tenancy) -> Callable[[tuple[str | None, str | None]], bool]:
+    """Whether records of a recorded (tenant, trust level) are judged against a new claim of
+    ``tenancy``: every one but the tenant's own (see :func:`_same_tenant`)."""
+
+    def judged(key: tuple[str | None, str | None]) -> bool:
+        tenant, level = key
+        return not (tenant == tenancy.tenant and level in _LEVELS)
+
+    return judged
 
 
 def check_placement(

@@ -71,6 +71,16 @@ def plugin_pid(node: SimNode) -> int:
     raise RuntimeError(f"no running plugin process for {node.sim_state}")
 
 
+def wait_socket(path: Path, timeout_s: float = 60.0) -> float:
+    """Poll every 5 ms for a socket path; the monotonic time it was seen."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            return time.monotonic()
+        time.sleep(0.005)
+    raise TimeoutError(f"{path} did not appear in {timeout_s:.0f}s")
+
+
 @dataclass
 class BenchNode:
     name: str

@@ -132,3 +132,12 @@ def test_two_plugins_in_one_process_do_not_share_a_registry() -> None:
     Metrics(second).set_prepared_claims(2)
     assert samples(first)[("tranche_prepared_claims", ())] == 1
     assert samples(second)[("tranche_prepared_claims", ())] == 2
+
+
+def test_the_prepared_claims_gauge_is_counted_at_each_scrape() -> None:
+    registry = CollectorRegistry()
+    prepared = [3]
+    Metrics(registry).prepared_claims_from(lambda: prepared[0])
+    assert samples(registry)[("tranche_prepared_claims", ())] == 3
+    prepared[0] = 5000
+    assert samples(registry)[("tranche_prepared_claims", ())] == 5000

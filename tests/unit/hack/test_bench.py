@@ -20,6 +20,7 @@ def test_every_scenario_is_selectable_by_name() -> None:
         "modes",
         "prepare",
         "realnode",
+        "scale",
     ]
     for name, module in SCENARIOS.items():
         assert name == module.NAME

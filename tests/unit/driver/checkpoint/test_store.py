@@ -421,3 +421,63 @@ def test_a_conversion_killed_midway_is_finished_once(tmp_path: Path) -> None:
     state, status = Checkpoint(path, boot_id="b").load(locked=True)
     assert status.kind == "ok" and path.is_dir()
     assert state == old
+
+
+def on_gpu(uid: str, gpu: str, tenant: str = "team-a") -> ClaimRecord:
+    """A claim like :func:`record` whose device is on ``gpu``, held by ``tenant``."""
+    base = record(uid)
+    dev = base.plan.devices[0].model_copy(update={"gpu_uuid": gpu, "uuid": gpu})
+    plan = base.plan.model_copy(update={"devices": (dev,)})
+    return base.model_copy(update={"plan": plan, "tenant": tenant, "trust_level": "shared"})
+
+
+def test_claims_by_gpu_and_tenant_follow_writes_and_other_processes(tmp_path: Path) -> None:
+    """The prepare path asks which claims share a GPU (guards) or belong to other tenants
+    (trust rules) instead of looking at every claim on the node: the answers must follow
+    this process's writes and a second process's."""
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(on_gpu("a", "GPU-0"))
+    cp.put(on_gpu("b", "GPU-1", tenant="team-b"))
+    cp.load(locked=True)
+    assert cp.claims_on(["GPU-0"]) == {"a"}
+    assert cp.claims_on(["GPU-0", "GPU-1"]) == {"a", "b"}
+    assert cp.claims_of_tenants(lambda key: key[0] != "team-a") == {"b"}
+    cp.put(on_gpu("c", "GPU-0"))
+    cp.put(on_gpu("a", "GPU-2"))  # the same claim, recorded again on another GPU
+    cp.remove("b")
+    assert cp.claims_on(["GPU-0"]) == {"c"}
+    assert cp.claims_on(["GPU-2"]) == {"a"}
+    assert cp.claims_of_tenants(lambda key: key[0] != "team-a") == set()
+
+    other = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")  # a second plugin pod
+    other.put(on_gpu("d", "GPU-0", tenant="team-b"))
+    cp.load(locked=True)  # the generation moved: read again
+    assert cp.claims_on(["GPU-0"]) == {"c", "d"}
+    assert cp.claims_of_tenants(lambda key: key[0] != "team-a") == {"d"}
+
+
+def test_a_checkpoint_of_another_boot_is_reported_until_its_claims_are_gone(
+    tmp_path: Path,
+) -> None:
+    Checkpoint(tmp_path / "checkpoint.json", boot_id="old").put(record("u1"))
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="new")
+    assert cp.load(locked=True)[1].kind == "other-boot"
+    cp.put(record("u2"))
+    assert cp.load(locked=True)[1].kind == "other-boot"
+    cp.remove("u1")
+    assert cp.load(locked=True)[1].kind == "ok"
+
+
+def test_claim_files_of_the_previous_writer_still_load(tmp_path: Path) -> None:
+    """Files written before records were serialised once (members in insertion order,
+    checksum before the claim) load unchanged after an upgrade."""
+    body = record("u1").model_dump(mode="json", by_alias=True)
+    doc: dict[str, Any] = {"version": 2, "bootId": "b"}
+    doc["checksum"] = digest({"version": 2, "bootId": "b", "claim": body})
+    doc["claim"] = body
+    path = claim_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(doc) + "\n")
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert status.kind == "ok"
+    assert state.claims["u1"] == record("u1")

@@ -102,6 +102,27 @@ def test_exclusive_gpu_is_refused_to_a_second_claim(node: Path) -> None:
     assert "overlaps" in ds.prepare(c, ref_of(c)).error
 
 
+def test_guards_are_handed_the_claims_on_the_plans_gpus_only(node: Path) -> None:
+    """A prepare on a node full of claims compares the new claim with the claims on its own
+    GPUs (every guard rule is per GPU), so its cost does not grow with the node's claims;
+    a claim on the same GPU is still seen, and still refused."""
+    names = gpus(node)
+    ds = device_state(node, NO_FAULTS)
+    for i in range(12):  # time-sliced claims on the first three GPUs
+        c = new_claim(node, f"bg{i}", [names[i % 3]], [config(TS_LONG)])
+        assert ds.prepare(c, ref_of(c)).error == ""
+    seen: list[set[str]] = []
+    ds._guards = (lambda _a, _p, state: seen.append(set(state.claims)), *ds._guards)
+    lone = new_claim(node, "lone", [names[5]])
+    assert ds.prepare(lone, ref_of(lone)).error == ""
+    assert seen == [set()]
+    crowded = new_claim(node, "crowded", [names[0]])
+    err = ds.prepare(crowded, ref_of(crowded)).error
+    assert "already prepared for claim" in err
+    assert seen[1] == {"bg0", "bg3", "bg6", "bg9"}
+    assert ds.unprepare(ref_of(lone)).error == ""
+
+
 def test_time_sliced_gpu_is_shared_and_reset_by_its_last_user(node: Path) -> None:
     gpu = gpus(node)[0]
     ds = device_state(node, NO_FAULTS)

@@ -325,3 +325,24 @@ def test_executor_refuses_another_groups_share_device_and_a_node_dedicated_to_an
     assert isinstance(last, ColocationRefused) and last.reason is Reason.NODE_DEDICATED_TO_OTHER
     acme = Tenancy("team-i", "acme", TrustLevel.ISOLATED, None)
     assert ds.prepare(whole, ref_of(whole), acme).error == ""
+
+
+def test_executor_judges_other_tenants_on_every_gpu_and_skips_its_own(tmp_path: Path) -> None:
+    """The executor hands the trust check only other tenants' claims (a node full of one
+    tenant's claims costs a prepare nothing), but from every GPU: a dedicated tenant holds
+    the whole node, so a claim of another tenant on another GPU is refused."""
+    create_state("dgx-h100", tmp_path / "sim.json")
+    ds = device_state(tmp_path, NO_FAULTS)
+    names = [g.name for g in ds.inventory.gpus]
+    acme = Tenancy("team-a", "acme", TrustLevel.DEDICATED, None)
+    for i in range(3):
+        mine = claim(f"ua{i}", [result(names[i])], name=f"c-ua{i}", namespace="team-a")
+        assert ds.prepare(mine, ref_of(mine), acme).error == ""
+    rival = Tenancy("team-r", "rival", TrustLevel.SHARED, "red")
+    far = claim("ur", [result(names[6])], name="c-ur", namespace="team-r")
+    error = ds.prepare(far, ref_of(far), rival).error
+    assert "trust levels forbid tenant rival" in error
+    assert "tenant acme" in error
+    for i in range(3):
+        assert ds.unprepare(ClaimRef(f"ua{i}", "team-a", f"c-ua{i}")).error == ""
+    assert ds.prepare(far, ref_of(far), rival).error == ""
