@@ -33,7 +33,8 @@ from hack.bench.machine import REPO, describe
 from hack.bench.results import ScenarioResult
 
 SCENARIOS: dict[str, ModuleType] = {
-    m.NAME: m for m in (discovery, prepare, scale, modes, health, attribution, realnode, explain, fleet)
+    m.NAME: m
+    for m in (discovery, prepare, scale, modes, health, attribution, realnode, explain, fleet)
 }
 
 
