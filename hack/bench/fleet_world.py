@@ -182,3 +182,48 @@ def pid_of(lab: Lab, component: str) -> int:
     if info is None:
         raise RuntimeError("the control plane is not running")
     return info.pids[component]
+
+
+EXPLAINED_POD = "too-big"
+
+
+def create_unplaceable_pod(lab: Lab, gpus: int, device_class: str) -> str:
+    """A pod whose claim asks for ``gpus`` devices of ``device_class`` on one node, more than
+    any node has: it stays pending, and ``tranche explain`` judges every node."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": EXPLAINED_POD},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpus",
+                        "exactly": {
+                            "deviceClassName": device_class,
+                            "allocationMode": "ExactCount",
+                            "count": gpus,
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    request_json(lab.api, "POST", f"{RESOURCE_V1}/namespaces/{NAMESPACE}/resourceclaims", claim)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": EXPLAINED_POD},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "localhost/none:latest",
+                    "resources": {"claims": [{"name": "gpus"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpus", "resourceClaimName": EXPLAINED_POD}],
+        },
+    }
+    request_json(lab.api, "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+    return f"{NAMESPACE}/{EXPLAINED_POD}"
