@@ -137,8 +137,8 @@ def _check_exact(doc: dict[str, Any], now: float) -> None:
 
 def test_report_is_exact_across_restarts_and_a_gap(prometheus_bin: Path) -> None:
     now = time.time()
-    with running_prometheus(prometheus_bin, [], prepare_data=_backfill(prometheus_bin,
-                                                                       _openmetrics(now))) as p:  # fmt: skip
+    backfill = _backfill(prometheus_bin, _openmetrics(now))
+    with running_prometheus(prometheus_bin, [], prepare_data=backfill) as p:
         done = _report(p.url, "--since", "6h", "--output", "json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -152,8 +152,8 @@ def test_report_draws_its_timeline_from_the_recording_rules(
 ) -> None:
     now = time.time()
     rules_dir = tmp_path / "rule-blocks"
-    with running_prometheus(prometheus_bin, [], prepare_data=_backfill(prometheus_bin,
-                                                                       _openmetrics(now))) as p:  # fmt: skip
+    backfill = _backfill(prometheus_bin, _openmetrics(now))
+    with running_prometheus(prometheus_bin, [], prepare_data=backfill) as p:
         done = subprocess.run(
             [str(prometheus_bin / "promtool"), "tsdb", "create-blocks-from", "rules",
              f"--start={int(now - 8 * HOUR)}", f"--end={int(now)}", f"--url={p.url}",
@@ -164,7 +164,7 @@ def test_report_draws_its_timeline_from_the_recording_rules(
         without = _report(p.url, "--since", "6h", "--output", "json")
 
     def both(data_dir: Path) -> None:
-        _backfill(prometheus_bin, _openmetrics(now))(data_dir)
+        backfill(data_dir)
         for block in rules_dir.iterdir():
             shutil.copytree(block, data_dir / block.name)
 
@@ -193,9 +193,10 @@ def test_bad_sources_are_named(prometheus_bin: Path) -> None:
     assert done.returncode == 1
     assert "no answer within 0.5 s (--timeout / TRANCHE_TIMEOUT)" in done.stderr, done.stderr
 
-    with running_prometheus(prometheus_bin, [], extra_args=["--query.timeout=1ms"],
-                            prepare_data=_backfill(prometheus_bin,
-                                                   _openmetrics(time.time()))) as p:  # fmt: skip
+    backfill = _backfill(prometheus_bin, _openmetrics(time.time()))
+    with running_prometheus(
+        prometheus_bin, [], extra_args=["--query.timeout=1ms"], prepare_data=backfill
+    ) as p:
         done = _report(p.url, "--since", "6h")
     assert done.returncode == 1
     assert "query timed out" in done.stderr and "Traceback" not in done.stderr, done.stderr
