@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.report.data import (
@@ -35,22 +36,24 @@ from controller.report.data import (
     UsageBuilder,
 )
 from controller.report.promql import (
-    FLAGGED,
     TAG,
     aggregate,
+    counted,
+    drops_by_node,
+    duration,
     exact_step,
-    flagged,
     from_samples,
-    per_series,
-    raw_selector,
+    naive,
+    on_nodes,
+    quantities,
+    window_total,
 )
 from controller.report.sources import SourceError, answer
 
 TOTAL_STEPS = 16  # steps of the window for the totals (a step with one drop is still exact)
 TIMELINE_STEPS = 120  # points of the chart
-ANCHOR_S = 86400.0  # a series' last value is looked for this far back (a longer gap: a restart)
-REFINE = 8  # a step with several drops is read again in this many steps ...
-MAX_DEPTH = 2  # ... at most this many times; then sample by sample
+PARALLEL = 4  # queries in flight at once
+ANCHOR_S = 3600.0  # a series' anchor: its last value a step back, at least this far
 RULES = {
     TENANT_ALLOCATED: "namespace_tenant:tranche_tenant_gpu_allocated_seconds:rate5m",
     TENANT_MEASURED: "namespace_tenant:tranche_tenant_gpu_measured_seconds:rate5m",
@@ -76,8 +79,8 @@ class Client:
     base: str
     timeout_s: float
     get: Callable[[str, float], bytes]
-    refined: int = 0  # (series, step) pairs read again in smaller steps
     sampled: int = 0  # (series, step) pairs read sample by sample
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _call(self, path: str, params: dict[str, str]) -> tuple[str, bytes]:
         params = {**params, "timeout": f"{self.timeout_s:g}s"}
@@ -149,87 +152,101 @@ def _add(out: Increases, key: Labels, at_ms: int, value: float) -> None:
     steps[at_ms] = steps.get(at_ms, 0.0) + value
 
 
+Drops = dict[int, set[str]]  # step end (ms) → nodes with a drop in or at the edge of it
+
+
+def drops(client: Client, *, end_ms: int, step_ms: int, steps: int) -> Drops:
+    """The steps in which a node's counters dropped (a restart), from one query."""
+    first = end_ms - (steps - 1) * step_ms
+    out: Drops = {}
+    query = drops_by_node(DEVICE_HELD, step_ms / 1000, ANCHOR_S)
+    for labels, t, _ in client.range(query, first, end_ms, step_ms):
+        out.setdefault(round(t * 1000), set()).add(labels.get("instance", ""))
+    return out
+
+
 def increases(
-    client: Client, metric: str, by: Sequence[str], *, end_ms: int, step_ms: int, steps: int
+    client: Client, metric: str, by: Sequence[str], plan: tuple[int, int, int], dropped: Drops
 ) -> Increases:
-    """Per group of ``by`` and step, the metric's exact increase over ``steps`` steps to
-    ``end_ms``."""
+    """Per group of ``by`` and step, the metric's exact increase; ``plan`` is (end, step,
+    steps) in milliseconds and count."""
+    end_ms, step_ms, steps = plan
     first = end_ms - (steps - 1) * step_ms
     out: Increases = {}
-    nodes: set[str] = set()
-    query = aggregate(metric, by, step_ms / 1000, ANCHOR_S)
+    query = aggregate(metric, by, step_ms / 1000, _anchor_s(step_ms))
     for labels, t, v in client.range(query, first, end_ms, step_ms):
-        if FLAGGED in labels:
-            nodes.add(labels.get("instance", ""))
-        else:
-            _add(out, _key(labels), round(t * 1000), v)
-    if nodes:
-        flagged_rows = _flagged(
-            client, metric, _on_nodes(metric, nodes), first=first, end=end_ms,
-            step_ms=step_ms, depth=0,
-        )  # fmt: skip
-        for labels, at_ms, v in flagged_rows:
+        _add(out, _key(labels), round(t * 1000), v)
+    for at_ms, nodes in sorted(dropped.items()):
+        for labels, v in _corrections(client, metric, sorted(nodes), at_ms, step_ms, term=counted):
             _add(out, tuple((k, labels.get(k, "")) for k in sorted(by)), at_ms, v)
     return out
 
 
-def _on_nodes(metric: str, nodes: set[str]) -> str:
-    """``metric`` of these ``instance`` values only."""
-    pattern = "|".join(re.escape(n) for n in sorted(nodes))
-    return f"{metric}{{instance=~{json.dumps(pattern)}}}"
+def totals(
+    client: Client, metric: str, by: Sequence[str], plan: tuple[int, int, int], dropped: Drops
+) -> dict[Labels, float]:
+    """Per group of ``by``, the metric's exact increase over the whole window: last value
+    minus anchor, summed by the server, and for the nodes and steps with a drop the exact
+    step minus its share of that difference."""
+    end_ms, step_ms, steps = plan
+    window_s = steps * step_ms / 1000
+    out: dict[Labels, float] = {}
+    query = window_total(metric, by, window_s, _anchor_s(step_ms))
+    for labels, _, v in client.instant(query, end_ms):
+        out[_key(labels)] = out.get(_key(labels), 0.0) + v
+    for at_ms, nodes in sorted(dropped.items()):
+        for labels, v in _corrections(client, metric, sorted(nodes), at_ms, step_ms, term=naive):
+            key = tuple((k, labels.get(k, "")) for k in sorted(by))
+            out[key] = out.get(key, 0.0) + v
+    return out
 
 
-def _flagged(
-    client: Client, metric: str, selector: str, *, first: int, end: int, step_ms: int, depth: int
-) -> Iterator[tuple[dict[str, str], int, float]]:
-    """Exact increases of the series with a drop, per series and step end (ms)."""
-    quantities: dict[tuple[Labels, int], dict[str, float]] = {}
-    for labels, t, v in client.range(flagged(selector, step_ms / 1000, ANCHOR_S), first, end,
-                                     step_ms):  # fmt: skip
+def _anchor_s(step_ms: int) -> float:
+    return max(ANCHOR_S, step_ms / 1000)
+
+
+def _corrections(
+    client: Client,
+    metric: str,
+    nodes: list[str],
+    at_ms: int,
+    step_ms: int,
+    *,
+    term: Callable[[dict[str, float]], float],
+) -> Iterator[tuple[dict[str, str], float]]:
+    """For the series of ``nodes`` in the step ending at ``at_ms``: the exact increase minus
+    ``term``, what the aggregate counted for it."""
+    found: dict[Labels, dict[str, float]] = {}
+    selector = on_nodes(metric, nodes)
+    query = quantities(selector, step_ms / 1000, _anchor_s(step_ms))
+    for labels, _, v in client.instant(query, at_ms):
         key = _key({k: x for k, x in labels.items() if k != TAG})
-        quantities.setdefault((key, round(t * 1000)), {})[labels.get(TAG, "")] = v
-    unresolved: dict[int, list[Labels]] = {}
-    for (key, at_ms), q in quantities.items():
-        value = exact_step(q)
-        if value is None:
-            unresolved.setdefault(at_ms, []).append(key)
-        else:
-            yield dict(key), at_ms, value
-    for at_ms, keys in sorted(unresolved.items()):
-        yield from _resolve(client, metric, keys, at_ms=at_ms, step_ms=step_ms, depth=depth)
+        found.setdefault(key, {})[labels.get(TAG, "")] = v
+    unplaced: list[Labels] = []
+    for key, q in found.items():
+        exact = exact_step(q)
+        if exact is None:
+            unplaced.append(key)
+        elif exact != term(q):
+            yield dict(key), exact - term(q)
+    if unplaced:
+        with client.lock:
+            client.sampled += len(unplaced)
+        series = {k: found[k] for k in unplaced}
+        for labels, exact in _from_samples(client, metric, series, at_ms, step_ms):
+            yield labels, exact - term(series[_key(labels)])
 
 
-def _resolve(
-    client: Client, metric: str, keys: list[Labels], *, at_ms: int, step_ms: int, depth: int
-) -> Iterator[tuple[dict[str, str], int, float]]:
-    """Series with several drops in the step ending at ``at_ms``: smaller steps, or samples."""
-    sub = step_ms // REFINE
-    if depth >= MAX_DEPTH or sub < 1000:
-        client.sampled += len(keys)
-        for key in keys:
-            labels = dict(key)
-            anchor_rows = client.instant(
-                f"last_over_time({raw_selector(metric, labels, ANCHOR_S)} offset {step_ms}ms)",
-                at_ms,
-            )
-            anchor = anchor_rows[0][2] if anchor_rows else None
-            found = client.samples(raw_selector(metric, labels, step_ms / 1000), at_ms)
-            values = found[0][1] if found else []
-            yield labels, at_ms, from_samples(anchor, values)
-        return
-    client.refined += len(keys)
-    selector = _on_nodes(metric, {dict(k).get("instance", "") for k in keys})
-    wanted = set(keys)
-    first = at_ms - step_ms + sub
-    rows = client.range(per_series(selector, sub / 1000, ANCHOR_S), first, at_ms, sub)
-    for labels, _, v in rows:
-        if _key(labels) in wanted:
-            yield dict(_key(labels)), at_ms, v
-    for labels, _, v in _flagged(
-        client, metric, selector, first=first, end=at_ms, step_ms=sub, depth=depth + 1
-    ):
-        if _key(labels) in wanted:
-            yield labels, at_ms, v
+def _from_samples(
+    client: Client, metric: str, series: dict[Labels, dict[str, float]], at_ms: int, step_ms: int
+) -> Iterator[tuple[dict[str, str], float]]:
+    """Series whose quantities cannot place their drops: the increase of their samples."""
+    selector = on_nodes(metric, sorted({dict(k).get("instance", "") for k in series}))
+    step = duration(step_ms / 1000)
+    samples = {_key(labels): values for labels, values in client.samples(f"{selector}[{step}]",
+                                                                         at_ms)}  # fmt: skip
+    for key, q in series.items():
+        yield dict(key), from_samples(q.get("A"), samples.get(key, []))
 
 
 def _plan(window_s: float, steps: int) -> tuple[int, int]:
@@ -254,9 +271,11 @@ def _timeline_from_rules(
 def _timeline_raw(
     client: Client, end_ms: int, step_ms: int, steps: int
 ) -> dict[str, dict[str, dict[int, float]]]:
+    plan = (end_ms, step_ms, steps)
+    dropped = drops(client, end_ms=end_ms, step_ms=step_ms, steps=steps)
     out: dict[str, dict[str, dict[int, float]]] = {}
     for metric in RULES:
-        got = increases(client, metric, ("tenant",), end_ms=end_ms, step_ms=step_ms, steps=steps)
+        got = increases(client, metric, ("tenant",), plan, dropped)
         out[metric] = {dict(k).get("tenant", ""): v for k, v in got.items()}
     return out
 
@@ -280,6 +299,16 @@ def _points(
     return tuple(points)
 
 
+def _timeline(
+    client: Client, end_ms: int, step_ms: int, steps: int
+) -> tuple[str | None, dict[str, dict[str, dict[int, float]]]]:
+    """The timeline's source (the rules, or None: raw counters) and its increases."""
+    rules = timeline_source(client, end_ms - (steps - 1) * step_ms, step_ms)
+    if rules:
+        return rules, _timeline_from_rules(client, end_ms, step_ms, steps)
+    return None, _timeline_raw(client, end_ms, step_ms, steps)
+
+
 def timeline_source(client: Client, first_ms: int, step_ms: int) -> str | None:
     """The recording rules to draw the timeline from, when loaded and recorded at the
     window's first step; else None (raw counters)."""
@@ -301,28 +330,26 @@ def query_prometheus(
     end_ms = round(end * 1000)
     step_ms, steps = _plan(window_s, TOTAL_STEPS)
     builder = UsageBuilder()
-    for metric, by in _TOTALS:
-        for key, per_step in increases(
-            client, metric, by, end_ms=end_ms, step_ms=step_ms, steps=steps
-        ).items():
-            builder.add(metric, dict(key), sum(per_step.values()))
+    plan = (end_ms, step_ms, steps)
     line_ms, line_steps = _plan(window_s, TIMELINE_STEPS)
-    rules = timeline_source(client, end_ms - (line_steps - 1) * line_ms, line_ms)
-    line = (
-        _timeline_from_rules(client, end_ms, line_ms, line_steps)
-        if rules
-        else _timeline_raw(client, end_ms, line_ms, line_steps)
-    )
+    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:  # Prometheus evaluates in parallel
+        timeline = pool.submit(_timeline, client, end_ms, line_ms, line_steps)
+        dropped = drops(client, end_ms=end_ms, step_ms=step_ms, steps=steps)
+        found = [pool.submit(totals, client, metric, by, plan, dropped) for metric, by in _TOTALS]
+        for (metric, _), done in zip(_TOTALS, found, strict=True):
+            for key, value in done.result().items():
+                builder.add(metric, dict(key), value)
+        rules, line = timeline.result()
     timeline_basis = f"recording rules {rules}" if rules else "raw counters"
     notes = [
         "Prometheus: exact increases of the raw counters (no extrapolation; a restarted "
         f"plugin's counters counted from zero), summed by Prometheus over {steps} steps; "
         f"timeline from {timeline_basis}"
     ]
-    if client.refined or client.sampled:
+    if client.sampled:
         notes.append(
-            f"{client.refined + client.sampled} series-steps held several counter resets and "
-            f"were read in smaller steps ({client.sampled} sample by sample)"
+            f"{client.sampled} series-steps held several counter resets and were read sample "
+            "by sample"
         )
     report = builder.build(start, end, f"prometheus {base_url}", notes)
     return replace(

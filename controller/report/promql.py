@@ -6,17 +6,17 @@ sample before the step. PromQL's ``increase()`` extrapolates to the step's edges
 used. Per series and step (``m`` the metric, ``K`` the anchor look-back, at least ``T``):
 
 * ``L = last_over_time(m[T])``: the last value in the step (none: the series did not grow);
-* ``A = last_over_time(m[K] offset T)``: the anchor (none: the series was born in the step);
-* ``F = resets(m[T]) > 0 or min_over_time(m[T]) < A``: a drop inside the step or at its edge
-  (the step's first sample below the anchor): the series is *flagged*.
+* ``A = last_over_time(m[K] offset T)``: the anchor (none: the series was born in the step).
 
-A series that is not flagged rose monotonically, so its increase is ``L - A`` (``L`` without
-an anchor): :func:`aggregate` sums that on the server by the report's labels, one value per
-group and step, and names the nodes (``instance``) with flagged series. Those nodes' flagged
-series are read apart (:func:`flagged`): ``L``, ``A``, over the step's own samples ``max``,
-``min`` and ``resets``, and the drops from an anchor at most :data:`NEAR_S` old, which give the
-exact increase when the step holds one drop (:func:`exact_step`); the rest are read again in
-smaller steps, and at last sample by sample (:func:`raw_selector`).
+Without a drop the increase is ``L - A`` (``L`` without an anchor): :func:`aggregate` sums
+that on the server by the report's labels, one value per group and step (``L`` alone where
+``L < A``: a drop at the step's edge, counted from zero). A restart drops every counter of its
+node at once, so one query over all the usage metrics names the nodes with a drop in each step
+(:func:`drops_by_node`). For those nodes and steps only, an instant query reads each series'
+``L``, ``A``, ``max``, ``min`` and ``resets`` over the step and the drops from an anchor at most
+:data:`NEAR_S` old (:func:`quantities`), which give the exact increase when the step holds one
+drop (:func:`exact_step`); the report replaces the aggregate's term by it. A step with more
+drops is read sample by sample (:func:`raw_selector`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-TAG = "tranche_q"  # the label naming which quantity a row of :func:`flagged` holds
-FLAGGED = "tranche_flagged"  # the label of :func:`aggregate`'s rows naming nodes to read apart
+TAG = "tranche_q"  # the label naming which quantity a row of :func:`quantities` holds
 QUANTITIES = ("L", "A", "max", "min", "resets", "drops", "near")
 NEAR_S = 900.0  # an anchor this close before the step: drops at the step's edge are counted
 
@@ -36,49 +35,72 @@ def duration(seconds: float) -> str:
 
 
 def _parts(metric: str, step_s: float, anchor_s: float) -> dict[str, str]:
-    t, k = duration(step_s), duration(max(anchor_s, step_s))
-    a = f"last_over_time({metric}[{k}] offset {t})"
+    t, k = duration(step_s), duration(anchor_s)
     near, near_t = duration(NEAR_S), duration(step_s + NEAR_S)
     return {
         "L": f"last_over_time({metric}[{t}])",
-        "A": a,
+        "A": f"last_over_time({metric}[{k}] offset {t})",
         "max": f"max_over_time({metric}[{t}])",
         "min": f"min_over_time({metric}[{t}])",
         "resets": f"resets({metric}[{t}])",
         "drops": f"(resets({metric}[{near_t}]) - resets({metric}[{near}] offset {t}))",
         "near": f"last_over_time({metric}[{near}] offset {t})",
-        "F": f"(resets({metric}[{t}]) > 0 or min_over_time({metric}[{t}]) < {a})",
     }
 
 
 def aggregate(metric: str, by: Sequence[str], step_s: float, anchor_s: float) -> str:
-    """Per group and step, the summed increase of the series without a drop; and per node
-    with flagged series, a row labelled :data:`FLAGGED`."""
+    """Per group and step, the summed increases as if no series dropped (see :func:`counted`)."""
     p = _parts(metric, step_s, anchor_s)
-    summed = f"sum by ({', '.join(by)}) ((({p['L']} - {p['A']}) or {p['L']}) unless {p['F']})"
-    nodes = f'label_replace(count by (instance) ({p["F"]}), "{FLAGGED}", "1", "", "")'
-    return f"{summed} or {nodes}"
+    return f"sum by ({', '.join(by)}) ((({p['L']} - {p['A']}) >= 0) or {p['L']})"
 
 
-def per_series(metric: str, step_s: float, anchor_s: float) -> str:
-    """Per series without a drop and step, its increase (the terms :func:`aggregate` sums)."""
-    p = _parts(metric, step_s, anchor_s)
-    return f"(({p['L']} - {p['A']}) or {p['L']}) unless {p['F']}"
+def window_total(metric: str, by: Sequence[str], window_s: float, anchor_s: float) -> str:
+    """Per group, the last value in the window minus the anchor before it (the last value
+    alone for a series born inside): the exact increase of every series without a drop."""
+    w, k = duration(window_s), duration(anchor_s)
+    last = f"last_over_time({metric}[{w}])"
+    return (
+        f"sum by ({', '.join(by)}) (({last} - last_over_time({metric}[{k}] offset {w})) or {last})"
+    )
 
 
-def flagged(metric: str, step_s: float, anchor_s: float) -> str:
-    """Per flagged series and step, each quantity of :func:`exact_step`, tagged ``TAG``."""
-    p = _parts(metric, step_s, anchor_s)
-    tagged = " or ".join(f'label_replace({p[q]}, "{TAG}", "{q}", "", "")' for q in QUANTITIES)
-    return f"({tagged}) and ignoring({TAG}) {p['F']}"
+def naive(q: dict[str, float]) -> float:
+    """A series' share of :func:`window_total` in one step: last minus anchor (steps add up
+    to the window's last minus its anchor)."""
+    last, anchor = q.get("L"), q.get("A")
+    if last is None:
+        return 0.0
+    return last - anchor if anchor is not None else last
+
+
+def counted(q: dict[str, float]) -> float:
+    """A series' term in :func:`aggregate` from its quantities."""
+    last, anchor = q.get("L"), q.get("A")
+    if last is None:
+        return 0.0
+    return last - anchor if anchor is not None and last >= anchor else last
+
+
+def drops_by_node(held: str, step_s: float, anchor_s: float) -> str:
+    """Per node and step, how many of its devices' held-time counters dropped from their
+    anchor on. A restart drops every counter of the node at once, and any counter above zero
+    means a device held above zero: the held counters alone find every drop that matters."""
+    k = duration(step_s + anchor_s)
+    return f"count by (instance) (resets({held}[{k}]) > 0)"
+
+
+def quantities(selector: str, step_s: float, anchor_s: float) -> str:
+    """Each quantity of :func:`exact_step` per series of ``selector``, tagged ``TAG``."""
+    p = _parts(selector, step_s, anchor_s)
+    return " or ".join(f'label_replace({p[q]}, "{TAG}", "{q}", "", "")' for q in QUANTITIES)
 
 
 def exact_step(q: dict[str, float]) -> float | None:
-    """The increase of one flagged series in one step from its quantities; None when they
-    cannot place every drop (several, or one at the edge after a long gap): read its samples.
+    """The increase of one series in one step from its quantities; None when they cannot
+    place every drop (several, or one at the edge after a long gap): read its samples.
 
     ``drops`` counts the drops from a ``near`` anchor on (the edge's included); ``resets``
-    those inside the step. Each segment after a drop is monotone, so the maximum of a step
+    those inside the step. Each stretch after a drop is monotone, so the maximum of a step
     with one inner drop, when above the last value, is the value just before the drop.
     """
     last = q.get("L")
@@ -106,6 +128,17 @@ def from_samples(anchor: float | None, values: Sequence[float]) -> float:
         total += value if before is None or value < before else value - before
         before = value
     return total
+
+
+def on_nodes(metric: str, nodes: Sequence[str]) -> str:
+    """``metric`` of these ``instance`` values only."""
+    pattern = "|".join(_regex_escape(n) for n in sorted(nodes))
+    return f"{metric}{{instance=~{json.dumps(pattern)}}}"
+
+
+def _regex_escape(text: str) -> str:
+    """RE2 escaping of the characters that mean something in a pattern."""
+    return "".join(f"\\{c}" if c in r"\.+*?()|[]{}^$" else c for c in text)
 
 
 def raw_selector(metric: str, labels: dict[str, str], range_s: float) -> str:

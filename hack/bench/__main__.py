@@ -25,13 +25,14 @@ from hack.bench import (
     realnode,
     regression,
     report,
+    showback,
 )
 from hack.bench.lab import Lab
 from hack.bench.machine import REPO, describe
 from hack.bench.results import ScenarioResult
 
 SCENARIOS: dict[str, ModuleType] = {
-    m.NAME: m for m in (discovery, prepare, modes, health, attribution, realnode, explain)
+    m.NAME: m for m in (discovery, prepare, modes, health, attribution, realnode, explain, showback)
 }
 
 

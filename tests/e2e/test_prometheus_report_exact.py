@@ -144,7 +144,7 @@ def test_report_is_exact_across_restarts_and_a_gap(prometheus_bin: Path) -> None
     doc = json.loads(done.stdout)
     _check_exact(doc, now)
     assert doc["series_source"] == "totals: raw counters; timeline: raw counters"
-    assert any("read in smaller steps" in n for n in doc["notes"]), doc["notes"]
+    assert any("read sample by sample" in n for n in doc["notes"]), doc["notes"]
 
 
 def test_report_draws_its_timeline_from_the_recording_rules(

@@ -1,11 +1,11 @@
 """A stand-in for Prometheus that keeps the report's unit tests fast.
 
-It answers the report's aggregate query (``controller.report.promql.aggregate``) from a table
-of raw samples per metric: per group and step, the sum of ``last - anchor`` (``last`` alone
-for a series born in the step), as the real server computes it for series without a drop.
-Series with a drop (the ``flagged`` query) and the rules API are not served: drops, rules and
-the exactness of it all are checked on the real server (``tests/e2e/test_prometheus_report.py``,
-``tests/e2e/test_prometheus.py``).
+It answers the report's aggregate queries (``controller.report.promql.aggregate`` per step,
+``window_total`` over the window) from a table of raw samples per metric: per group, the sum
+of ``last - anchor`` (``last`` alone for a series born inside), as the real server computes
+them for series without a drop. The drop queries answer nothing, the rules API is not served:
+drops, rules and the exactness of it all are checked on the real server
+(``tests/e2e/test_prometheus_report_exact.py``, ``tests/e2e/test_prometheus.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ from typing import Any
 Samples = dict[float, float]  # time → counter value
 Table = dict[str, list[tuple[dict[str, str], Samples]]]  # metric → (labels, samples)
 _AGGREGATE = re.compile(r"^sum by \(([^)]*)\) \(\(\(last_over_time\(([a-z_]+)\[(\d+)ms\]\)")
+_TOTAL = re.compile(
+    r"^sum by \(([^)]*)\) \(\(last_over_time\(([a-z_]+)\[(\d+)ms\]\) - "
+    r"last_over_time\([a-z_]+\[(\d+)ms\]"
+)
 
 
 def _last(samples: Samples, after: float, until: float) -> float | None:
@@ -43,10 +47,12 @@ def aggregate_answer(table: Table, query: str, start: float, end: float, step: f
             last = _last(samples, t - window, t)
             if last is None:
                 continue
-            anchor = _last(samples, t - window - 86400, t - window)
+            anchor = _last(samples, t - window - max(window, 3600), t - window)
             key = tuple(labels.get(b, "") for b in by)
             steps = groups.setdefault(key, {})
-            steps[t] = steps.get(t, 0.0) + last - (anchor or 0.0)
+            steps[t] = steps.get(t, 0.0) + (
+                last - anchor if anchor is not None and last >= anchor else last
+            )
         t += step
     result = [
         {
@@ -56,6 +62,31 @@ def aggregate_answer(table: Table, query: str, start: float, end: float, step: f
         for key, steps in groups.items()
     ]
     return {"status": "success", "data": {"resultType": "matrix", "result": result}}
+
+
+def total_answer(table: Table, query: str, at: float) -> Any:
+    """The ``vector`` answer of a window-total query (``promql.window_total``), or None."""
+    match = _TOTAL.match(query)
+    if match is None:
+        return None
+    by = [b.strip() for b in match.group(1).split(",")]
+    metric, window, anchor_s = (
+        match.group(2),
+        int(match.group(3)) / 1000,
+        int(match.group(4)) / 1000,
+    )
+    sums: dict[tuple[str, ...], float] = {}
+    for labels, samples in table.get(metric, []):
+        last = _last(samples, at - window, at)
+        if last is not None:
+            anchor = _last(samples, at - window - anchor_s, at - window)
+            key = tuple(labels.get(b, "") for b in by)
+            sums[key] = sums.get(key, 0.0) + last - (anchor or 0.0)
+    result = [
+        {"metric": dict(zip(by, key, strict=True)), "value": [at, repr(v)]}
+        for key, v in sums.items()
+    ]
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
 
 
 def handler(answer: Callable[[str, dict[str, str]], Any]) -> type[BaseHTTPRequestHandler]:
@@ -84,6 +115,10 @@ def table_answer(table: Table) -> Callable[[str, dict[str, str]], Any]:
     """Aggregates from ``table``; an empty matrix for other range queries; 404 for the rest."""
 
     def answer(path: str, q: dict[str, str]) -> Any:
+        if path == "/api/v1/query":
+            found = total_answer(table, q["query"], float(q["time"]))
+            empty = {"status": "success", "data": {"resultType": "vector", "result": []}}
+            return found if found is not None else empty
         if path != "/api/v1/query_range":
             return None
         start, end, step = float(q["start"]), float(q["end"]), float(q["step"])

@@ -8,14 +8,16 @@ import pytest
 
 from controller.report.promql import (
     aggregate,
+    counted,
     exact_step,
-    flagged,
     from_samples,
+    on_nodes,
+    quantities,
     raw_selector,
 )
 
 
-def quantities(anchor: float | None, values: list[float]) -> dict[str, float]:
+def numbers(anchor: float | None, values: list[float]) -> dict[str, float]:
     """What Prometheus answers for a step holding ``values`` after ``anchor``."""
     q = {"L": values[-1], "max": max(values), "min": min(values)}
     q["resets"] = float(sum(1 for a, b in itertools.pairwise(values) if b < a))
@@ -37,7 +39,7 @@ def quantities(anchor: float | None, values: list[float]) -> dict[str, float]:
     ],
 )
 def test_one_drop_is_exact(anchor: float | None, values: list[float]) -> None:
-    assert exact_step(quantities(anchor, values)) == from_samples(anchor, values)
+    assert exact_step(numbers(anchor, values)) == from_samples(anchor, values)
 
 
 @pytest.mark.parametrize(
@@ -52,11 +54,11 @@ def test_one_drop_is_exact(anchor: float | None, values: list[float]) -> None:
 def test_what_five_numbers_cannot_place_is_read_sample_by_sample(
     anchor: float | None, values: list[float]
 ) -> None:
-    assert exact_step(quantities(anchor, values)) is None
+    assert exact_step(numbers(anchor, values)) is None
 
 
 def test_an_anchor_from_before_a_long_gap_leaves_a_drop_unplaced() -> None:
-    q = quantities(100.0, [110.0, 120.0, 3.0, 9.0])
+    q = numbers(100.0, [110.0, 120.0, 3.0, 9.0])
     del q["near"]
     assert exact_step(q) is None
 
@@ -71,9 +73,16 @@ def test_from_samples_counts_a_drop_from_zero() -> None:
 
 
 def test_queries_name_the_metric_and_labels() -> None:
-    q = aggregate("m_total", ("instance", "uuid"), 60.0, 86400.0)
+    q = aggregate("m_total", ("instance", "uuid"), 60.0, 3600.0)
     assert q.startswith("sum by (instance, uuid) (((last_over_time(m_total[60000ms])")
-    assert "offset 60000ms" in q and "unless" in q
-    assert "count by (instance)" in q  # the nodes whose series are read apart
-    assert "resets(m_total[60000ms])" in flagged("m_total", 60.0, 86400.0)
+    assert "last_over_time(m_total[3600000ms] offset 60000ms)" in q  # the anchor
+    assert "resets(m_total[60000ms])" in quantities("m_total", 60.0, 3600.0)
+    assert on_nodes("m", ["a.b:1"]) == 'm{instance=~"a\\\\.b:1"}'
     assert raw_selector("m", {"a": 'x"y'}, 2.5) == 'm{a="x\\"y"}[2500ms]'
+
+
+def test_counted_is_what_the_aggregate_summed() -> None:
+    assert counted({"L": 30.0, "A": 10.0}) == 20.0
+    assert counted({"L": 3.0, "A": 10.0}) == 3.0  # a drop at the edge: from zero
+    assert counted({"L": 3.0}) == 3.0
+    assert counted({"A": 3.0}) == 0.0

@@ -23,7 +23,12 @@ from driver.sharing.devices import share_devices
 from driver.sharing.settings import SharingConfig
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
-from tests.unit.controller.report.promstub import Table, aggregate_answer, serving
+from tests.unit.controller.report.promstub import (
+    Table,
+    aggregate_answer,
+    serving,
+    table_answer,
+)
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "recommend" / "prometheus.json"
 SERIES = json.loads(FIXTURE.read_text())
@@ -54,6 +59,8 @@ class Recorded:
 
     @classmethod
     def answer(cls, path: str, q: dict[str, str]) -> Any:
+        if path == "/api/v1/query":
+            return table_answer(cls.table)(path, q)
         if path != "/api/v1/query_range":
             return None
         cls.queries.append(q["query"])
