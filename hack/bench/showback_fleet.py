@@ -72,7 +72,7 @@ def build(now: float) -> Fleet:
     plugin_start = first - 10 * DAY  # the counters' start for what runs before the data
     restarts: dict[int, tuple[float, ...]] = {}
     for n in range(NODES):
-        times = [first + 20 * DAY + 6 * n]
+        times = [first + DAYS * 2 // 3 * DAY + 6 * n]  # day 20 of 30
         draw = rng.random()
         if draw < 0.05:
             times.append(first + rng.uniform(1, DAYS) * DAY)

@@ -19,6 +19,7 @@ def test_every_scenario_is_selectable_by_name() -> None:
         "modes",
         "prepare",
         "realnode",
+        "showback",
     ]
     for name, module in SCENARIOS.items():
         assert name == module.NAME
