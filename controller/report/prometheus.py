@@ -1,26 +1,20 @@
 """``tranche report --prometheus``: exact increases, summed by Prometheus.
 
-The report asks for aggregates, never for every series' samples: per metric, one
-``query_range`` of the summed increases of the series without a drop (by the report's labels:
-``instance, namespace, tenant``; ``namespace, claim, tenant``; ``instance, uuid``) and one of
-the few series with a drop (a restarted plugin), whose increase is worked out exactly from five
-numbers per step (:mod:`controller.report.promql`). A step holding several drops is read again
-in smaller steps, and at last sample by sample. Totals use :data:`TOTAL_STEPS` steps over the
-window; the timeline (chart, page) :data:`TIMELINE_STEPS`, summed by tenant, from the recording
-rule ``namespace_tenant:tranche_tenant_gpu_{allocated,measured}_seconds:rate5m`` when the server
-has it loaded and recorded from the window's start, else from the raw counters.
+The report asks for aggregates, never for every series' samples (:mod:`prom_exact`): a total
+per group over the window (``instance, namespace, tenant``; ``namespace, claim, tenant``;
+``instance, uuid``), corrected for the nodes and steps with a drop (a restarted plugin), found
+over :data:`TOTAL_STEPS` steps. The timeline (chart, page) has :data:`TIMELINE_STEPS` steps,
+summed by tenant, from the recording rules ``namespace_tenant:tranche_tenant_gpu_{allocated,
+measured}_seconds:rate5m`` when the server has them loaded and recorded from the window's
+first step, else from the raw counters the same exact way. See docs/metrics.md.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import threading
-import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 from controller.report.data import (
     CLAIM_ALLOCATED,
@@ -35,25 +29,12 @@ from controller.report.data import (
     Report,
     UsageBuilder,
 )
-from controller.report.promql import (
-    TAG,
-    aggregate,
-    counted,
-    drops_by_node,
-    duration,
-    exact_step,
-    from_samples,
-    naive,
-    on_nodes,
-    quantities,
-    window_total,
-)
-from controller.report.sources import SourceError, answer
+from controller.report.prom_client import Client
+from controller.report.prom_exact import drops, increases, totals
 
 TOTAL_STEPS = 16  # steps of the window for the totals (a step with one drop is still exact)
 TIMELINE_STEPS = 120  # points of the chart
 PARALLEL = 4  # queries in flight at once
-ANCHOR_S = 3600.0  # a series' anchor: its last value a step back, at least this far
 RULES = {
     TENANT_ALLOCATED: "namespace_tenant:tranche_tenant_gpu_allocated_seconds:rate5m",
     TENANT_MEASURED: "namespace_tenant:tranche_tenant_gpu_measured_seconds:rate5m",
@@ -68,185 +49,6 @@ _TOTALS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (DEVICE_IDLE, ("instance", "uuid")),
     (DEVICE_UNATTRIBUTED, ("instance", "uuid")),
 )
-Labels = tuple[tuple[str, str], ...]
-Rows = list[tuple[dict[str, str], float, float]]
-
-
-@dataclass
-class Client:
-    """Queries of one server; counts what the exact path had to read apart."""
-
-    base: str
-    timeout_s: float
-    get: Callable[[str, float], bytes]
-    sampled: int = 0  # (series, step) pairs read sample by sample
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def _call(self, path: str, params: dict[str, str]) -> tuple[str, bytes]:
-        params = {**params, "timeout": f"{self.timeout_s:g}s"}
-        url = f"{self.base}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-        return url, self.get(url, self.timeout_s)
-
-    def range(self, query: str, first_ms: int, end_ms: int, step_ms: int) -> Rows:
-        url, body = self._call(
-            "query_range",
-            {"query": query, "start": _s(first_ms), "end": _s(end_ms), "step": _s(step_ms)},
-        )
-        return answer(url, body)
-
-    def instant(self, query: str, at_ms: int) -> Rows:
-        url, body = self._call("query", {"query": query, "time": _s(at_ms)})
-        return answer(url, body)
-
-    def samples(self, query: str, at_ms: int) -> list[tuple[dict[str, str], list[float]]]:
-        """The raw samples of a range-vector query (values in time order)."""
-        url, body = self._call("query", {"query": query, "time": _s(at_ms)})
-        try:
-            doc: Any = json.loads(body)
-            if doc.get("status") != "success":
-                raise SourceError(f"{url}: Prometheus answered {doc.get('error', doc)}")
-            return [
-                (
-                    {str(k): str(v) for k, v in s["metric"].items()},
-                    [float(v) for _, v in s["values"]],
-                )
-                for s in doc["data"]["result"]
-            ]
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise SourceError(f"{url}: not a Prometheus query answer: {err!r}") from err
-
-    def recording_rules(self) -> set[str] | None:
-        """Names of the recording rules the server has loaded and evaluates without error;
-        None when it serves no rules API (an answer that is not Prometheus's)."""
-        url = f"{self.base}/api/v1/rules?{urllib.parse.urlencode({'type': 'record'})}"
-        try:
-            doc: Any = json.loads(self.get(url, self.timeout_s))
-            groups = doc["data"]["groups"]
-            return {
-                str(r["name"])
-                for g in groups
-                for r in g.get("rules", [])
-                if r.get("type") == "recording" and r.get("health") in ("ok", "unknown")
-            }
-        except SourceError as err:
-            if "HTTP 4" in str(err):  # 404: not served (a Prometheus-compatible store)
-                return None
-            raise
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None
-
-
-def _s(ms: int) -> str:
-    return f"{ms / 1000:.3f}"
-
-
-def _key(labels: dict[str, str]) -> Labels:
-    return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
-
-
-Increases = dict[Labels, dict[int, float]]  # group → step end (ms) → increase
-
-
-def _add(out: Increases, key: Labels, at_ms: int, value: float) -> None:
-    steps = out.setdefault(key, {})
-    steps[at_ms] = steps.get(at_ms, 0.0) + value
-
-
-Drops = dict[int, set[str]]  # step end (ms) → nodes with a drop in or at the edge of it
-
-
-def drops(client: Client, *, end_ms: int, step_ms: int, steps: int) -> Drops:
-    """The steps in which a node's counters dropped (a restart), from one query."""
-    first = end_ms - (steps - 1) * step_ms
-    out: Drops = {}
-    query = drops_by_node(DEVICE_HELD, step_ms / 1000, ANCHOR_S)
-    for labels, t, _ in client.range(query, first, end_ms, step_ms):
-        out.setdefault(round(t * 1000), set()).add(labels.get("instance", ""))
-    return out
-
-
-def increases(
-    client: Client, metric: str, by: Sequence[str], plan: tuple[int, int, int], dropped: Drops
-) -> Increases:
-    """Per group of ``by`` and step, the metric's exact increase; ``plan`` is (end, step,
-    steps) in milliseconds and count."""
-    end_ms, step_ms, steps = plan
-    first = end_ms - (steps - 1) * step_ms
-    out: Increases = {}
-    query = aggregate(metric, by, step_ms / 1000, _anchor_s(step_ms))
-    for labels, t, v in client.range(query, first, end_ms, step_ms):
-        _add(out, _key(labels), round(t * 1000), v)
-    for at_ms, nodes in sorted(dropped.items()):
-        for labels, v in _corrections(client, metric, sorted(nodes), at_ms, step_ms, term=counted):
-            _add(out, tuple((k, labels.get(k, "")) for k in sorted(by)), at_ms, v)
-    return out
-
-
-def totals(
-    client: Client, metric: str, by: Sequence[str], plan: tuple[int, int, int], dropped: Drops
-) -> dict[Labels, float]:
-    """Per group of ``by``, the metric's exact increase over the whole window: last value
-    minus anchor, summed by the server, and for the nodes and steps with a drop the exact
-    step minus its share of that difference."""
-    end_ms, step_ms, steps = plan
-    window_s = steps * step_ms / 1000
-    out: dict[Labels, float] = {}
-    query = window_total(metric, by, window_s, _anchor_s(step_ms))
-    for labels, _, v in client.instant(query, end_ms):
-        out[_key(labels)] = out.get(_key(labels), 0.0) + v
-    for at_ms, nodes in sorted(dropped.items()):
-        for labels, v in _corrections(client, metric, sorted(nodes), at_ms, step_ms, term=naive):
-            key = tuple((k, labels.get(k, "")) for k in sorted(by))
-            out[key] = out.get(key, 0.0) + v
-    return out
-
-
-def _anchor_s(step_ms: int) -> float:
-    return max(ANCHOR_S, step_ms / 1000)
-
-
-def _corrections(
-    client: Client,
-    metric: str,
-    nodes: list[str],
-    at_ms: int,
-    step_ms: int,
-    *,
-    term: Callable[[dict[str, float]], float],
-) -> Iterator[tuple[dict[str, str], float]]:
-    """For the series of ``nodes`` in the step ending at ``at_ms``: the exact increase minus
-    ``term``, what the aggregate counted for it."""
-    found: dict[Labels, dict[str, float]] = {}
-    selector = on_nodes(metric, nodes)
-    query = quantities(selector, step_ms / 1000, _anchor_s(step_ms))
-    for labels, _, v in client.instant(query, at_ms):
-        key = _key({k: x for k, x in labels.items() if k != TAG})
-        found.setdefault(key, {})[labels.get(TAG, "")] = v
-    unplaced: list[Labels] = []
-    for key, q in found.items():
-        exact = exact_step(q)
-        if exact is None:
-            unplaced.append(key)
-        elif exact != term(q):
-            yield dict(key), exact - term(q)
-    if unplaced:
-        with client.lock:
-            client.sampled += len(unplaced)
-        series = {k: found[k] for k in unplaced}
-        for labels, exact in _from_samples(client, metric, series, at_ms, step_ms):
-            yield labels, exact - term(series[_key(labels)])
-
-
-def _from_samples(
-    client: Client, metric: str, series: dict[Labels, dict[str, float]], at_ms: int, step_ms: int
-) -> Iterator[tuple[dict[str, str], float]]:
-    """Series whose quantities cannot place their drops: the increase of their samples."""
-    selector = on_nodes(metric, sorted({dict(k).get("instance", "") for k in series}))
-    step = duration(step_ms / 1000)
-    samples = {_key(labels): values for labels, values in client.samples(f"{selector}[{step}]",
-                                                                         at_ms)}  # fmt: skip
-    for key, q in series.items():
-        yield dict(key), from_samples(q.get("A"), samples.get(key, []))
 
 
 def _plan(window_s: float, steps: int) -> tuple[int, int]:
