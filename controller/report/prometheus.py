@@ -6,7 +6,8 @@ per group over the window (``instance, namespace, tenant``; ``namespace, claim, 
 over :data:`TOTAL_STEPS` steps. The timeline (chart, page) has :data:`TIMELINE_STEPS` steps,
 summed by tenant, from the recording rules ``namespace_tenant:tranche_tenant_gpu_{allocated,
 measured}_seconds:rate5m`` when the server has them loaded and recorded from the window's
-first step, else from the raw counters the same exact way. See docs/metrics.md.
+first step, else from the raw counters' ``rate()``: the chart's shape, not the bill.
+See docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from controller.report.data import (
     UsageBuilder,
 )
 from controller.report.prom_client import Client
-from controller.report.prom_exact import drops, increases, totals
+from controller.report.prom_exact import drops, totals
+from controller.report.promql import timeline_rate
 
 TOTAL_STEPS = 16  # steps of the window for the totals (a step with one drop is still exact)
 TIMELINE_STEPS = 120  # points of the chart
@@ -73,12 +75,13 @@ def _timeline_from_rules(
 def _timeline_raw(
     client: Client, end_ms: int, step_ms: int, steps: int
 ) -> dict[str, dict[str, dict[int, float]]]:
-    plan = (end_ms, step_ms, steps)
-    dropped = drops(client, end_ms=end_ms, step_ms=step_ms, steps=steps)
+    first = end_ms - (steps - 1) * step_ms
     out: dict[str, dict[str, dict[int, float]]] = {}
     for metric in RULES:
-        got = increases(client, metric, ("tenant",), plan, dropped)
-        out[metric] = {dict(k).get("tenant", ""): v for k, v in got.items()}
+        got = out.setdefault(metric, {})
+        for labels, t, v in client.range(timeline_rate(metric, step_ms / 1000), first, end_ms,
+                                         step_ms):  # fmt: skip
+            got.setdefault(labels.get("tenant", ""), {})[round(t * 1000)] = v
     return out
 
 
@@ -136,17 +139,18 @@ def query_prometheus(
     line_ms, line_steps = _plan(window_s, TIMELINE_STEPS)
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:  # Prometheus evaluates in parallel
         timeline = pool.submit(_timeline, client, end_ms, line_ms, line_steps)
-        dropped = drops(client, end_ms=end_ms, step_ms=step_ms, steps=steps)
+        dropped = drops(client, plan)
         found = [pool.submit(totals, client, metric, by, plan, dropped) for metric, by in _TOTALS]
-        for (metric, _), done in zip(_TOTALS, found, strict=True):
+        for (metric, by), done in zip(_TOTALS, found, strict=True):
             for key, value in done.result().items():
-                builder.add(metric, dict(key), value)
+                if value or ("tenant" in by and "claim" not in by):  # no rows of ended claims
+                    builder.add(metric, dict(key), value)
         rules, line = timeline.result()
-    timeline_basis = f"recording rules {rules}" if rules else "raw counters"
+    timeline_basis = f"recording rules {rules}" if rules else "raw counters' rate()"
     notes = [
         "Prometheus: exact increases of the raw counters (no extrapolation; a restarted "
-        f"plugin's counters counted from zero), summed by Prometheus over {steps} steps; "
-        f"timeline from {timeline_basis}"
+        f"plugin's counters counted from zero; restarts looked for in {steps} steps); the "
+        f"timeline's shape from {timeline_basis} per step"
     ]
     if client.sampled:
         notes.append(
@@ -157,5 +161,5 @@ def query_prometheus(
     return replace(
         report,
         timeline=_points(line, end_ms, line_ms, line_steps),
-        series_source=f"totals: raw counters; timeline: {timeline_basis}",
+        series_source=f"totals: raw counters, exact; timeline: {timeline_basis}",
     )

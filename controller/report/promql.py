@@ -1,22 +1,22 @@
 """The PromQL of ``tranche report --prometheus``: exact counter increases, aggregated.
 
-A counter's increase over a step ``(t - T, t]`` is the sum of its rises between consecutive
-samples, a drop (a restarted plugin) counting the new value from zero, and the anchor the last
-sample before the step. PromQL's ``increase()`` extrapolates to the step's edges, so it is not
-used. Per series and step (``m`` the metric, ``K`` the anchor look-back, at least ``T``):
+A counter's increase over the window is the sum of its rises between consecutive samples, a
+drop (a restarted plugin) counting the new value from zero, from its anchor, the last sample
+before the window (none: born inside, counted from zero). PromQL's ``increase()`` extrapolates
+to the window's edges, so it is not used. Without a drop the increase is the last value minus
+the anchor, and the drops add the value just before each: Σ rises = last - anchor + Σ before-drop.
 
-* ``L = last_over_time(m[T])``: the last value in the step (none: the series did not grow);
-* ``A = last_over_time(m[K] offset T)``: the anchor (none: the series was born in the step).
+* :func:`window_total`: per group, the sum of the last values and the sum of the anchors;
+* :func:`drops_by_node`: a restart drops every counter of its node at once, so one query of
+  the devices' held counters names the nodes with a drop in each of a few steps;
+* :func:`corrections`: for those nodes and steps only, per group, the value before the drop
+  (one inside the step: the step's maximum above its last value; one at its edge: the anchor);
+* :func:`unplaced`: the few series with other drops (two in a step), read apart: their
+  :func:`quantities` (:func:`exact_step`), else their samples (:func:`from_samples`).
 
-Without a drop the increase is ``L - A`` (``L`` without an anchor): :func:`aggregate` sums
-that on the server by the report's labels, one value per group and step (``L`` alone where
-``L < A``: a drop at the step's edge, counted from zero). A restart drops every counter of its
-node at once, so one query over all the usage metrics names the nodes with a drop in each step
-(:func:`drops_by_node`). For those nodes and steps only, an instant query reads each series'
-``L``, ``A``, ``max``, ``min`` and ``resets`` over the step and the drops from an anchor at most
-:data:`NEAR_S` old (:func:`quantities`), which give the exact increase when the step holds one
-drop (:func:`exact_step`); the report replaces the aggregate's term by it. A step with more
-drops is read sample by sample (:func:`raw_selector`).
+Per step ``(t - T, t]`` the quantities are ``L = last_over_time(m[T])``,
+``A = last_over_time(m[K] offset T)`` (``K`` the anchor look-back, at least ``T``), ``max``,
+``min`` and ``resets`` over the step, and the drops from an anchor at most :data:`NEAR_S` old.
 """
 
 from __future__ import annotations
@@ -48,20 +48,55 @@ def _parts(metric: str, step_s: float, anchor_s: float) -> dict[str, str]:
     }
 
 
-def aggregate(metric: str, by: Sequence[str], step_s: float, anchor_s: float) -> str:
-    """Per group and step, the summed increases as if no series dropped (see :func:`counted`)."""
-    p = _parts(metric, step_s, anchor_s)
-    return f"sum by ({', '.join(by)}) ((({p['L']} - {p['A']}) >= 0) or {p['L']})"
-
-
 def window_total(metric: str, by: Sequence[str], window_s: float, anchor_s: float) -> str:
-    """Per group, the last value in the window minus the anchor before it (the last value
-    alone for a series born inside): the exact increase of every series without a drop."""
-    w, k = duration(window_s), duration(anchor_s)
-    last = f"last_over_time({metric}[{w}])"
+    """Per group, two sums tagged ``TAG``: ``L``, each series' last value in the window or in
+    the anchor's look-back before it, and ``A``, its anchor. ``L - A`` is the exact increase of
+    every series without a drop (a series born inside has no anchor: counted from zero; one
+    with no sample inside has ``L == A``). Each range is read once."""
+    w, k, wk = duration(window_s), duration(anchor_s), duration(window_s + anchor_s)
+    group = ", ".join(by)
+    last = f"sum by ({group}) (last_over_time({metric}[{wk}]))"
+    anchor = f"sum by ({group}) (last_over_time({metric}[{k}] offset {w}))"
+    tagged = [
+        f'label_replace({q}, "{TAG}", "{n}", "", "")' for n, q in (("L", last), ("A", anchor))
+    ]
+    return " or ".join(tagged)
+
+
+def corrections(selector: str, by: Sequence[str], step_s: float, anchor_s: float) -> str:
+    """Per group, what the drops in the step ending now add to last-minus-anchor: the value
+    just before each drop. Covers one drop inside the step (the step's maximum, above its last
+    value) and one at its edge (the anchor); :func:`unplaced` lists the other series."""
+    p = _parts(selector, step_s, anchor_s)
+    return f"sum by ({', '.join(by)}) ({_inner(p)} or {_edge(p)})"
+
+
+def _inner(p: dict[str, str]) -> str:
     return (
-        f"sum by ({', '.join(by)}) (({last} - last_over_time({metric}[{k}] offset {w})) or {last})"
+        f"({p['max']} and ({p['resets']} == 1) and ({p['drops']} == 1) and ({p['max']} > {p['L']}))"
     )
+
+
+def _edge(p: dict[str, str]) -> str:
+    return f"({p['A']} and ({p['resets']} == 0) and ({p['min']} < {p['A']}))"
+
+
+def unplaced(selector: str, step_s: float, anchor_s: float) -> str:
+    """The quantities of the series with a drop in the step that :func:`corrections` does not
+    place (two drops, a drop after a long gap, one in a series born in the step)."""
+    p = _parts(selector, step_s, anchor_s)
+    dropped = f"(({p['resets']} > 0) or ({p['min']} < {p['A']}))"
+    return (
+        f"({quantities(selector, step_s, anchor_s)}) and ignoring({TAG}) "
+        f"({dropped} unless {_inner(p)} unless {_edge(p)})"
+    )
+
+
+def timeline_rate(metric: str, step_s: float) -> str:
+    """Per tenant and step, GPU-seconds from the counters' ``rate()`` (over at least five
+    minutes, so that a range holds two samples): the chart's shape, not a bill."""
+    window = duration(max(step_s, 300.0))
+    return f"sum by (tenant) (rate({metric}[{window}])) * {step_s:g}"
 
 
 def naive(q: dict[str, float]) -> float:
@@ -71,14 +106,6 @@ def naive(q: dict[str, float]) -> float:
     if last is None:
         return 0.0
     return last - anchor if anchor is not None else last
-
-
-def counted(q: dict[str, float]) -> float:
-    """A series' term in :func:`aggregate` from its quantities."""
-    last, anchor = q.get("L"), q.get("A")
-    if last is None:
-        return 0.0
-    return last - anchor if anchor is not None and last >= anchor else last
 
 
 def drops_by_node(held: str, step_s: float, anchor_s: float) -> str:

@@ -143,7 +143,7 @@ def test_report_is_exact_across_restarts_and_a_gap(prometheus_bin: Path) -> None
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     _check_exact(doc, now)
-    assert doc["series_source"] == "totals: raw counters; timeline: raw counters"
+    assert doc["series_source"] == "totals: raw counters, exact; timeline: raw counters' rate()"
     assert any("read sample by sample" in n for n in doc["notes"]), doc["notes"]
 
 
@@ -174,7 +174,7 @@ def test_report_draws_its_timeline_from_the_recording_rules(
     doc = json.loads(done.stdout)
     assert "timeline: recording rules namespace_tenant:" in doc["series_source"]
     _check_exact(doc, now)  # the totals stay exact: raw counters
-    assert json.loads(without.stdout)["series_source"].endswith("timeline: raw counters")
+    assert json.loads(without.stdout)["series_source"].endswith("timeline: raw counters' rate()")
 
 
 def test_bad_sources_are_named(prometheus_bin: Path) -> None:

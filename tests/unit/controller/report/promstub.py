@@ -1,9 +1,9 @@
 """A stand-in for Prometheus that keeps the report's unit tests fast.
 
-It answers the report's aggregate queries (``controller.report.promql.aggregate`` per step,
-``window_total`` over the window) from a table of raw samples per metric: per group, the sum
-of ``last - anchor`` (``last`` alone for a series born inside), as the real server computes
-them for series without a drop. The drop queries answer nothing, the rules API is not served:
+It answers two of the report's queries from a table of raw samples per metric: the window
+totals (``controller.report.promql.window_total``: per group the sum of last values and of
+anchors) and the timeline's ``rate()`` per tenant and step, as the real server computes them
+for series without a drop. Every other query answers nothing and the rules API is not served:
 drops, rules and the exactness of it all are checked on the real server
 (``tests/e2e/test_prometheus_report_exact.py``, ``tests/e2e/test_prometheus.py``).
 """
@@ -21,11 +21,11 @@ from typing import Any
 
 Samples = dict[float, float]  # time → counter value
 Table = dict[str, list[tuple[dict[str, str], Samples]]]  # metric → (labels, samples)
-_AGGREGATE = re.compile(r"^sum by \(([^)]*)\) \(\(\(last_over_time\(([a-z_]+)\[(\d+)ms\]\)")
 _TOTAL = re.compile(
-    r"^sum by \(([^)]*)\) \(\(last_over_time\(([a-z_]+)\[(\d+)ms\]\) - "
-    r"last_over_time\([a-z_]+\[(\d+)ms\]"
+    r"^label_replace\(sum by \(([^)]*)\) \(last_over_time\(([a-z_]+)\[(\d+)ms\]\)\).*"
+    r"last_over_time\([a-z_]+\[(\d+)ms\] offset (\d+)ms\)"
 )
+_RATE = re.compile(r"^sum by \(tenant\) \(rate\(([a-z_]+)\[(\d+)ms\]\)\) \* ([0-9.e+]+)$")
 
 
 def _last(samples: Samples, after: float, until: float) -> float | None:
@@ -33,57 +33,57 @@ def _last(samples: Samples, after: float, until: float) -> float | None:
     return samples[max(seen)] if seen else None
 
 
-def aggregate_answer(table: Table, query: str, start: float, end: float, step: float) -> Any:
-    """The ``matrix`` answer of an aggregate query, or None for any other query."""
-    match = _AGGREGATE.match(query)
-    if match is None:
-        return None
-    by = [b.strip() for b in match.group(1).split(",")]
-    metric, window = match.group(2), int(match.group(3)) / 1000
-    groups: dict[tuple[str, ...], dict[float, float]] = {}
-    t = start
-    while t <= end + 1e-6:
-        for labels, samples in table.get(metric, []):
-            last = _last(samples, t - window, t)
-            if last is None:
-                continue
-            anchor = _last(samples, t - window - max(window, 3600), t - window)
-            key = tuple(labels.get(b, "") for b in by)
-            steps = groups.setdefault(key, {})
-            steps[t] = steps.get(t, 0.0) + (
-                last - anchor if anchor is not None and last >= anchor else last
-            )
-        t += step
-    result = [
-        {
-            "metric": dict(zip(by, key, strict=True)),
-            "values": [[at, repr(v)] for at, v in steps.items()],
-        }
-        for key, steps in groups.items()
-    ]
+def _matrix(result: list[dict[str, Any]]) -> Any:
     return {"status": "success", "data": {"resultType": "matrix", "result": result}}
 
 
+def rate_answer(table: Table, query: str, start: float, end: float, step: float) -> Any:
+    """Per tenant and step, the counters' average rise per second over the range, times
+    the step (no resets, no extrapolation), or None for another query."""
+    match = _RATE.match(query)
+    if match is None:
+        return None
+    metric, window, times = match.group(1), int(match.group(2)) / 1000, float(match.group(3))
+    groups: dict[str, dict[float, float]] = {}
+    t = start
+    while t <= end + 1e-6:
+        for labels, samples in table.get(metric, []):
+            seen = sorted(x for x in samples if t - window < x <= t)
+            if len(seen) >= 2:
+                rise = (samples[seen[-1]] - samples[seen[0]]) / (seen[-1] - seen[0])
+                steps = groups.setdefault(labels.get("tenant", ""), {})
+                steps[t] = steps.get(t, 0.0) + rise * times
+        t += step
+    return _matrix(
+        [
+            {"metric": {"tenant": k}, "values": [[at, repr(v)] for at, v in steps.items()]}
+            for k, steps in groups.items()
+        ]
+    )
+
+
 def total_answer(table: Table, query: str, at: float) -> Any:
-    """The ``vector`` answer of a window-total query (``promql.window_total``), or None."""
+    """The ``vector`` answer of a window-total query, or None for another query."""
     match = _TOTAL.match(query)
     if match is None:
         return None
     by = [b.strip() for b in match.group(1).split(",")]
-    metric, window, anchor_s = (
-        match.group(2),
-        int(match.group(3)) / 1000,
-        int(match.group(4)) / 1000,
-    )
-    sums: dict[tuple[str, ...], float] = {}
+    metric, last_range = match.group(2), int(match.group(3)) / 1000
+    anchor_s, window = int(match.group(4)) / 1000, int(match.group(5)) / 1000
+    sums: dict[tuple[str, str, ...], float] = {}
     for labels, samples in table.get(metric, []):
-        last = _last(samples, at - window, at)
-        if last is not None:
-            anchor = _last(samples, at - window - anchor_s, at - window)
-            key = tuple(labels.get(b, "") for b in by)
-            sums[key] = sums.get(key, 0.0) + last - (anchor or 0.0)
+        key = tuple(labels.get(b, "") for b in by)
+        for tag, value in (
+            ("L", _last(samples, at - last_range, at)),
+            ("A", _last(samples, at - window - anchor_s, at - window)),
+        ):
+            if value is not None:
+                sums[(tag, *key)] = sums.get((tag, *key), 0.0) + value
     result = [
-        {"metric": dict(zip(by, key, strict=True)), "value": [at, repr(v)]}
+        {
+            "metric": {**dict(zip(by, key[1:], strict=True)), "tranche_q": key[0]},
+            "value": [at, repr(v)],
+        }
         for key, v in sums.items()
     ]
     return {"status": "success", "data": {"resultType": "vector", "result": result}}
@@ -112,7 +112,8 @@ def handler(answer: Callable[[str, dict[str, str]], Any]) -> type[BaseHTTPReques
 
 
 def table_answer(table: Table) -> Callable[[str, dict[str, str]], Any]:
-    """Aggregates from ``table``; an empty matrix for other range queries; 404 for the rest."""
+    """Window totals and timeline rates from ``table``; nothing for other queries; 404 for
+    the rest of the API."""
 
     def answer(path: str, q: dict[str, str]) -> Any:
         if path == "/api/v1/query":
@@ -122,9 +123,8 @@ def table_answer(table: Table) -> Callable[[str, dict[str, str]], Any]:
         if path != "/api/v1/query_range":
             return None
         start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
-        found = aggregate_answer(table, q["query"], start, end, step)
-        empty = {"status": "success", "data": {"resultType": "matrix", "result": []}}
-        return found if found is not None else empty
+        found = rate_answer(table, q["query"], start, end, step)
+        return found if found is not None else _matrix([])
 
     return answer
 

@@ -7,13 +7,14 @@ import itertools
 import pytest
 
 from controller.report.promql import (
-    aggregate,
-    counted,
+    corrections,
     exact_step,
     from_samples,
+    naive,
     on_nodes,
     quantities,
     raw_selector,
+    window_total,
 )
 
 
@@ -73,16 +74,17 @@ def test_from_samples_counts_a_drop_from_zero() -> None:
 
 
 def test_queries_name_the_metric_and_labels() -> None:
-    q = aggregate("m_total", ("instance", "uuid"), 60.0, 3600.0)
-    assert q.startswith("sum by (instance, uuid) (((last_over_time(m_total[60000ms])")
+    q = window_total("m_total", ("instance", "uuid"), 60.0, 3600.0)
+    assert "sum by (instance, uuid) (last_over_time(m_total[3660000ms]))" in q
     assert "last_over_time(m_total[3600000ms] offset 60000ms)" in q  # the anchor
     assert "resets(m_total[60000ms])" in quantities("m_total", 60.0, 3600.0)
+    assert "max_over_time(m_total[60000ms])" in corrections("m_total", ("uuid",), 60.0, 3600.0)
     assert on_nodes("m", ["a.b:1"]) == 'm{instance=~"a\\\\.b:1"}'
     assert raw_selector("m", {"a": 'x"y'}, 2.5) == 'm{a="x\\"y"}[2500ms]'
 
 
-def test_counted_is_what_the_aggregate_summed() -> None:
-    assert counted({"L": 30.0, "A": 10.0}) == 20.0
-    assert counted({"L": 3.0, "A": 10.0}) == 3.0  # a drop at the edge: from zero
-    assert counted({"L": 3.0}) == 3.0
-    assert counted({"A": 3.0}) == 0.0
+def test_naive_is_a_steps_share_of_last_minus_anchor() -> None:
+    assert naive({"L": 30.0, "A": 10.0}) == 20.0
+    assert naive({"L": 3.0, "A": 10.0}) == -7.0  # a drop: its correction adds the 10
+    assert naive({"L": 3.0}) == 3.0
+    assert naive({"A": 3.0}) == 0.0

@@ -25,7 +25,6 @@ from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
 from tests.unit.controller.report.promstub import (
     Table,
-    aggregate_answer,
     serving,
     table_answer,
 )
@@ -51,23 +50,19 @@ def _raw_table() -> Table:
 
 
 class Recorded:
-    """The fixture's answer for the recommendation's queries, aggregates of its raw counters
-    for the report's (``promstub``), an empty matrix for any other; queries kept."""
+    """The fixture's answer for the recommendation's queries, the report's from its raw
+    counters (``promstub``); queries kept."""
 
     queries: list[str] = []
     table = _raw_table()
 
     @classmethod
     def answer(cls, path: str, q: dict[str, str]) -> Any:
-        if path == "/api/v1/query":
-            return table_answer(cls.table)(path, q)
-        if path != "/api/v1/query_range":
-            return None
-        cls.queries.append(q["query"])
-        start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
-        found = aggregate_answer(cls.table, q["query"], start, end, step)
-        empty = {"status": "success", "data": {"resultType": "matrix", "result": []}}
-        return found or SERIES["queries"].get(q["query"], empty)
+        if path == "/api/v1/query_range":
+            cls.queries.append(q["query"])
+            if q["query"] in SERIES["queries"]:
+                return SERIES["queries"][q["query"]]
+        return table_answer(cls.table)(path, q)
 
 
 @pytest.fixture
