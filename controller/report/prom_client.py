@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.report.sources import SourceError, answer
+from controller.report.sources import SourceError, answer, short
 
 Labels = tuple[tuple[str, str], ...]
 Rows = list[tuple[dict[str, str], float, float]]
@@ -53,7 +53,7 @@ class Client:
         try:
             doc: Any = json.loads(body)
             if doc.get("status") != "success":
-                raise SourceError(f"{url}: Prometheus answered {doc.get('error', doc)}")
+                raise SourceError(f"{short(url)}: Prometheus answered {doc.get('error', doc)}")
             return [
                 (
                     {str(k): str(v) for k, v in s["metric"].items()},
@@ -62,7 +62,7 @@ class Client:
                 for s in doc["data"]["result"]
             ]
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise SourceError(f"{url}: not a Prometheus query answer: {err!r}") from err
+            raise SourceError(f"{short(url)}: not a Prometheus query answer: {err!r}") from err
 
     def recording_rules(self) -> set[str] | None:
         """Names of the recording rules the server has loaded and evaluates without error;

@@ -24,6 +24,7 @@ from controller.report.promql import (
 ANCHOR_S = 3600.0  # a series' anchor: its last value a step back, at least this far
 Drops = dict[int, set[str]]  # step end (ms) → nodes with a drop in or at the edge of it
 Plan = tuple[int, int, int]  # window end (ms), step (ms), steps
+SUBSTEPS = 16  # a step with a drop is corrected in this many sub-steps (a drop's value shows)
 
 
 def drops(client: Client, plan: Plan) -> Drops:
@@ -44,21 +45,21 @@ def totals(
     anchor, summed by the server, plus for the nodes and steps with a drop the value before
     each drop (summed by the server too; the few series it cannot place are read apart)."""
     end_ms, step_ms, steps = plan
-    anchor_s = _anchor_s(step_ms)
     sums: dict[Labels, dict[str, float]] = {}
-    query = window_total(metric, by, steps * step_ms / 1000, anchor_s)
+    query = window_total(metric, by, steps * step_ms / 1000, _anchor_s(step_ms))
     for labels, _, v in client.instant(query, end_ms):
         key = _group(labels, by)
         sums.setdefault(key, {})[labels.get(TAG, "")] = v
     out = {key: q.get("L", 0.0) - q.get("A", 0.0) for key, q in sums.items()}
+    sub_ms = max(1000, step_ms // SUBSTEPS)
     for at_ms, nodes in sorted(dropped.items()):
         selector = on_nodes(metric, sorted(nodes))
-        for labels, _, v in client.instant(
-            corrections(selector, by, step_ms / 1000, anchor_s), at_ms
-        ):
+        first = at_ms - step_ms + sub_ms
+        query = corrections(selector, by, sub_ms / 1000, _anchor_s(sub_ms))
+        for labels, _, v in client.range(query, first, at_ms, sub_ms):
             key = _group(labels, by)
             out[key] = out.get(key, 0.0) + v
-        for labels, v in _unplaced(client, selector, metric, at_ms, step_ms):
+        for labels, v in _unplaced(client, selector, metric, first=first, end=at_ms, sub_ms=sub_ms):
             key = _group(labels, by)
             out[key] = out.get(key, 0.0) + v
     return out
@@ -73,25 +74,25 @@ def _anchor_s(step_ms: int) -> float:
 
 
 def _unplaced(
-    client: Client, selector: str, metric: str, at_ms: int, step_ms: int
+    client: Client, selector: str, metric: str, *, first: int, end: int, sub_ms: int
 ) -> Iterator[tuple[dict[str, str], float]]:
-    """Series whose drops the server's sums cannot place: the increase of their samples in
-    the step minus their share of last-minus-anchor."""
-    found: dict[Labels, dict[str, float]] = {}
-    query = unplaced(selector, step_ms / 1000, _anchor_s(step_ms))
-    for labels, _, v in client.instant(query, at_ms):
+    """Series whose drops the server's sums cannot place, per sub-step: the increase of their
+    samples there minus their share of last-minus-anchor."""
+    found: dict[tuple[Labels, int], dict[str, float]] = {}
+    query = unplaced(selector, sub_ms / 1000, _anchor_s(sub_ms))
+    for labels, t, v in client.range(query, first, end, sub_ms):
         key = series_key({k: x for k, x in labels.items() if k != TAG})
-        found.setdefault(key, {})[labels.get(TAG, "")] = v
-    if not found:
-        return
+        found.setdefault((key, round(t * 1000)), {})[labels.get(TAG, "")] = v
     with client.lock:
         client.sampled += len(found)
-    nodes = sorted({dict(k).get("instance", "") for k in found})
-    step = duration(step_ms / 1000)
-    read = client.samples(f"{on_nodes(metric, nodes)}[{step}]", at_ms)
-    samples = {series_key(labels): values for labels, values in read}
-    for key, q in found.items():
-        exact = exact_step(q)
-        if exact is None:
-            exact = from_samples(q.get("A"), samples.get(key, []))
-        yield dict(key), exact - naive(q)
+    step = duration(sub_ms / 1000)
+    for at_ms in sorted({at for _, at in found}):
+        here = {key: q for (key, at), q in found.items() if at == at_ms}
+        nodes = sorted({dict(k).get("instance", "") for k in here})
+        read = client.samples(f"{on_nodes(metric, nodes)}[{step}]", at_ms)
+        samples = {series_key(labels): values for labels, values in read}
+        for key, q in here.items():
+            exact = exact_step(q)
+            if exact is None:
+                exact = from_samples(q.get("A"), samples.get(key, []))
+            yield dict(key), exact - naive(q)

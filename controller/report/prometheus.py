@@ -154,8 +154,8 @@ def query_prometheus(
     ]
     if client.sampled:
         notes.append(
-            f"{client.sampled} series-steps held several counter resets and were read sample "
-            "by sample"
+            f"{client.sampled} series-steps held counter resets that the server's sums could "
+            "not place and were read apart"
         )
     report = builder.build(start, end, f"prometheus {base_url}", notes)
     return replace(

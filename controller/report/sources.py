@@ -49,14 +49,25 @@ def _get(url: str, timeout_s: float) -> bytes:
             body: bytes = resp.read()
             return body
     except urllib.error.HTTPError as err:
-        raise SourceError(f"{url}: HTTP {err.code} {err.reason}{_error_text(err)}") from err
+        raise SourceError(f"{short(url)}: HTTP {err.code} {err.reason}{_error_text(err)}") from err
     except (TimeoutError, urllib.error.URLError, OSError) as err:
         reason = err.reason if isinstance(err, urllib.error.URLError) else err
         if isinstance(reason, TimeoutError):
             raise SourceError(
-                f"{url}: no answer within {timeout_s:g} s (--timeout / TRANCHE_TIMEOUT)"
+                f"{short(url)}: no answer within {timeout_s:g} s (--timeout / TRANCHE_TIMEOUT)"
             ) from err
-        raise SourceError(f"{url}: cannot connect: {reason}") from err
+        raise SourceError(f"{short(url)}: cannot connect: {reason}") from err
+
+
+def short(url: str, query_chars: int = 80) -> str:
+    """The URL without its query string, and the start of a PromQL ``query`` if it has one."""
+    parsed = urllib.parse.urlsplit(url)
+    base = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, parsed.path, "", ""))
+    query = urllib.parse.parse_qs(parsed.query).get("query", [""])[0]
+    if not query:
+        return base
+    more = "..." if len(query) > query_chars else ""
+    return f"{base} (query {query[:query_chars]}{more})"
 
 
 def _error_text(err: urllib.error.HTTPError) -> str:
@@ -199,10 +210,10 @@ def answer(url: str, body: bytes) -> list[tuple[dict[str, str], float, float]]:
     try:
         doc: Any = json.loads(body)
         if doc.get("status") != "success":
-            raise SourceError(f"{url}: Prometheus answered {doc.get('error', doc)}")
+            raise SourceError(f"{short(url)}: Prometheus answered {doc.get('error', doc)}")
         kind = doc["data"]["resultType"]
         if kind not in ("matrix", "vector"):
-            raise SourceError(f"{url}: data.resultType is {kind}, not matrix or vector")
+            raise SourceError(f"{short(url)}: data.resultType is {kind}, not matrix or vector")
         out = []
         for series in doc["data"]["result"]:
             labels = {str(k): str(v) for k, v in series["metric"].items()}
@@ -213,7 +224,7 @@ def answer(url: str, body: bytes) -> list[tuple[dict[str, str], float, float]]:
                     out.append((labels, float(t), value))
         return out
     except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise SourceError(f"{url}: not a Prometheus query answer: {err!r}") from err
+        raise SourceError(f"{short(url)}: not a Prometheus query answer: {err!r}") from err
 
 
 def http_get(url: str, timeout_s: float) -> bytes:

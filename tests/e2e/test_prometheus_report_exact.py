@@ -3,9 +3,10 @@
 Series of known values are backfilled (``promtool tsdb create-blocks-from openmetrics``), a
 sample every 30 s for 8 hours up to a minute ago, on two nodes:
 
-* node ``a`` (``ml``/blue) holds one GPU all along; its plugin restarts 5 hours ago (one drop
-  in a step) and twice three minutes apart 2 hours ago (two drops in one step: read again in
-  smaller steps); it was idle from 6 h 10 min to 5 h 50 min ago, around the window's start;
+* node ``a`` (``ml``/blue) holds one GPU all along; its plugin restarts 5 hours ago (one drop:
+  Prometheus sums the value before it) and five times a minute apart 2 hours ago (a crash loop:
+  some step holds two drops and is read sample by sample); it was idle from 6 h 10 min to 5 h
+  50 min ago, around the window's start;
 * node ``b`` (``web``/green) starts 3 hours ago with half a GPU; Prometheus has no samples of
   it for 30 minutes (a gap, no restart: the counter is not counted from zero again).
 
@@ -50,7 +51,7 @@ def _samples(node: str, now: float) -> list[tuple[float, float]]:
     out = []
     t = now - 8 * HOUR
     value = 5000.0 if node == "a" else 0.0
-    restarts = [now - 5 * HOUR, now - 2 * HOUR, now - 2 * HOUR + 180]
+    restarts = [now - 5 * HOUR, *(now - 2 * HOUR + 60 * i for i in range(5))]
     while t <= now - 60:
         if node == "a":
             idle = now - 6 * HOUR - 600 < t <= now - 6 * HOUR + 600
@@ -144,7 +145,7 @@ def test_report_is_exact_across_restarts_and_a_gap(prometheus_bin: Path) -> None
     doc = json.loads(done.stdout)
     _check_exact(doc, now)
     assert doc["series_source"] == "totals: raw counters, exact; timeline: raw counters' rate()"
-    assert any("read sample by sample" in n for n in doc["notes"]), doc["notes"]
+    assert any("were read apart" in n for n in doc["notes"]), doc["notes"]
 
 
 def test_report_draws_its_timeline_from_the_recording_rules(
@@ -199,7 +200,9 @@ def test_bad_sources_are_named(prometheus_bin: Path) -> None:
     ) as p:
         done = _report(p.url, "--since", "6h")
     assert done.returncode == 1
-    assert "query timed out" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "timed out" in done.stderr or "deadline exceeded" in done.stderr, done.stderr
+    assert "/api/v1/query" in done.stderr and len(done.stderr) < 500, done.stderr  # readable
+    assert "Traceback" not in done.stderr
 
     with running_prometheus(prometheus_bin, []) as p:  # no Tranche series at all
         done = _report(p.url, "--since", "1h")
