@@ -55,13 +55,18 @@ def totals(
     for at_ms, nodes in sorted(dropped.items()):
         selector = on_nodes(metric, sorted(nodes))
         first = at_ms - step_ms + sub_ms
-        query = corrections(selector, by, sub_ms / 1000, _anchor_s(sub_ms))
-        for labels, _, v in client.range(query, first, at_ms, sub_ms):
-            key = _group(labels, by)
-            out[key] = out.get(key, 0.0) + v
-        for labels, v in _unplaced(client, selector, metric, first=first, end=at_ms, sub_ms=sub_ms):
-            key = _group(labels, by)
-            out[key] = out.get(key, 0.0) + v
+        left: list[int] = []
+        for labels, t, v in client.range(corrections(selector, by, sub_ms / 1000), first,
+                                         at_ms, sub_ms):  # fmt: skip
+            if labels.get(TAG) == "unplaced":
+                left.append(round(t * 1000))
+            else:
+                key = _group(labels, by)
+                out[key] = out.get(key, 0.0) + v
+        for sub_at in left:
+            for labels, v in _unplaced(client, selector, metric, sub_at, sub_ms):
+                key = _group(labels, by)
+                out[key] = out.get(key, 0.0) + v
     return out
 
 
@@ -74,25 +79,24 @@ def _anchor_s(step_ms: int) -> float:
 
 
 def _unplaced(
-    client: Client, selector: str, metric: str, *, first: int, end: int, sub_ms: int
+    client: Client, selector: str, metric: str, at_ms: int, sub_ms: int
 ) -> Iterator[tuple[dict[str, str], float]]:
-    """Series whose drops the server's sums cannot place, per sub-step: the increase of their
-    samples there minus their share of last-minus-anchor."""
-    found: dict[tuple[Labels, int], dict[str, float]] = {}
+    """Series whose drops the server's sums cannot place, in the sub-step ending at
+    ``at_ms``: the increase of their samples there minus their share of last-minus-anchor."""
+    found: dict[Labels, dict[str, float]] = {}
     query = unplaced(selector, sub_ms / 1000, _anchor_s(sub_ms))
-    for labels, t, v in client.range(query, first, end, sub_ms):
+    for labels, _, v in client.instant(query, at_ms):
         key = series_key({k: x for k, x in labels.items() if k != TAG})
-        found.setdefault((key, round(t * 1000)), {})[labels.get(TAG, "")] = v
+        found.setdefault(key, {})[labels.get(TAG, "")] = v
+    if not found:
+        return
     with client.lock:
         client.sampled += len(found)
-    step = duration(sub_ms / 1000)
-    for at_ms in sorted({at for _, at in found}):
-        here = {key: q for (key, at), q in found.items() if at == at_ms}
-        nodes = sorted({dict(k).get("instance", "") for k in here})
-        read = client.samples(f"{on_nodes(metric, nodes)}[{step}]", at_ms)
-        samples = {series_key(labels): values for labels, values in read}
-        for key, q in here.items():
-            exact = exact_step(q)
-            if exact is None:
-                exact = from_samples(q.get("A"), samples.get(key, []))
-            yield dict(key), exact - naive(q)
+    nodes = sorted({dict(k).get("instance", "") for k in found})
+    read = client.samples(f"{on_nodes(metric, nodes)}[{duration(sub_ms / 1000)}]", at_ms)
+    samples = {series_key(labels): values for labels, values in read}
+    for key, q in found.items():
+        exact = exact_step(q)
+        if exact is None:
+            exact = from_samples(q.get("A"), samples.get(key, []))
+        yield dict(key), exact - naive(q)

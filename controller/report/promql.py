@@ -9,8 +9,9 @@ the anchor, and the drops add the value just before each: Σ rises = last - anch
 * :func:`window_total`: per group, the sum of the last values and the sum of the anchors;
 * :func:`drops_by_node`: a restart drops every counter of its node at once, so one query of
   the devices' held counters names the nodes with a drop in each of a few steps;
-* :func:`corrections`: for those nodes and steps only, per group, the value before the drop
-  (one inside the step: the step's maximum above its last value; one at its edge: the anchor);
+* :func:`corrections`: for those nodes and steps only, in short sub-steps, per group, the value
+  before each drop (the maximum over the sub-step and a little before it, when it is the only
+  drop there and above the last value);
 * :func:`unplaced`: the few series with other drops (two in a step), read apart: their
   :func:`quantities` (:func:`exact_step`), else their samples (:func:`from_samples`).
 
@@ -63,32 +64,46 @@ def window_total(metric: str, by: Sequence[str], window_s: float, anchor_s: floa
     return " or ".join(tagged)
 
 
-def corrections(selector: str, by: Sequence[str], step_s: float, anchor_s: float) -> str:
-    """Per group, what the drops in the step ending now add to last-minus-anchor: the value
-    just before each drop. Covers one drop inside the step (the step's maximum, above its last
-    value) and one at its edge (the anchor); :func:`unplaced` lists the other series."""
-    p = _parts(selector, step_s, anchor_s)
-    return f"sum by ({', '.join(by)}) ({_inner(p)} or {_edge(p)})"
-
-
-def _inner(p: dict[str, str]) -> str:
-    return (
-        f"({p['max']} and ({p['resets']} == 1) and ({p['drops']} == 1) and ({p['max']} > {p['L']}))"
+def _drop_terms(selector: str, step_s: float) -> tuple[str, str, str]:
+    """(drops whose later sample is in the step, the series whose drop's value is placed, the
+    maximum that is that value)."""
+    t, near, wide = duration(step_s), duration(NEAR_S), duration(step_s + NEAR_S)
+    here = (
+        f"((resets({selector}[{wide}]) - resets({selector}[{near}] offset {t})) "
+        f"or resets({selector}[{t}]))"
     )
+    top = f"max_over_time({selector}[{wide}])"
+    placed = (
+        f"({top} and (resets({selector}[{wide}]) == 1) and ({here} == 1) "
+        f"and ({top} > last_over_time({selector}[{t}])))"
+    )
+    return here, placed, top
 
 
-def _edge(p: dict[str, str]) -> str:
-    return f"({p['A']} and ({p['resets']} == 0) and ({p['min']} < {p['A']}))"
+def corrections(selector: str, by: Sequence[str], step_s: float) -> str:
+    """Per group, what the drops in the (short) step ending now add to last-minus-anchor: the
+    value just before each drop (tagged ``sum``); and how many series had a drop it could not
+    place (tagged ``unplaced``: two drops near each other, a drop after a long gap).
+
+    Over the step and :data:`NEAR_S` before it, a series with exactly one drop, the drop inside
+    the step or at its edge, whose maximum is above its last value: that maximum is the value
+    just before the drop (each stretch after a drop rises)."""
+    here, placed, _ = _drop_terms(selector, step_s)
+    summed = f"sum by ({', '.join(by)}) ({placed})"
+    left = f"count(({here} > 0) unless {placed})"
+    return " or ".join(
+        f'label_replace({q}, "{TAG}", "{n}", "", "")'
+        for n, q in (("sum", summed), ("unplaced", left))
+    )
 
 
 def unplaced(selector: str, step_s: float, anchor_s: float) -> str:
     """The quantities of the series with a drop in the step that :func:`corrections` does not
-    place (two drops, a drop after a long gap, one in a series born in the step)."""
-    p = _parts(selector, step_s, anchor_s)
-    dropped = f"(({p['resets']} > 0) or ({p['min']} < {p['A']}))"
+    place."""
+    here, placed, _ = _drop_terms(selector, step_s)
     return (
         f"({quantities(selector, step_s, anchor_s)}) and ignoring({TAG}) "
-        f"({dropped} unless {_inner(p)} unless {_edge(p)})"
+        f"(({here} > 0) unless {placed})"
     )
 
 

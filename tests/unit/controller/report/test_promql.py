@@ -78,7 +78,7 @@ def test_queries_name_the_metric_and_labels() -> None:
     assert "sum by (instance, uuid) (last_over_time(m_total[3660000ms]))" in q
     assert "last_over_time(m_total[3600000ms] offset 60000ms)" in q  # the anchor
     assert "resets(m_total[60000ms])" in quantities("m_total", 60.0, 3600.0)
-    assert "max_over_time(m_total[60000ms])" in corrections("m_total", ("uuid",), 60.0, 3600.0)
+    assert "max_over_time(m_total[960000ms])" in corrections("m_total", ("uuid",), 60.0)
     assert on_nodes("m", ["a.b:1"]) == 'm{instance=~"a\\\\.b:1"}'
     assert raw_selector("m", {"a": 'x"y'}, 2.5) == 'm{a="x\\"y"}[2500ms]'
 
