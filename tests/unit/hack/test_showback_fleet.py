@@ -23,7 +23,7 @@ def small(monkeypatch: pytest.MonkeyPatch) -> fleet_module.Fleet:
 def test_the_text_is_openmetrics_of_the_plugins_names(small: fleet_module.Fleet) -> None:
     out = io.StringIO()
     count = write_openmetrics(small, out)
-    families = {f.name: f for f in text_string_to_metric_families(out.getvalue())}
+    families = {f.name: f for f in text_string_to_metric_families(out.getvalue())}  # type: ignore[no-untyped-call]
     assert "tranche_claim_gpu_allocated_seconds" in families
     assert "tranche_device_held_seconds" in families
     assert count == sum(len(f.samples) for f in families.values())

@@ -70,7 +70,7 @@ def total_answer(table: Table, query: str, at: float) -> Any:
     by = [b.strip() for b in match.group(1).split(",")]
     metric, last_range = match.group(2), int(match.group(3)) / 1000
     anchor_s, window = int(match.group(4)) / 1000, int(match.group(5)) / 1000
-    sums: dict[tuple[str, str, ...], float] = {}
+    sums: dict[tuple[str, ...], float] = {}
     for labels, samples in table.get(metric, []):
         key = tuple(labels.get(b, "") for b in by)
         for tag, value in (
