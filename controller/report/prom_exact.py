@@ -51,10 +51,11 @@ def totals(
         key = _group(labels, by)
         sums.setdefault(key, {})[labels.get(TAG, "")] = v
     out = {key: q.get("L", 0.0) - q.get("A", 0.0) for key, q in sums.items()}
-    sub_ms = max(1000, step_ms // SUBSTEPS)
+    parts = max(1, min(SUBSTEPS, step_ms // 1000))  # sub-steps of a second at least
+    sub_ms = -(-step_ms // parts)  # rounded up: they cover the step (and a few ms before it)
     for at_ms, nodes in sorted(dropped.items()):
         selector = on_nodes(metric, sorted(nodes))
-        first = at_ms - step_ms + sub_ms
+        first = at_ms - (parts - 1) * sub_ms
         left: list[int] = []
         for labels, t, v in client.range(corrections(selector, by, sub_ms / 1000), first,
                                          at_ms, sub_ms):  # fmt: skip
