@@ -34,6 +34,7 @@ from controller.report.data import Report, report_from_snapshots
 from controller.report.html import render_html
 from controller.report.owners import Cluster, read_cluster
 from controller.report.prices import Prices, load_prices
+from controller.report.prometheus import query_prometheus
 from controller.report.recommend import DEFAULT_MIN_SAMPLES
 from controller.report.render import RENDERERS, reconciliation
 from controller.report.sources import (
@@ -41,7 +42,6 @@ from controller.report.sources import (
     choose_chain,
     http_get,
     query_claim_series,
-    query_prometheus,
     scrape,
 )
 from driver.cli import Command

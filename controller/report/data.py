@@ -126,6 +126,7 @@ class Report:
     device_rows: tuple[DeviceUsage, ...] = ()
     node_rows: tuple[NodeTenantUsage, ...] = ()
     series: int = 0  # usage series the sources returned (0: nothing to report on)
+    series_source: str = ""  # Prometheus: which series the totals and the timeline came from
 
     def tenant_changes(self) -> dict[str, tuple[str, ...]]:
         """Namespaces whose usage in the window is under more than one tenant label."""

@@ -120,10 +120,11 @@ def render_json(report: Report, cost: CostReport | None = None) -> str:
         return dict(zip(COLUMNS, [r.namespace, r.tenant, *_numbers(r)], strict=True))
 
     total = dict(zip(COLUMNS[2:], _numbers(report.total()), strict=True))
-    doc = {
+    doc: dict[str, object] = {
         "start": when(report.start),
         "end": when(report.end),
         "source": report.source,
+        "series_source": report.series_source or None,
         "rows": [row(r) for r in report.rows],
         "total": total,
         "devices": {

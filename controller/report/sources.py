@@ -3,13 +3,8 @@
 * :func:`scrape` reads the text exposition of each ``--metrics-url``;
 * :class:`BaselineFile` keeps earlier scrapes (one JSON object a line) so a
   later run can report the increase since ``--since`` ago;
-* :func:`query_prometheus` asks a Prometheus server for each counter's raw values over the
-  window (``/api/v1/query_range``, at most :data:`PROM_POINTS` points a series) and its last
-  value before the window (``last_over_time`` at the start, ``/api/v1/query``), and adds the
-  increases itself: a drop is a counter reset (a restarted plugin), counted from zero; a
-  series that starts inside the window counts from zero. PromQL's ``increase()`` was used
-  before: it extrapolates at every series edge (off by up to a scrape interval per claim) and
-  returns nothing for a step that holds one sample (a one-minute scrape reported no usage).
+* :func:`query_claim_series` asks a Prometheus server for each claim's use per step
+  (``--recommend``); the usage report's queries are in :mod:`controller.report.prometheus`.
 """
 
 from __future__ import annotations
@@ -31,17 +26,9 @@ from controller.report.data import (
     CLAIM_ALLOCATED,
     CLAIM_MEASURED,
     CLAIM_MEMORY,
-    DEVICE_HELD,
-    DEVICE_IDLE,
-    DEVICE_UNATTRIBUTED,
     REPORTED,
-    TENANT_ALLOCATED,
-    TENANT_MEASURED,
-    TENANT_MEMORY,
-    Report,
     SeriesKey,
     Snapshot,
-    UsageBuilder,
 )
 from driver.errors import PermanentError, RetryableError
 
@@ -62,9 +49,35 @@ def _get(url: str, timeout_s: float) -> bytes:
             body: bytes = resp.read()
             return body
     except urllib.error.HTTPError as err:
-        raise SourceError(f"{url}: HTTP {err.code} {err.reason}") from err
-    except (urllib.error.URLError, OSError) as err:
-        raise SourceError(f"{url}: cannot connect: {err}") from err
+        raise SourceError(f"{short(url)}: HTTP {err.code} {err.reason}{_error_text(err)}") from err
+    except (TimeoutError, urllib.error.URLError, OSError) as err:
+        reason = err.reason if isinstance(err, urllib.error.URLError) else err
+        if isinstance(reason, TimeoutError):
+            raise SourceError(
+                f"{short(url)}: no answer within {timeout_s:g} s (--timeout / TRANCHE_TIMEOUT)"
+            ) from err
+        raise SourceError(f"{short(url)}: cannot connect: {reason}") from err
+
+
+def short(url: str, query_chars: int = 80) -> str:
+    """The URL without its query string, and the start of a PromQL ``query`` if it has one."""
+    parsed = urllib.parse.urlsplit(url)
+    base = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, parsed.path, "", ""))
+    query = urllib.parse.parse_qs(parsed.query).get("query", [""])[0]
+    if not query:
+        return base
+    more = "..." if len(query) > query_chars else ""
+    return f"{base} (query {query[:query_chars]}{more})"
+
+
+def _error_text(err: urllib.error.HTTPError) -> str:
+    """Prometheus's own words from an error answer (``{"error": ...}``), if any."""
+    try:
+        doc = json.loads(err.read(4096))
+        text = str(doc["error"])
+    except (ValueError, KeyError, TypeError, OSError):
+        return ""
+    return f": {text}"
 
 
 def scrape(urls: Sequence[str], timeout_s: float, now: float) -> Snapshot:
@@ -145,75 +158,6 @@ def choose_chain(history: Sequence[Snapshot], start: float) -> tuple[list[Snapsh
     return ordered, False
 
 
-_PROM_METRICS = (
-    (TENANT_ALLOCATED, "instance, namespace, tenant"),
-    (TENANT_MEASURED, "instance, namespace, tenant"),
-    (TENANT_MEMORY, "namespace, tenant"),
-    (CLAIM_ALLOCATED, "namespace, claim, tenant"),
-    (CLAIM_MEASURED, "namespace, claim, tenant"),
-    (DEVICE_HELD, "instance, uuid"),
-    (DEVICE_IDLE, "instance, uuid"),
-    (DEVICE_UNATTRIBUTED, "instance, uuid"),
-)
-
-
-PROM_POINTS = 500  # evaluation points per series at most (Prometheus allows 11,000)
-BASELINE_LOOKBACK = "1d"  # how far before the window a counter's last value is looked for
-
-
-def prometheus_step(window_s: float) -> float:
-    """The evaluation step: at least a second, at most :data:`PROM_POINTS` points."""
-    return max(1.0, window_s / PROM_POINTS)
-
-
-def _series_key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
-
-
-def query_prometheus(
-    base_url: str, start: float, end: float, timeout_s: float, get: Callable[[str, float], bytes]
-) -> Report:
-    """Usage in ``(start, end]`` from a Prometheus server: raw counter values, increases
-    added here (resets and new series counted from zero, no extrapolation)."""
-    points = max(1, math.ceil((end - start) / prometheus_step(end - start)))
-    step = (end - start) / points
-    base = base_url.rstrip("/")
-    builder = UsageBuilder()
-    per_time: dict[float, list[tuple[str, dict[str, str], float]]] = {}
-    for metric, _ in _PROM_METRICS:
-        before = urllib.parse.urlencode(
-            {"query": f"last_over_time({metric}[{BASELINE_LOOKBACK}])", "time": f"{start:.3f}"}
-        )
-        url = f"{base}/api/v1/query?{before}"
-        baseline = {_series_key(labels): v for labels, _, v in _answer(url, get(url, timeout_s))}
-        params = urllib.parse.urlencode(
-            {"query": metric, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
-        )
-        url = f"{base}/api/v1/query_range?{params}"
-        series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
-        for labels, at, value in _answer(url, get(url, timeout_s)):
-            series.setdefault(_series_key(labels), []).append((at, value))
-        for key, values in series.items():
-            labels = dict(key)
-            last = baseline.get(key)
-            for at, value in sorted(values):
-                if at > start:
-                    grown = value if last is None or value < last else value - last
-                    if grown:
-                        per_time.setdefault(at, []).append((metric, labels, grown))
-                last = value
-    builder.mark(start)
-    for at in sorted(per_time):
-        for metric, labels, value in per_time[at]:
-            builder.add(metric, labels, value)
-        builder.mark(at)
-    notes = [
-        f"Prometheus raw counters every {step:.0f}s; increases summed here, resets counted "
-        "from zero"
-    ]
-    return builder.build(start, end, f"prometheus {base_url}", notes)
-
-
 @dataclass(frozen=True)
 class ClaimSeries:
     """One claim's steps in the window: (time, SM use in whole GPUs, memory bytes), each the
@@ -249,7 +193,7 @@ def query_claim_series(
         )
         url = f"{base_url.rstrip('/')}/api/v1/query_range?{params}"
         got = values.setdefault(name, {})
-        for labels, t, value in _answer(url, get(url, timeout_s)):
+        for labels, t, value in answer(url, get(url, timeout_s)):
             got[(labels.get("namespace", ""), labels.get("claim", ""), t)] = value
     points: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for (namespace, claim, t), held in sorted(values["held"].items()):
@@ -261,15 +205,15 @@ def query_claim_series(
     return {k: ClaimSeries(*k, tuple(v)) for k, v in points.items()}, step
 
 
-def _answer(url: str, body: bytes) -> list[tuple[dict[str, str], float, float]]:
+def answer(url: str, body: bytes) -> list[tuple[dict[str, str], float, float]]:
     """(labels, time, value) of a ``matrix`` (query_range) or ``vector`` (query) answer."""
     try:
         doc: Any = json.loads(body)
         if doc.get("status") != "success":
-            raise SourceError(f"{url}: Prometheus answered {doc.get('error', doc)}")
+            raise SourceError(f"{short(url)}: Prometheus answered {doc.get('error', doc)}")
         kind = doc["data"]["resultType"]
         if kind not in ("matrix", "vector"):
-            raise SourceError(f"{url}: data.resultType is {kind}, not matrix or vector")
+            raise SourceError(f"{short(url)}: data.resultType is {kind}, not matrix or vector")
         out = []
         for series in doc["data"]["result"]:
             labels = {str(k): str(v) for k, v in series["metric"].items()}
@@ -280,7 +224,7 @@ def _answer(url: str, body: bytes) -> list[tuple[dict[str, str], float, float]]:
                     out.append((labels, float(t), value))
         return out
     except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise SourceError(f"{url}: not a Prometheus query answer: {err!r}") from err
+        raise SourceError(f"{short(url)}: not a Prometheus query answer: {err!r}") from err
 
 
 def http_get(url: str, timeout_s: float) -> bytes:

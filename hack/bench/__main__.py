@@ -27,6 +27,7 @@ from hack.bench import (
     regression,
     report,
     scale,
+    showback,
 )
 from hack.bench.lab import Lab
 from hack.bench.machine import REPO, describe
@@ -34,7 +35,18 @@ from hack.bench.results import ScenarioResult
 
 SCENARIOS: dict[str, ModuleType] = {
     m.NAME: m
-    for m in (discovery, prepare, scale, modes, health, attribution, realnode, explain, fleet)
+    for m in (
+        discovery,
+        prepare,
+        scale,
+        modes,
+        health,
+        attribution,
+        realnode,
+        explain,
+        fleet,
+        showback,
+    )
 }
 
 

@@ -91,8 +91,10 @@ class PrometheusServer:
         targets: Sequence[str],
         rule_files: Sequence[Path] = (),
         interval: str = "1s",
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.bin_dir = bin_dir
+        self.extra_args = tuple(extra_args)
         self.root = root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -121,6 +123,7 @@ class PrometheusServer:
             f"--storage.tsdb.path={self.data_dir}",
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--log.level=info",
+            *self.extra_args,
         ]
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
@@ -204,12 +207,13 @@ def running_prometheus(
     rule_files: Sequence[Path] = (),
     interval: str = "1s",
     prepare_data: Callable[[Path], None] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[PrometheusServer]:
     """A started server scraping ``targets`` (``host:port``); stopped and its directory
     removed when the block ends, whatever happened in it. ``prepare_data(dir)`` fills the
     storage directory before the start (e.g. with backfilled blocks)."""
     root = Path(tempfile.mkdtemp(prefix="prom-"))
-    server = PrometheusServer(bin_dir, root, targets, rule_files, interval)
+    server = PrometheusServer(bin_dir, root, targets, rule_files, interval, extra_args)
     try:
         if prepare_data is not None:
             prepare_data(server.data_dir)

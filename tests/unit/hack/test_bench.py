@@ -21,6 +21,7 @@ def test_every_scenario_is_selectable_by_name() -> None:
         "prepare",
         "realnode",
         "scale",
+        "showback",
     ]
     for name, module in SCENARIOS.items():
         assert name == module.NAME

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
-import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,11 @@ from driver.sharing.devices import share_devices
 from driver.sharing.settings import SharingConfig
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
+from tests.unit.controller.report.promstub import (
+    Table,
+    serving,
+    table_answer,
+)
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "recommend" / "prometheus.json"
 SERIES = json.loads(FIXTURE.read_text())
@@ -34,36 +36,39 @@ NODE = "node-a"
 GIB = 1 << 30
 
 
-class Recorded(BaseHTTPRequestHandler):
-    """Answers /api/v1/query_range with the fixture's answer for the query (or none)."""
+def _raw_table() -> Table:
+    """The fixture's raw counter values, for the report's aggregate queries."""
+    table: Table = {}
+    for query, doc in SERIES["queries"].items():
+        if query.startswith("tranche_"):
+            table[query] = [
+                ({k: v for k, v in s["metric"].items() if k != "__name__"},
+                 {float(t): float(v) for t, v in s["values"]})
+                for s in doc["data"]["result"]
+            ]  # fmt: skip
+    return table
+
+
+class Recorded:
+    """The fixture's answer for the recommendation's queries, the report's from its raw
+    counters (``promstub``); queries kept."""
 
     queries: list[str] = []
+    table = _raw_table()
 
-    def do_GET(self) -> None:
-        parsed = urllib.parse.urlparse(self.path)
-        q = {k: v[0] for k, v in urllib.parse.parse_qs(parsed.query).items()}
-        self.queries.append(q["query"])
-        empty = {"status": "success", "data": {"resultType": "matrix", "result": []}}
-        body = json.dumps(SERIES["queries"].get(q["query"], empty)).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        return
+    @classmethod
+    def answer(cls, path: str, q: dict[str, str]) -> Any:
+        if path == "/api/v1/query_range":
+            cls.queries.append(q["query"])
+            if q["query"] in SERIES["queries"]:
+                return SERIES["queries"][q["query"]]
+        return table_answer(cls.table)(path, q)
 
 
 @pytest.fixture
 def prometheus() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorded)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+    with serving(Recorded.answer) as url:
+        yield url
 
 
 def meta(ns: str, name: str, owner: tuple[str, str] | None = None) -> Any:

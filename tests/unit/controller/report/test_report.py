@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
-import urllib.parse
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from fractions import Fraction
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
@@ -29,6 +25,7 @@ from controller.report.prices import parse_prices
 from driver.metrics import Metrics
 from driver.nvml.sim import SimControl, create_state, open_simulated
 from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
+from tests.unit.controller.report.promstub import Table, serving, table_answer
 
 POD_A = "3f1e2c9a-1b2c-4d5e-8f90-123456789abc"
 POD_B = "7d2a0b11-aaaa-4bbb-8ccc-0123456789de"
@@ -252,61 +249,14 @@ def test_counter_reset_between_snapshots_counts_as_a_fresh_start() -> None:
     assert row.allocated_s == 35.0
 
 
-class PrometheusStub(BaseHTTPRequestHandler):
-    """Answers ``query_range`` of a raw counter and ``query`` of ``last_over_time`` from a table
-    of samples (time → cumulative value) per metric, as Prometheus would (the value at an
-    evaluation time is the latest sample at most five minutes older). The real server is
-    driven in ``tests/e2e/test_prometheus*.py``; this double only keeps these unit tests fast."""
-
-    data: dict[str, list[tuple[dict[str, str], dict[float, float]]]] = {}
-    queries: list[dict[str, str]] = []
-
-    @staticmethod
-    def _at(samples: dict[float, float], when: float, lookback: float) -> float | None:
-        seen = [t for t in samples if when - lookback <= t <= when]
-        return samples[max(seen)] if seen else None
-
-    def do_GET(self) -> None:
-        parsed = urllib.parse.urlparse(self.path)
-        q = {k: v[0] for k, v in urllib.parse.parse_qs(parsed.query).items()}
-        self.queries.append(q)
-        result: list[dict[str, Any]] = []
-        if parsed.path == "/api/v1/query":
-            kind = "vector"
-            metric = q["query"].split("last_over_time(")[1].split("[")[0]
-            when = float(q["time"])
-            for labels, samples in self.data.get(metric, []):
-                value = self._at(samples, when, 86400)
-                if value is not None:
-                    result.append({"metric": labels, "value": [when, str(value)]})
-        elif parsed.path == "/api/v1/query_range":
-            kind = "matrix"
-            start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
-            grid = [start + i * step for i in range(int((end - start) / step + 1e-6) + 1)]
-            for labels, samples in self.data.get(q["query"], []):
-                values = [[g, str(v)] for g in grid if (v := self._at(samples, g, 300)) is not None]
-                if values:
-                    result.append({"metric": {"__name__": q["query"], **labels}, "values": values})
-        else:
-            self.send_error(404)
-            return
-        body = json.dumps({"status": "success", "data": {"resultType": kind, "result": result}})
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body.encode())))
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, format: str, *args: object) -> None:
-        return
-
-
-def test_report_from_prometheus_query_range(tmp_path: Path) -> None:
+def test_report_from_prometheus_aggregates(tmp_path: Path) -> None:
+    """The report's rows, claims and timeline from the aggregate queries (counter resets and
+    the exact values of the real server: tests/e2e/test_prometheus_report.py)."""
     end = 1_800_000_000.0
     start = end - 3600
     steps = [start + 60 * i for i in range(61)]  # a scrape a minute, the first at the start
     blue, green = {"namespace": "ml", "tenant": "blue"}, {"namespace": "web", "tenant": "green"}
-    PrometheusStub.data = {
+    table: Table = {
         "tranche_tenant_gpu_allocated_seconds_total": [
             # held before the window (1000 s then), 60 s a minute in it
             (blue, {t: 1000 + 60.0 * i for i, t in enumerate(steps)}),
@@ -316,36 +266,20 @@ def test_report_from_prometheus_query_range(tmp_path: Path) -> None:
         "tranche_tenant_gpu_measured_seconds_total": [
             (blue, {t: 15.0 * i for i, t in enumerate(steps)}),
         ],
-        # a plugin restart at minute 20: the counter starts again at zero
-        "tranche_device_idle_seconds_total": [
-            ({}, {t: 12.0 * (i if i < 20 else i - 20) for i, t in enumerate(steps)})
-        ],
+        "tranche_device_idle_seconds_total": [({}, {t: 12.0 * i for i, t in enumerate(steps)})],
     }  # fmt: skip
-    PrometheusStub.queries = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), PrometheusStub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        settings = ReportSettings(
-            since_s=3600.0, prometheus=f"http://127.0.0.1:{server.server_port}"
-        )
-        report = build_report(settings, clock=lambda: end)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-    assert PrometheusStub.queries[0]["query"] == (
-        "last_over_time(tranche_tenant_gpu_allocated_seconds_total[1d])"
-    )
-    assert PrometheusStub.queries[1]["query"] == "tranche_tenant_gpu_allocated_seconds_total"
+    with serving(table_answer(table)) as url:
+        report = build_report(ReportSettings(since_s=3600.0, prometheus=url), clock=lambda: end)
     rows = {r.tenant: r for r in report.rows}
     assert rows["blue"].allocated_s == 3600.0
     assert rows["blue"].measured_s == 900.0
     assert rows["blue"].idle_s == 2700.0
     assert rows["green"].allocated_s == 900.0
-    assert report.devices.idle_s == 12.0 * 19 + 12.0 * 40  # before and after the reset
+    assert report.devices.idle_s == 12.0 * 60
+    assert report.series_source == "totals: raw counters, exact; timeline: raw counters' rate()"
     blue_line = [p.allocated_s for p in report.timeline if p.tenant == "blue"]
-    assert blue_line == sorted(blue_line) and blue_line[-1] == 3600.0
+    assert blue_line == sorted(blue_line)
+    assert abs(blue_line[-1] - 3600.0) <= 60.0  # the chart's shape from rate(): within a step
     chart = tmp_path / "chart.svg"
     chart.write_text(render_svg(report))
     ET.parse(chart)
@@ -541,7 +475,7 @@ def test_prometheus_keeps_nodes_apart_so_each_is_priced_at_its_own_rate() -> Non
     def counting(per_minute: float) -> dict[float, float]:
         return {t: per_minute * i for i, t in enumerate(steps)}
 
-    PrometheusStub.data = {
+    table: Table = {
         "tranche_tenant_gpu_allocated_seconds_total": [
             ({**a, "namespace": "ml", "tenant": "blue"}, counting(60.0)),
             ({**b, "namespace": "web", "tenant": "green"}, counting(60.0)),
@@ -559,18 +493,8 @@ def test_prometheus_keeps_nodes_apart_so_each_is_priced_at_its_own_rate() -> Non
         ],
         "tranche_device_idle_seconds_total": [({**a, "uuid": "GPU-A"}, counting(30.0))],
     }
-    server = ThreadingHTTPServer(("127.0.0.1", 0), PrometheusStub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        settings = ReportSettings(
-            since_s=3600.0, prometheus=f"http://127.0.0.1:{server.server_port}"
-        )
-        report = build_report(settings, clock=lambda: end)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(table_answer(table)) as url:
+        report = build_report(ReportSettings(since_s=3600.0, prometheus=url), clock=lambda: end)
     assert [(d.instance, d.uuid, d.held_s) for d in report.device_rows] == [
         ("node-a:9400", "GPU-A", 3600.0),
         ("node-b:9400", "GPU-H", 3600.0),

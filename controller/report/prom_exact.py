@@ -1,0 +1,103 @@
+"""Exact increases from Prometheus: sums of last-minus-anchor per group, corrected for the
+nodes and steps with a drop (a restarted plugin). The queries are in
+:mod:`controller.report.promql`; why this plan is in docs/metrics.md."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from controller.report.data import DEVICE_HELD
+from controller.report.prom_client import Client, Labels, series_key
+from controller.report.promql import (
+    TAG,
+    corrections,
+    drops_by_node,
+    duration,
+    exact_step,
+    from_samples,
+    naive,
+    on_nodes,
+    unplaced,
+    window_total,
+)
+
+ANCHOR_S = 3600.0  # a series' anchor: its last value a step back, at least this far
+Drops = dict[int, set[str]]  # step end (ms) → nodes with a drop in or at the edge of it
+Plan = tuple[int, int, int]  # window end (ms), step (ms), steps
+SUBSTEPS = 16  # a step with a drop is corrected in this many sub-steps (a drop's value shows)
+
+
+def drops(client: Client, plan: Plan) -> Drops:
+    """The steps in which a node's counters dropped (a restart), from one query."""
+    end_ms, step_ms, steps = plan
+    first = end_ms - (steps - 1) * step_ms
+    out: Drops = {}
+    query = drops_by_node(DEVICE_HELD, step_ms / 1000, ANCHOR_S)
+    for labels, t, _ in client.range(query, first, end_ms, step_ms):
+        out.setdefault(round(t * 1000), set()).add(labels.get("instance", ""))
+    return out
+
+
+def totals(
+    client: Client, metric: str, by: Sequence[str], plan: Plan, dropped: Drops
+) -> dict[Labels, float]:
+    """Per group of ``by``, the metric's exact increase over the window: last value minus
+    anchor, summed by the server, plus for the nodes and steps with a drop the value before
+    each drop (summed by the server too; the few series it cannot place are read apart)."""
+    end_ms, step_ms, steps = plan
+    sums: dict[Labels, dict[str, float]] = {}
+    query = window_total(metric, by, steps * step_ms / 1000, _anchor_s(step_ms))
+    for labels, _, v in client.instant(query, end_ms):
+        key = _group(labels, by)
+        sums.setdefault(key, {})[labels.get(TAG, "")] = v
+    out = {key: q.get("L", 0.0) - q.get("A", 0.0) for key, q in sums.items()}
+    parts = max(1, min(SUBSTEPS, step_ms // 1000))  # sub-steps of a second at least
+    sub_ms = -(-step_ms // parts)  # rounded up: they cover the step (and a few ms before it)
+    for at_ms, nodes in sorted(dropped.items()):
+        selector = on_nodes(metric, sorted(nodes))
+        first = at_ms - (parts - 1) * sub_ms
+        left: list[int] = []
+        for labels, t, v in client.range(corrections(selector, by, sub_ms / 1000), first,
+                                         at_ms, sub_ms):  # fmt: skip
+            if labels.get(TAG) == "unplaced":
+                left.append(round(t * 1000))
+            else:
+                key = _group(labels, by)
+                out[key] = out.get(key, 0.0) + v
+        for sub_at in left:
+            for labels, v in _unplaced(client, selector, metric, sub_at, sub_ms):
+                key = _group(labels, by)
+                out[key] = out.get(key, 0.0) + v
+    return out
+
+
+def _group(labels: dict[str, str], by: Sequence[str]) -> Labels:
+    return tuple((k, labels.get(k, "")) for k in sorted(by))
+
+
+def _anchor_s(step_ms: int) -> float:
+    return max(ANCHOR_S, step_ms / 1000)
+
+
+def _unplaced(
+    client: Client, selector: str, metric: str, at_ms: int, sub_ms: int
+) -> Iterator[tuple[dict[str, str], float]]:
+    """Series whose drops the server's sums cannot place, in the sub-step ending at
+    ``at_ms``: the increase of their samples there minus their share of last-minus-anchor."""
+    found: dict[Labels, dict[str, float]] = {}
+    query = unplaced(selector, sub_ms / 1000, _anchor_s(sub_ms))
+    for labels, _, v in client.instant(query, at_ms):
+        key = series_key({k: x for k, x in labels.items() if k != TAG})
+        found.setdefault(key, {})[labels.get(TAG, "")] = v
+    if not found:
+        return
+    with client.lock:
+        client.sampled += len(found)
+    nodes = sorted({dict(k).get("instance", "") for k in found})
+    read = client.samples(f"{on_nodes(metric, nodes)}[{duration(sub_ms / 1000)}]", at_ms)
+    samples = {series_key(labels): values for labels, values in read}
+    for key, q in found.items():
+        exact = exact_step(q)
+        if exact is None:
+            exact = from_samples(q.get("A"), samples.get(key, []))
+        yield dict(key), exact - naive(q)

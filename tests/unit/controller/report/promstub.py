@@ -1,0 +1,142 @@
+"""A stand-in for Prometheus that keeps the report's unit tests fast.
+
+It answers two of the report's queries from a table of raw samples per metric: the window
+totals (``controller.report.promql.window_total``: per group the sum of last values and of
+anchors) and the timeline's ``rate()`` per tenant and step, as the real server computes them
+for series without a drop. Every other query answers nothing and the rules API is not served:
+drops, rules and the exactness of it all are checked on the real server
+(``tests/e2e/test_prometheus_report_exact.py``, ``tests/e2e/test_prometheus.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Samples = dict[float, float]  # time → counter value
+Table = dict[str, list[tuple[dict[str, str], Samples]]]  # metric → (labels, samples)
+_TOTAL = re.compile(
+    r"^label_replace\(sum by \(([^)]*)\) \(last_over_time\(([a-z_]+)\[(\d+)ms\]\)\).*"
+    r"last_over_time\([a-z_]+\[(\d+)ms\] offset (\d+)ms\)"
+)
+_RATE = re.compile(r"^sum by \(tenant\) \(rate\(([a-z_]+)\[(\d+)ms\]\)\) \* ([0-9.e+]+)$")
+
+
+def _last(samples: Samples, after: float, until: float) -> float | None:
+    seen = [t for t in samples if after < t <= until]
+    return samples[max(seen)] if seen else None
+
+
+def _matrix(result: list[dict[str, Any]]) -> Any:
+    return {"status": "success", "data": {"resultType": "matrix", "result": result}}
+
+
+def rate_answer(table: Table, query: str, start: float, end: float, step: float) -> Any:
+    """Per tenant and step, the counters' average rise per second over the range, times
+    the step (no resets, no extrapolation), or None for another query."""
+    match = _RATE.match(query)
+    if match is None:
+        return None
+    metric, window, times = match.group(1), int(match.group(2)) / 1000, float(match.group(3))
+    groups: dict[str, dict[float, float]] = {}
+    t = start
+    while t <= end + 1e-6:
+        for labels, samples in table.get(metric, []):
+            seen = sorted(x for x in samples if t - window < x <= t)
+            if len(seen) >= 2:
+                rise = (samples[seen[-1]] - samples[seen[0]]) / (seen[-1] - seen[0])
+                steps = groups.setdefault(labels.get("tenant", ""), {})
+                steps[t] = steps.get(t, 0.0) + rise * times
+        t += step
+    return _matrix(
+        [
+            {"metric": {"tenant": k}, "values": [[at, repr(v)] for at, v in steps.items()]}
+            for k, steps in groups.items()
+        ]
+    )
+
+
+def total_answer(table: Table, query: str, at: float) -> Any:
+    """The ``vector`` answer of a window-total query, or None for another query."""
+    match = _TOTAL.match(query)
+    if match is None:
+        return None
+    by = [b.strip() for b in match.group(1).split(",")]
+    metric, last_range = match.group(2), int(match.group(3)) / 1000
+    anchor_s, window = int(match.group(4)) / 1000, int(match.group(5)) / 1000
+    sums: dict[tuple[str, ...], float] = {}
+    for labels, samples in table.get(metric, []):
+        key = tuple(labels.get(b, "") for b in by)
+        for tag, value in (
+            ("L", _last(samples, at - last_range, at)),
+            ("A", _last(samples, at - window - anchor_s, at - window)),
+        ):
+            if value is not None:
+                sums[(tag, *key)] = sums.get((tag, *key), 0.0) + value
+    result = [
+        {
+            "metric": {**dict(zip(by, key[1:], strict=True)), "tranche_q": key[0]},
+            "value": [at, repr(v)],
+        }
+        for key, v in sums.items()
+    ]
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+def handler(answer: Callable[[str, dict[str, str]], Any]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            parsed = urllib.parse.urlparse(self.path)
+            q = {k: v[0] for k, v in urllib.parse.parse_qs(parsed.query).items()}
+            doc = answer(parsed.path, q)
+            if doc is None:
+                self.send_error(404)
+                return
+            body = json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    return Handler
+
+
+def table_answer(table: Table) -> Callable[[str, dict[str, str]], Any]:
+    """Window totals and timeline rates from ``table``; nothing for other queries; 404 for
+    the rest of the API."""
+
+    def answer(path: str, q: dict[str, str]) -> Any:
+        if path == "/api/v1/query":
+            found = total_answer(table, q["query"], float(q["time"]))
+            empty = {"status": "success", "data": {"resultType": "vector", "result": []}}
+            return found if found is not None else empty
+        if path != "/api/v1/query_range":
+            return None
+        start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
+        found = rate_answer(table, q["query"], start, end, step)
+        return found if found is not None else _matrix([])
+
+    return answer
+
+
+@contextmanager
+def serving(answer: Callable[[str, dict[str, str]], Any]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(answer))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
