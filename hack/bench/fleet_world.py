@@ -83,39 +83,41 @@ def publish(lab: Lab, uids: dict[str, str], plan: dict[str, NodeConfig], profile
     return sum(parallel(sorted(uids), one))
 
 
+def _claim_and_pod(lab: Lab, name: str, request: dict[str, Any]) -> None:
+    """A ResourceClaim ``name`` with one request, and a pod ``name`` that uses it."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    request_json(lab.api, "POST", f"{RESOURCE_V1}/namespaces/{NAMESPACE}/resourceclaims", claim)
+    ref = request["name"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "localhost/none:latest",
+                    "resources": {"claims": [{"name": ref}]},
+                }
+            ],
+            "resourceClaims": [{"name": ref, "resourceClaimName": name}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    request_json(lab.api, "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+
+
 def create_pods(lab: Lab, first: int, count: int, device_class: str) -> list[str]:
     """``count`` pods, each with a claim of its own for one device of ``device_class``."""
 
     def one(i: int) -> str:
         name = f"p-{i:05d}"
-        claim = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]
-                }
-            },
-        }
-        request_json(lab.api, "POST", f"{RESOURCE_V1}/namespaces/{NAMESPACE}/resourceclaims", claim)
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "localhost/none:latest",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "terminationGracePeriodSeconds": 0,
-            },
-        }
-        request_json(lab.api, "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+        _claim_and_pod(lab, name, {"name": "gpu", "exactly": {"deviceClassName": device_class}})
         return name
 
     return parallel(list(range(first, first + count)), one)
@@ -190,40 +192,6 @@ EXPLAINED_POD = "too-big"
 def create_unplaceable_pod(lab: Lab, gpus: int, device_class: str) -> str:
     """A pod whose claim asks for ``gpus`` devices of ``device_class`` on one node, more than
     any node has: it stays pending, and ``tranche explain`` judges every node."""
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": EXPLAINED_POD},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpus",
-                        "exactly": {
-                            "deviceClassName": device_class,
-                            "allocationMode": "ExactCount",
-                            "count": gpus,
-                        },
-                    }
-                ]
-            }
-        },
-    }
-    request_json(lab.api, "POST", f"{RESOURCE_V1}/namespaces/{NAMESPACE}/resourceclaims", claim)
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": EXPLAINED_POD},
-        "spec": {
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "localhost/none:latest",
-                    "resources": {"claims": [{"name": "gpus"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpus", "resourceClaimName": EXPLAINED_POD}],
-        },
-    }
-    request_json(lab.api, "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+    exactly = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": gpus}
+    _claim_and_pod(lab, EXPLAINED_POD, {"name": "gpus", "exactly": exactly})
     return f"{NAMESPACE}/{EXPLAINED_POD}"
