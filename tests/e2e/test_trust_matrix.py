@@ -235,7 +235,11 @@ def _release(m: MatrixNode, *pods: tuple[str, str]) -> None:
     for ns, pod in pods:
         delete_pod(m.pn.api, ns, pod)
     wait_for("the claims unprepared", lambda: not uids & set(m.pn.kubelet.prepared))
-    wait_for("no CDI spec left", lambda: not m.pn.cdi_specs())
+    # Their specs only: a claim refused while they held the node may be prepared meanwhile.
+    wait_for(
+        "no CDI spec left of the released claims",
+        lambda: not [f for f in m.pn.cdi_specs() for uid in uids if uid in f],
+    )
 
 
 def _layers(row: dict[str, tuple[str, str]]) -> dict[str, str]:
