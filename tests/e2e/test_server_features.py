@@ -61,11 +61,15 @@ def test_the_plugin_publishes_mig_placements_in_the_layout_it_discovered(
     )
 
     def published() -> list[dict[str, Any]] | None:
+        # The pool is written slice by slice: wait for all of it (one slice per GPU, and the
+        # counter slices in the split layout), not for the first.
         items = get_json(pn.api, f"{RESOURCE_V1}/resourceslices").get("items", [])
         found = [s for s in items if s["spec"].get("nodeName") == pn.name]
-        return found or None
+        if not found or len(found) < found[0]["spec"]["pool"]["resourceSliceCount"]:
+            return None
+        return found
 
-    slices = wait_for("the node's slices", published)
+    slices = wait_for("the node's whole pool of slices", published)
     migs = [d for s in slices for d in s["spec"].get("devices", []) if "-mig-" in d["name"]]
     assert migs and all(d.get("consumesCounters") for d in migs)
     together = [s for s in slices if "sharedCounters" in s["spec"] and "devices" in s["spec"]]
