@@ -222,3 +222,21 @@ def running_prometheus(
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def backfill(bin_dir: Path, text: str) -> Callable[[Path], None]:
+    """A data-directory writer for the server: ``text`` (OpenMetrics) turned into TSDB blocks by
+    ``promtool tsdb create-blocks-from openmetrics``."""
+
+    def write(data_dir: Path) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        source = data_dir.parent / "backfill.om"
+        source.write_text(text)
+        done = subprocess.run(
+            [str(bin_dir / "promtool"), "tsdb", "create-blocks-from", "openmetrics",
+             str(source), str(data_dir)],
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, f"promtool backfill failed: {done.stdout}{done.stderr}"
+
+    return write

@@ -19,6 +19,7 @@ torn down before the first node starts, so their host changes do not accumulate.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from hack.devcluster.binaries import build_or_find_node
 from hack.devcluster.config import ClusterConfig
@@ -40,6 +42,7 @@ from hack.devcluster.realnode import host
 from hack.devcluster.realnode.node import NODE_BINARIES, RealNodeInfo, RealNodes
 from tests.conftest import unavailable
 from tests.e2e.conftest import Cluster
+from tests.waiting import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +134,23 @@ def _machine_now() -> _MachineBefore:
         paths={p: os.path.lexists(p) for p in host.WATCHED_PATHS},
         iptables=iptables_rules(),
     )
+
+
+def drain_pods(api: client.ApiClient, node_name: str, timeout_s: float = 60) -> None:
+    """Delete every pod bound to ``node_name`` and wait (best effort) until they are gone:
+    the node's kubelet releases their claims, so the plugin unprepares them before it stops."""
+    core = client.CoreV1Api(api)
+
+    def on_node() -> list[client.V1Pod]:
+        pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}")
+        return list(pods.items)
+
+    for pod in on_node():
+        meta = pod.metadata or client.V1ObjectMeta()
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespaced_pod(str(meta.name), str(meta.namespace))
+    with contextlib.suppress(pytest.fail.Exception):
+        wait_for("the real node's pods gone", lambda: not on_node(), timeout_s=timeout_s)
 
 
 def add_real_node(cluster: Cluster, bin_dir: Path, name: str) -> RealNodeInfo:

@@ -12,7 +12,6 @@ is unique per run.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import secrets
 import shutil
@@ -31,7 +30,13 @@ from hack.devcluster.realnode.render import TEST_IMAGE
 from hack.simnode import SimNode, SimNodeConfig
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.real_nodes import add_real_node, leftovers, remove_real_node, sweep_stale_runs
+from tests.e2e.real_nodes import (
+    add_real_node,
+    drain_pods,
+    leftovers,
+    remove_real_node,
+    sweep_stale_runs,
+)
 from tests.e2e.sim_nodes import RESOURCE_V1
 from tests.e2e.workload_cluster import (
     SCHEDULING,
@@ -95,23 +100,7 @@ def plugin(gang_cluster: Cluster, real: RealNodeInfo) -> Iterator[SimNode]:
         yield node
     finally:
         with gang_cluster.api_client() as api:
-            core = client.CoreV1Api(api)
-            for p in core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={real.name}"
-            ).items:
-                meta = p.metadata or client.V1ObjectMeta()
-                with contextlib.suppress(client.ApiException):
-                    core.delete_namespaced_pod(str(meta.name), str(meta.namespace))
-            with contextlib.suppress(pytest.fail.Exception):
-                wait_for(
-                    "the real node's pods gone",
-                    lambda: (
-                        not core.list_pod_for_all_namespaces(
-                            field_selector=f"spec.nodeName={real.name}"
-                        ).items
-                    ),
-                    timeout_s=60,
-                )
+            drain_pods(api, real.name)
         node.stop()
         shutil.rmtree(root, ignore_errors=True)
 

@@ -18,11 +18,10 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.prometheus_server import JOB, prometheus_bin, running_prometheus
+from tests.e2e.prometheus_server import JOB, backfill, prometheus_bin, running_prometheus
 
 __all__ = ["prometheus_bin"]  # the session fixture, used by this module
 
@@ -43,21 +42,6 @@ def _openmetrics(scrape_s: float, now: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _backfill(bin_dir: Path, text: str) -> Callable[[Path], None]:
-    def write(data_dir: Path) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        source = data_dir.parent / "backfill.om"
-        source.write_text(text)
-        done = subprocess.run(
-            [str(bin_dir / "promtool"), "tsdb", "create-blocks-from", "openmetrics",
-             str(source), str(data_dir)],
-            capture_output=True, text=True, check=False, timeout=120,
-        )  # fmt: skip
-        assert done.returncode == 0, f"promtool backfill failed: {done.stdout}{done.stderr}"
-
-    return write
-
-
 def _report_allocated(url: str, since: str) -> float:
     done = subprocess.run(
         [sys.executable, "-m", "driver.cli", "report", "--prometheus", url,
@@ -72,7 +56,7 @@ def _report_allocated(url: str, since: str) -> float:
 
 def _check(prometheus_bin: Path, scrape_s: float, since: str) -> None:
     text = _openmetrics(scrape_s, time.time())
-    with running_prometheus(prometheus_bin, [], prepare_data=_backfill(prometheus_bin, text)) as p:
+    with running_prometheus(prometheus_bin, [], prepare_data=backfill(prometheus_bin, text)) as p:
         stored = p.query(f"count_over_time({ALLOCATED}_total[1h])")
         assert stored, "the backfilled series is queryable"
         reported = _report_allocated(p.url, since)

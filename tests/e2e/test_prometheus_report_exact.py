@@ -24,11 +24,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.prometheus_server import JOB, RULES, prometheus_bin, running_prometheus
+from tests.e2e.prometheus_server import (
+    JOB,
+    RULES,
+    backfill,
+    prometheus_bin,
+    running_prometheus,
+)
 
 __all__ = ["prometheus_bin"]  # the session fixture, used by this module
 
@@ -92,21 +97,6 @@ def _openmetrics(now: float) -> str:
     return "\n".join([*lines, "# EOF"]) + "\n"
 
 
-def _backfill(bin_dir: Path, text: str) -> Callable[[Path], None]:
-    def write(data_dir: Path) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        source = data_dir.parent / "backfill.om"
-        source.write_text(text)
-        done = subprocess.run(
-            [str(bin_dir / "promtool"), "tsdb", "create-blocks-from", "openmetrics",
-             str(source), str(data_dir)],
-            capture_output=True, text=True, check=False, timeout=120,
-        )  # fmt: skip
-        assert done.returncode == 0, f"promtool backfill failed: {done.stdout}{done.stderr}"
-
-    return write
-
-
 def _report(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "driver.cli", "report", "--prometheus", url, *args],
@@ -138,8 +128,8 @@ def _check_exact(doc: dict[str, Any], now: float) -> None:
 
 def test_report_is_exact_across_restarts_and_a_gap(prometheus_bin: Path) -> None:
     now = time.time()
-    backfill = _backfill(prometheus_bin, _openmetrics(now))
-    with running_prometheus(prometheus_bin, [], prepare_data=backfill) as p:
+    write_data = backfill(prometheus_bin, _openmetrics(now))
+    with running_prometheus(prometheus_bin, [], prepare_data=write_data) as p:
         done = _report(p.url, "--since", "6h", "--output", "json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -153,8 +143,8 @@ def test_report_draws_its_timeline_from_the_recording_rules(
 ) -> None:
     now = time.time()
     rules_dir = tmp_path / "rule-blocks"
-    backfill = _backfill(prometheus_bin, _openmetrics(now))
-    with running_prometheus(prometheus_bin, [], prepare_data=backfill) as p:
+    write_data = backfill(prometheus_bin, _openmetrics(now))
+    with running_prometheus(prometheus_bin, [], prepare_data=write_data) as p:
         done = subprocess.run(
             [str(prometheus_bin / "promtool"), "tsdb", "create-blocks-from", "rules",
              f"--start={int(now - 8 * HOUR)}", f"--end={int(now)}", f"--url={p.url}",
@@ -165,7 +155,7 @@ def test_report_draws_its_timeline_from_the_recording_rules(
         without = _report(p.url, "--since", "6h", "--output", "json")
 
     def both(data_dir: Path) -> None:
-        backfill(data_dir)
+        write_data(data_dir)
         for block in rules_dir.iterdir():
             shutil.copytree(block, data_dir / block.name)
 
@@ -194,9 +184,9 @@ def test_bad_sources_are_named(prometheus_bin: Path) -> None:
     assert done.returncode == 1
     assert "no answer within 0.5 s (--timeout / TRANCHE_TIMEOUT)" in done.stderr, done.stderr
 
-    backfill = _backfill(prometheus_bin, _openmetrics(time.time()))
+    write_data = backfill(prometheus_bin, _openmetrics(time.time()))
     with running_prometheus(
-        prometheus_bin, [], extra_args=["--query.timeout=1ms"], prepare_data=backfill
+        prometheus_bin, [], extra_args=["--query.timeout=1ms"], prepare_data=write_data
     ) as p:
         done = _report(p.url, "--since", "6h")
     assert done.returncode == 1

@@ -48,7 +48,13 @@ from hack.kubeletsim.client import ClaimRequest, PluginConnection, Registration
 from hack.simnode import SimNode, SimNodeConfig
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
-from tests.e2e.real_nodes import add_real_node, leftovers, remove_real_node, sweep_stale_runs
+from tests.e2e.real_nodes import (
+    add_real_node,
+    drain_pods,
+    leftovers,
+    remove_real_node,
+    sweep_stale_runs,
+)
 from tests.e2e.sim_nodes import DEVICE_CLASSES, EXAMPLES, REPO, kubectl, sim_gpu_uuids
 from tests.waiting import wait_for
 
@@ -345,23 +351,8 @@ def tn(
         node.wait_registered()
         yield node
     finally:
-        core = client.CoreV1Api(api)
-        pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={real_node.name}")
-        for pod in pods.items:
-            meta = pod.metadata or client.V1ObjectMeta()
-            with contextlib.suppress(client.ApiException):
-                core.delete_namespaced_pod(str(meta.name), str(meta.namespace))
         # The plugin unprepares what the kubelet releases before it stops.
-        with contextlib.suppress(pytest.fail.Exception):
-            wait_for(
-                "the real node's pods gone",
-                lambda: (
-                    not core.list_pod_for_all_namespaces(
-                        field_selector=f"spec.nodeName={real_node.name}"
-                    ).items
-                ),
-                timeout_s=60,
-            )
+        drain_pods(api, real_node.name)
         plugin.stop()
         for s in node.slices():
             with contextlib.suppress(client.ApiException):
