@@ -9,6 +9,10 @@ simulated nodes that run the real plugin (and the kubelet simulator).
   is prepared on any node, and when the group gives up (deleted) nothing is left anywhere.
 * ``matchAttribute`` on ``nvlinkDomain`` decides whether a gang fits nodes with one NVLink
   pair each (profile ``mixed``): the pairs are used, the L4s without NVLink never.
+
+The subject is the scheduler's gang placement over four 8-GPU nodes; the kubelet simulator
+only drives the prepares (four real kubelets do not fit this 2-core machine beside the suite).
+A gang on the real kubelet: tests/e2e/test_gang_real_node.py.
 """
 
 from __future__ import annotations

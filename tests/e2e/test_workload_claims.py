@@ -5,6 +5,12 @@ attribution, MPS limits), and unprepared when the last of them leaves; a group d
 its pods run is unprepared cleanly. (A reservation naming a PodGroup that no longer exists
 lasts only until the resourceclaim controller drops it; the plugin's per-claim errors for it
 are in tests/unit/kubelet_plugin/test_pod_groups.py.)
+
+The kubelet here is the simulator, which follows kubelet v1.37.2 in accepting a reservation
+for the pod's group. Where the kubelet is the subject (one prepare per node for the group's
+pods, unprepare after the last of them) the test that counts is the real kubelet's,
+tests/e2e/test_gang_real_node.py; this module adds what the plugin does with the group
+(its pods in the checkpoint, a group deleted under running pods) on nodes the test can read.
 """
 
 from __future__ import annotations
