@@ -70,6 +70,7 @@ PERIOD_SLACK = (
     1.1  # a sample's period: the wait plus the sample itself (a few ms, more on a busy machine)
 )
 ALLOCATED = "tranche_tenant_gpu_allocated_seconds_total"
+SCHEDULER_RETRY_S = 150  # a pod the scheduler found unschedulable is retried within ~1 min
 FAKE_MPS = REPO / "tests" / "fixtures" / "fake-mps-control"
 MIG_1G = 1 / 7  # docs/metrics.md: a MIG device's size is its compute slices / 7
 Key = tuple[str, str]  # (namespace, tenant)
@@ -304,9 +305,17 @@ def scenario(cluster: Cluster, prometheus_bin: Path) -> Iterator[Scenario]:
             pn = nodes[w.node]
             for pod in _apply(cluster, w, pn.name):
                 pods.append((w, pod, _claim_uid(pn, w.namespace, pod)))
+        # Two shares of one device placed at once can wait for the scheduler's retry: while
+        # the first share's claim is both in flight and in the assume cache, kube-scheduler
+        # 1.37 counts its consumed capacity twice (docs/sharing.md, "Known limits"), so the
+        # second share does not fit until the scheduler tries again, up to a minute later.
         for w, pod, uid in pods:
             prepared = nodes[w.node].kubelet.prepared
-            wait_for(f"claim of {w.namespace}/{pod} prepared", lambda: prepared.get(uid))  # noqa: B023
+            wait_for(
+                f"claim of {w.namespace}/{pod} prepared",
+                lambda: prepared.get(uid),  # noqa: B023
+                SCHEDULER_RETRY_S,
+            )
 
         # Count a while, restart node b's plugin, count a while again.
         train = (ns["train"], "red")
