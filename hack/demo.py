@@ -16,6 +16,7 @@ Run: ``.venv/bin/python -m hack.demo`` (``--keep`` leaves the cluster running).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -37,6 +38,7 @@ from hack.devcluster.errors import ClusterError
 from hack.devcluster.launcher import DevCluster
 from hack.devcluster.nodes import add_node
 from hack.devcluster.pki import Pki
+from hack.devcluster.realnode.machine_lock import machine_lock
 from hack.devcluster.realnode.node import RealNodes
 from hack.devcluster.realnode.render import TEST_IMAGE
 from hack.kubeletsim import KubeletSimulator
@@ -194,11 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     bin_dir = build_or_find()
     node_bins: Path | None = None
     why_not = real_node_unavailable()
+    held = contextlib.ExitStack()  # the machine's real-node lock, for as long as the demo runs
     if why_not is None:
         try:
             node_bins = build_or_find_node()
         except ClusterError as e:
             why_not = f"no node binaries ({e})"
+    if why_not is None:
+        try:
+            held.enter_context(machine_lock(0.0))
+        except ClusterError as e:
+            node_bins = None
+            why_not = f"another run uses real nodes on this machine ({e})"
     if why_not is not None:
         say(f"no real node: {why_not}; the kubelet simulator plays the kubelet")
     work = Path(tempfile.mkdtemp(prefix="tranche-demo-", dir="/tmp"))
@@ -323,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                 node.stop()
             cluster.down()
             shutil.rmtree(work, ignore_errors=True)
+        held.close()
 
 
 if __name__ == "__main__":

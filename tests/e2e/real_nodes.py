@@ -1,8 +1,13 @@
 """Fixtures for real nodes: a kubelet v1.37.2 and a containerd per node, joined to ``cluster``.
 
+* ``real_node_machine`` (session): the machine's real-node lock
+  (``hack/devcluster/realnode/machine_lock.py``), held to the end of the session, so that
+  another session's real nodes never count as this one's leftovers; a second session waits
+  for it (``$TRANCHE_REAL_NODE_LOCK_WAIT_S``, default 3600 s), then fails naming the holder.
 * ``node_bin_dir`` (session): kubelet, containerd, shim and ctr from
   ``$TRANCHE_NODE_BIN_DIR`` or ``hack/build-node.sh`` (cached; installs runc, the CNI
-  plugins and busybox-static when missing).
+  plugins and busybox-static when missing). Every real-node fixture needs it, so it takes
+  the machine's lock.
 * ``real_node`` (session): one real node ``rn1``, Ready; a :class:`RealNode` handle.
   At the end it is removed and the machine is checked: no process, mount, cgroup, link or
   directory of the node is left, the sysctls and machine paths are as before, and
@@ -39,6 +44,7 @@ from hack.devcluster.launcher import DevCluster
 from hack.devcluster.pki import Pki
 from hack.devcluster.processes import log_tail
 from hack.devcluster.realnode import host
+from hack.devcluster.realnode.machine_lock import machine_lock
 from hack.devcluster.realnode.node import NODE_BINARIES, RealNodeInfo, RealNodes
 from tests.conftest import unavailable
 from tests.e2e.conftest import Cluster
@@ -50,10 +56,29 @@ RealNode = RealNodeInfo
 
 _LOGS = pytest.StashKey[Path]()
 _LOG_TAIL_LINES = 60
+LOCK_WAIT_S = 3600.0
 
 
 @pytest.fixture(scope="session")
-def node_bin_dir() -> Path:
+def real_node_machine() -> Iterator[None]:
+    if os.geteuid() != 0:
+        unavailable("real nodes need root (cgroups, mounts, network links)")
+    wait_s = float(os.environ.get("TRANCHE_REAL_NODE_LOCK_WAIT_S") or LOCK_WAIT_S)
+
+    def waiting(holder: str) -> None:
+        log.warning(
+            "waiting for the machine's real-node lock holder=%r wait_s=%.0f", holder, wait_s
+        )
+
+    try:
+        with machine_lock(wait_s, on_wait=waiting):
+            yield
+    except ClusterError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def node_bin_dir(real_node_machine: None) -> Path:
     if os.geteuid() != 0:
         unavailable("real nodes need root (cgroups, mounts, network links)")
     override = os.environ.get("TRANCHE_NODE_BIN_DIR")
