@@ -17,7 +17,17 @@ Other layouts (``layout=``), for API servers that do not accept this one
 
 * ``combined`` (Kubernetes 1.34, partitionable devices before the 1.35 reshape): each
   GPU's counter set lives in the slice of that GPU's devices (``sharedCounters`` and
-  ``devices`` together, which 1.35+ refuses);
+  ``devices`` together, which 1.35+ refuses). The GPU's share devices come first in its
+  slice: the 1.34 scheduler re-checks a request's capacity against the slice's device at
+  the index of the request's device count (``allocateDevice`` in k8s.io/dynamic-resource-
+  allocation v0.34.4, ``CmpRequestOverCapacity(..., r.deviceIndex)``; fixed in v0.35), so
+  a one-device share request is checked against the first device of the slice, which must
+  then be a share device with the same capacities (``shares`` exists on no other device).
+  For the same reason the devices of GPUs without a counter set (whole GPUs only, the
+  default) share slices (``gpus``, split at the device limit) instead of one slice per GPU:
+  with one device per slice, a request for two devices indexes past the end and the 1.34
+  scheduler panics (``index out of range [1] with length 1``) when ``DRAConsumableCapacity``
+  is on;
 * ``none`` (partitionable devices off in the API server): no counters at all; whole GPUs and
   existing (static) MIG instances are published, dynamic MIG placements and the share
   devices that would overlap the whole GPU are not.
@@ -409,6 +419,7 @@ def build_slices(
 
     specs: list[tuple[str, Json]] = []
     if layout == "combined":
+        plain: list[Json] = []
         sets = {c["name"]: c for c in counter_sets}
         for gpu_name, devices in device_groups:
             if len(devices) > MAX_DEVICES:
@@ -416,13 +427,15 @@ def build_slices(
                     f"{gpu_name}: {len(devices)} devices, more than the {MAX_DEVICES} one "
                     "slice may hold with its counters (Kubernetes 1.34 layout)"
                 )
-            content: Json = {"devices": devices}
+            # Share devices first (module docstring, ``combined``); sorted() is stable.
+            ordered = sorted(devices, key=lambda d: not d.get("allowMultipleAllocations"))
             own = sets.get(counter_set_name(gpu_name))
-            if own is not None:
-                content = {"sharedCounters": [own], **content}
-            specs.append((gpu_name, content))
+            if own is None:
+                plain.extend(ordered)  # no counters: into the node's shared slices of GPUs
+                continue
+            specs.append((gpu_name, {"sharedCounters": [own], "devices": ordered}))
         counter_sets = []
-        device_groups = []
+        device_groups = [("gpus", plain)] if plain else []
     for i in range(0, len(counter_sets), MAX_COUNTER_SETS):
         part = counter_sets[i : i + MAX_COUNTER_SETS]
         specs.append((f"counters-{i // MAX_COUNTER_SETS}", {"sharedCounters": part}))

@@ -10,7 +10,13 @@ from dataclasses import replace
 import pytest
 from kubernetes import client
 
-from driver.devices.inventory import DYNAMIC_MIG, Inventory, MigDevice, build_inventory
+from driver.devices.inventory import (
+    DYNAMIC_MIG,
+    AdvertiseConfig,
+    Inventory,
+    MigDevice,
+    build_inventory,
+)
 from driver.nvml.sim import create_state, open_simulated
 from tests.e2e.dra_objects import (
     NODE_LABEL,
@@ -84,13 +90,29 @@ def test_cel_selectors(
         assert check(inventory.device(device)), device
 
 
+COUNTER_LEAK_1_34 = (
+    "kube-scheduler 1.34 charges a candidate GPU's counters before it checks the claim's "
+    "matchAttribute constraint and does not give them back when the constraint rejects it "
+    "(allocateDevice, k8s.io/dynamic-resource-allocation v0.34.4), so GPUs tried and rejected "
+    "as a pair's second device look used up: docs/install.md, version table"
+)
+
+
+@pytest.mark.parametrize("advertise", [AdvertiseConfig(), DYNAMIC_MIG], ids=["gpus", "dynamic-mig"])
 def test_two_gpu_claim_lands_on_nvlink_peers(
-    api: client.ApiClient, namespace: str, make_node: Callable[..., str]
+    api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    advertise: AdvertiseConfig,
+    k8s_version: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    if advertise is DYNAMIC_MIG and k8s_version == "1.34":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=COUNTER_LEAK_1_34))
     u = [h100(i).uuid for i in range(4)]
     gpus = [h100(0, peers=(u[1],)), h100(1, peers=(u[0],)),
             h100(2, peers=(u[3],)), h100(3, peers=(u[2],))]  # fmt: skip
-    inventory = build_inventory(gpus, SYSTEM, DYNAMIC_MIG)
+    inventory = build_inventory(gpus, SYSTEM, advertise)
     node = _node(make_node, "sched-nvlink")
     whole = f'{A}.type == "gpu"'
     with device_class(api) as cls, publishing(api, node, inventory):

@@ -19,6 +19,8 @@ from driver.devices.slices import (
     slice_name,
 )
 from driver.errors import ConfigError
+from driver.sharing.devices import share_devices
+from driver.sharing.settings import SharingConfig
 from tests.unit.gpu_values import MIB, SYSTEM, a100, h100, l4
 
 NODE = "node-a"
@@ -265,6 +267,37 @@ def test_kubernetes_134_layout_keeps_each_gpus_counters_in_its_own_slice() -> No
     # The same devices, counters and consumption as the 1.35+ layout, only arranged differently.
     assert _by_name(combined) == _by_name(split)
     assert _counter_sets(combined) == _counter_sets(split)
+
+
+def test_kubernetes_134_layout_puts_each_gpus_share_devices_first() -> None:
+    """The 1.34 scheduler checks a one-device request's capacities against the first device
+    of the slice it picks from (k8s.io/dynamic-resource-allocation v0.34.4): an MPS share
+    asking for ``shares`` was checked against the whole GPU, which has none, and never fit."""
+    inv = build_inventory([l4(0), l4(1)], SYSTEM, DYNAMIC_MIG)
+    shares = share_devices(inv, SharingConfig(groups=("blue", "green")))
+    combined = build_slices(inv, NODE, layout="combined", extra_devices=shares)
+    split = build_slices(inv, NODE, extra_devices=shares)
+    for s in combined:
+        names = [d["name"] for d in s["spec"]["devices"]]
+        multi = [bool(d.get("allowMultipleAllocations")) for d in s["spec"]["devices"]]
+        assert multi == sorted(multi, reverse=True), names  # every share device first
+        assert multi[0] and "shares" in s["spec"]["devices"][0]["capacity"]
+        assert not all(multi)  # the whole GPU is still there, after them
+    assert _by_name(combined) == _by_name(split)  # the same devices, only ordered differently
+
+
+def test_kubernetes_134_layout_keeps_gpus_without_counters_together() -> None:
+    """With one device per slice, a claim for two GPUs made the 1.34 scheduler index past
+    the end of the slice and panic (k8s.io/dynamic-resource-allocation v0.34.4)."""
+    advertise = AdvertiseConfig({"*": ("gpu",), h100(0).uuid: ("gpu", "mig")})
+    inv = build_inventory([h100(i) for i in range(8)], SYSTEM, advertise)
+    combined = build_slices(inv, NODE, layout="combined")
+    with_counters = [s for s in combined if s["spec"].get("sharedCounters")]
+    plain = [s for s in combined if not s["spec"].get("sharedCounters")]
+    assert len(with_counters) == 1  # GPU 0 with its MIG slots and its own counters
+    (together,) = plain
+    assert sorted(d["name"] for d in together["spec"]["devices"]) == [g.name for g in inv.gpus[1:]]
+    assert _by_name(combined) == _by_name(build_slices(inv, NODE))
 
 
 def test_without_partitionable_devices_only_non_overlapping_devices_are_published() -> None:
