@@ -59,12 +59,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reasons.append(
                 f"{item.nodeid}: real nodes run kubelet v1.37.2 (newer than this server)"
             )
-        elif "trust_policy" in names and _minor(version) < (1, 35):
-            dropped.append(item)
-            reasons.append(
-                f"{item.nodeid}: KNOWN INCOMPATIBILITY: 1.34 refuses the claim-trust "
-                "ValidatingAdmissionPolicy (its CEL has no flatten(); docs/install.md)"
-            )
         elif need is not None and _minor(version) < _minor(str(need.kwargs["min"])):
             dropped.append(item)
             why = need.kwargs.get("reason", "")

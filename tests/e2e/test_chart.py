@@ -99,11 +99,6 @@ def render(helm: str, release: str, namespace: str, *args: str) -> list[Obj]:
 
 
 @pytest.mark.matrix
-@pytest.mark.k8s(
-    min="1.35",
-    reason="KNOWN INCOMPATIBILITY: 1.34 refuses the claim-trust ValidatingAdmissionPolicy "
-    "(its CEL has no flatten(); docs/install.md#kubernetes-versions)",
-)
 @pytest.mark.parametrize("values", sorted(VALUE_SETS))
 def test_chart_renders_and_the_api_server_accepts_every_object(
     helm: str, cluster: Cluster, namespace: str, values: str
