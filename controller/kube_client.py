@@ -20,6 +20,7 @@ from kubernetes import client
 from driver.errors import ApiUnavailable, PermanentError
 from driver.flags import add_flag
 from driver.kube.client import send
+from driver.kube.features import served_resources, taint_rule_version
 
 Json = dict[str, Any]
 
@@ -70,3 +71,24 @@ def request(
         return answer.json()
     except ValueError as e:
         raise ApiCallError(f"{what}: the answer is not JSON ({e})", answer.status) from e
+
+
+GROUP_PATH = "/apis/resource.k8s.io"
+
+
+def taint_rules_version(api: client.ApiClient) -> tuple[str | None, list[str]]:
+    """The newest ``resource.k8s.io`` version serving DeviceTaintRule (None when none does),
+    and every version served (discovery)."""
+    group = request(api, "API group resource.k8s.io", "GET", GROUP_PATH) or {}
+    docs = {
+        str(v["version"]): request(
+            api, f"resource.k8s.io/{v['version']}", "GET", f"{GROUP_PATH}/{v['version']}"
+        )
+        or {}
+        for v in group.get("versions", ())
+    }
+    return taint_rule_version(served_resources(docs)), sorted(docs)
+
+
+def taint_rules_path(version: str) -> str:
+    return f"{GROUP_PATH}/{version}/devicetaintrules"

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 from kubernetes import client
 
-from controller.kube_client import Json, request
+from controller.kube_client import Json, request, taint_rules_path, taint_rules_version
 from driver.errors import DeviceNotFound
 from driver.kube.client import RESOURCE_V1
-from driver.kube.features import served_resources, taint_rule_version
 
 DEFAULT_DRIVER = "gpu.tranche.dev"
 
@@ -109,27 +108,6 @@ def rule_selects(rule: Json, device: ClusterDevice) -> bool:
     wanted = (selector.get("driver"), selector.get("pool"), selector.get("device"))
     have = (device.driver, device.pool, device.name)
     return all(w is None or w == h for w, h in zip(wanted, have, strict=True))
-
-
-GROUP_PATH = "/apis/resource.k8s.io"
-
-
-def taint_rules_version(api: client.ApiClient) -> tuple[str | None, list[str]]:
-    """The newest ``resource.k8s.io`` version serving DeviceTaintRule (None when none does),
-    and every version served (discovery)."""
-    group = request(api, "API group resource.k8s.io", "GET", GROUP_PATH) or {}
-    docs = {
-        str(v["version"]): request(
-            api, f"resource.k8s.io/{v['version']}", "GET", f"{GROUP_PATH}/{v['version']}"
-        )
-        or {}
-        for v in group.get("versions", ())
-    }
-    return taint_rule_version(served_resources(docs)), sorted(docs)
-
-
-def taint_rules_path(version: str) -> str:
-    return f"{GROUP_PATH}/{version}/devicetaintrules"
 
 
 def read_view(

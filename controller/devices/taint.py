@@ -29,10 +29,14 @@ from controller.devices.lookup import (
     ClusterDevice,
     find_device,
     read_view,
+)
+from controller.kube_client import (
+    Json,
+    add_kubeconfig_flag,
+    request,
     taint_rules_path,
     taint_rules_version,
 )
-from controller.kube_client import Json, add_kubeconfig_flag, request
 from driver.cli import Command
 from driver.errors import DeviceNotFound, TrancheError
 from driver.flags import add_flag

@@ -14,7 +14,7 @@ from controller.explain.model import (
     class_drivers,
     inventory_from,
 )
-from controller.kube_client import request
+from controller.kube_client import request, taint_rules_path, taint_rules_version
 from driver.kube.client import RESOURCE_V1
 
 
@@ -40,7 +40,9 @@ def read_cluster(api: client.ApiClient, driver: str) -> ClusterRead:
         f"{RESOURCE_V1}/resourceslices",
         {"fieldSelector": f"spec.driver={driver}"},
     )
-    rules = _items(api, "DeviceTaintRules", f"{RESOURCE_V1}/devicetaintrules")
+    # DeviceTaintRule is v1 from 1.37, v1beta2 in 1.36, v1alpha3 before (or not served).
+    version, _ = taint_rules_version(api)
+    rules = _items(api, "DeviceTaintRules", taint_rules_path(version)) if version else []
     claims = _items(api, "ResourceClaims", f"{RESOURCE_V1}/resourceclaims")
     classes = _items(api, "DeviceClasses", f"{RESOURCE_V1}/deviceclasses")
     nodes = _items(api, "Nodes", "/api/v1/nodes")
