@@ -92,9 +92,10 @@ make_local_base() {
   [ -f "$apt_sources" ] || apt_sources=/etc/apt/sources.list
   local rootfs="$out/base-rootfs.tar"
   say "making base $local_base from Debian $suite packages (mmdebstrap, sources $apt_sources)"
-  # python3 (full standard library), python3-venv (ensurepip, for the build stage) and the CA
-  # certificates; no docs, man pages, locales or apt lists.
-  $sudo mmdebstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+  # python3 (full standard library), python3-venv (ensurepip, for the build stage), the CA
+  # certificates, and unshare and mount (util-linux, mount: each MPS daemon's /dev/shm shared
+  # with its clients, driver/sharing/mps_shm.py); no docs, man pages, locales or apt lists.
+  $sudo mmdebstrap --variant=minbase --include=python3,python3-venv,ca-certificates,mount,util-linux \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
     --dpkgopt='path-exclude=/usr/share/info/*' \

@@ -17,6 +17,7 @@ from driver.faults import NO_FAULTS, FaultPoints
 from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
 from driver.prepare.executor import Guard, StepHandler, TimeSliceHandler, exclusivity_guard
 from driver.prepare.plan import ShareTarget
+from driver.sharing import mps_shm
 from driver.sharing.devices import mps_memory_enforced, share_devices, share_targets
 from driver.sharing.guard import ModeGuard
 from driver.sharing.mig import (
@@ -118,6 +119,7 @@ class SharingNode:
             ready_timeout_s=config.mps_ready_timeout_s,
             faults=faults,
             cgroups=config.mps_cgroups,
+            shared_shm=mps_shm.resolve(config.mps_shared_shm),
         )
         self.supervisor = MpsSupervisor(self.daemons, config.mps_check_interval_s)
         gpus = [g.uuid for g in inventory.gpus if g.advertised]

@@ -50,6 +50,7 @@ from driver.prepare.cdi import ContainerEdits, Mount
 from driver.prepare.config import MIB, MpsConfig
 from driver.prepare.executor import StepOutcome
 from driver.prepare.plan import Plan, PlannedDevice, StartMps, Step
+from driver.sharing import mps_shm
 from driver.sharing.mps_limits import MpsMemoryLimits
 
 log = logging.getLogger(__name__)
@@ -147,9 +148,11 @@ class MpsDaemons:
         faults: FaultPoints = NO_FAULTS,
         environ: Mapping[str, str] | None = None,
         cgroups: Sequence[Path] = (),
+        shared_shm: bool = False,
     ) -> None:
         self.binary = binary
         self.cgroups = tuple(cgroups)
+        self.shared_shm = shared_shm  # mps_shm: the daemon's /dev/shm shared with its clients
         self.root = root
         self._nvml = nvml
         self._ready_timeout_s = ready_timeout_s
@@ -171,14 +174,32 @@ class MpsDaemons:
     def log_dir(self, key: str) -> Path:
         return self.dir(key) / "log"
 
+    def shm_dir(self, key: str) -> Path:
+        return self.dir(key) / "shm"
+
+    def shm_of(self, key: str) -> Path | None:
+        """The directory behind the ``/dev/shm`` of the daemon of ``key``, as its record says
+        (a daemon adopted from another plugin process keeps the one it was started with)."""
+        try:
+            raw = json.loads((self.dir(key) / RECORD).read_text())
+        except (OSError, ValueError):
+            return None
+        shm = raw.get("shm_dir") if isinstance(raw, dict) else None
+        return Path(shm) if isinstance(shm, str) and shm else None
+
     def _env(self, spec: DaemonSpec) -> dict[str, str]:
-        return self._environ | {
-            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(spec.key)),
-            "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir(spec.key)),
-            "CUDA_VISIBLE_DEVICES": spec.uuid,
-            MARK_ROOT: str(self.root.resolve()),
-            MARK_KEY: spec.key,
-        }
+        shm = {mps_shm.ENV_SHM: str(self.shm_dir(spec.key))} if self.shared_shm else {}
+        return (
+            self._environ
+            | shm
+            | {
+                "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(spec.key)),
+                "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir(spec.key)),
+                "CUDA_VISIBLE_DEVICES": spec.uuid,
+                MARK_ROOT: str(self.root.resolve()),
+                MARK_KEY: spec.key,
+            }
+        )
 
     # records --------------------------------------------------------------------------------
 
@@ -213,6 +234,7 @@ class MpsDaemons:
                 "pgid": pgid,
                 "pids": list(pids),
                 "pipe_dir": str(self.pipe_dir(spec.key)),
+                "shm_dir": str(self.shm_dir(spec.key)) if self.shared_shm else None,
             },
             indent=2,
         ).encode()
@@ -282,10 +304,12 @@ class MpsDaemons:
             self._start(spec)
 
     def _start(self, spec: DaemonSpec) -> None:
-        command = self._launch_command()  # before any side effect: it may refuse the cgroups
+        command = self._launch_command(spec.key)  # before any side effect: may refuse cgroups
         pipe, logs = self.pipe_dir(spec.key), self.log_dir(spec.key)
         pipe.mkdir(parents=True, exist_ok=True)
         logs.mkdir(parents=True, exist_ok=True)
+        if self.shared_shm:
+            mps_shm.make_dir(self.shm_dir(spec.key))
         for leftover in pipe.iterdir():
             if leftover.is_file() or leftover.is_fifo() or leftover.is_socket():
                 leftover.unlink()
@@ -325,11 +349,16 @@ class MpsDaemons:
             self.pipe_dir(spec.key),
         )
 
-    def _launch_command(self) -> list[str]:
-        """``<binary> -d``; with ``cgroups``, from a shell that first moves itself into each
-        (created when missing), so the daemon it forks is outside the plugin's cgroup."""
+    def _launch_command(self, key: str) -> list[str]:
+        """``<binary> -d``; with a shared ``/dev/shm``, in a mount namespace of its own with
+        the daemon's shm directory on ``/dev/shm`` (:mod:`driver.sharing.mps_shm`); with
+        ``cgroups``, from a shell that first moves itself into each (created when missing), so
+        the daemon it forks is outside the plugin's cgroup."""
+        command = [self.binary, "-d"]
+        if self.shared_shm:
+            command = mps_shm.bind_command(self.shm_dir(key), command)
         if not self.cgroups:
-            return [self.binary, "-d"]
+            return command
         for cgroup in self.cgroups:
             try:
                 cgroup.mkdir(parents=True, exist_ok=True)
@@ -342,8 +371,12 @@ class MpsDaemons:
                     f"MPS control daemon cgroup {cgroup} is not a cgroup (no cgroup.procs): "
                     "on cgroup v1 name one directory per hierarchy (mpsCgroups)"
                 )
-        script = 'b=$1; shift; for d; do echo $$ > "$d/cgroup.procs" || exit 1; done; exec "$b" -d'
-        return ["/bin/sh", "-c", script, "sh", self.binary, *map(str, self.cgroups)]
+        script = (
+            'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1/cgroup.procs" || exit 1; '
+            'shift; n=$((n - 1)); done; exec "$@"'
+        )
+        return ["/bin/sh", "-c", script, "sh", str(len(self.cgroups)),
+                *map(str, self.cgroups), *command]  # fmt: skip
 
     def _await_ready(self, spec: DaemonSpec, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self._ready_timeout_s
@@ -584,10 +617,17 @@ class MpsHandler:
                 mounts=(
                     Mount(str(self._daemons.pipe_dir(key)), PIPE_IN_CONTAINER, ("rbind", "rw")),
                     Mount(str(self._daemons.log_dir(key)), LOG_IN_CONTAINER, ("rbind", "ro")),
+                    *self._shm_mount(key),
                 ),
             )
         self._limit(step, plan, step.pods)
         return StepOutcome(edits=edits)
+
+    def _shm_mount(self, key: str) -> tuple[Mount, ...]:
+        shm = self._daemons.shm_of(key)
+        if shm is None:
+            return ()
+        return (Mount(str(shm), mps_shm.SHM_IN_CONTAINER, ("rbind", "rw", "nosuid", "nodev")),)
 
     def _limit(self, step: StartMps, plan: Plan, pods: Sequence[str]) -> None:
         if self._limits is None:

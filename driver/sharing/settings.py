@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -47,6 +47,8 @@ class SharingConfig(BaseModel):
     # them) the MPS control daemons start in, outside the plugin container's cgroup, so that
     # stopping the container does not end them; empty: the plugin's own cgroup.
     mps_cgroups: tuple[Path, ...] = Field(default=(), alias="mpsCgroups")
+    # One /dev/shm for each MPS daemon and its clients: auto, on or off (mps_shm.py).
+    mps_shared_shm: Literal["auto", "on", "off"] = Field(default="auto", alias="mpsSharedShm")
     mig_minors: Path = Field(default=DEFAULT_MIG_MINORS, alias="migMinors")
     cgroup_root: Path = Field(default=Path("/sys/fs/cgroup"), alias="cgroupRoot")
 

@@ -500,10 +500,12 @@ def test_helm_upgrade_rolls_the_plugin_while_claims_keep_working(install: Instal
 
 
 # The MPS client: every second, whether the daemon's control socket is in its pipe directory,
-# and which socket it is (a daemon started again binds a new one).
+# which socket it is (a daemon started again binds a new one), and what the daemon wrote to
+# its /dev/shm as the client's /dev/shm shows it (the simulated daemon writes its pid there).
 MPS_CLIENT = (
     "while true; do if [ -S /tmp/nvidia-mps/control ]; then "
-    'echo "SERVED inode=$(/bin/busybox stat -c %i /tmp/nvidia-mps/control)"; '
+    'echo "SERVED inode=$(/bin/busybox stat -c %i /tmp/nvidia-mps/control)'
+    ' shm=$(cat /dev/shm/tranche-mps-daemon 2>/dev/null)"; '
     'else echo "NOT SERVED"; fi; sleep 1; done'
 )
 
@@ -569,6 +571,9 @@ def test_an_mps_daemon_outlives_the_plugin_roll_and_is_adopted_not_doubled(
     record = json.loads(record_path.read_text())
     key, pipe_dir = record["spec"]["key"], Path(record["pipe_dir"])
     (pid,) = daemon_pids(mps_root, key)
+    # The installed plugin (privileged, the image's unshare and mount) gave the daemon and
+    # the client one /dev/shm: what the daemon wrote there, the client reads.
+    assert before.endswith(f" shm={pid}"), (before, pid)
     starts = pipe_dir.parent / "log" / "starts.log"
     (started,) = starts.read_text().splitlines()
     assert started.endswith(f" devices={record['spec']['uuid']}"), started

@@ -480,7 +480,10 @@ def test_mps_share_pod_sees_the_daemons_pipe_and_its_limits(
     docs = example("mps-shares.yaml")
     pod = next(d for d in docs if d["kind"] == "Pod")
     script = (
-        SHOW + 'echo "PIPE=$(test -p /tmp/nvidia-mps/control && echo fifo)"; ' + "exec sleep 3600"
+        SHOW
+        + 'echo "PIPE=$(test -p /tmp/nvidia-mps/control && echo fifo)"; '
+        + 'echo "SHM=$(cat /dev/shm/tranche-mps-daemon 2>/dev/null)"; '
+        + "exec sleep 3600"
     )
     docs = [d for d in docs if d["kind"] != "Pod"] + [real_pod(pod, tn.name, script)]
     kubectl(tn.cluster, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump_all(docs))
@@ -493,7 +496,12 @@ def test_mps_share_pod_sees_the_daemons_pipe_and_its_limits(
     assert seen.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert seen.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     assert seen.env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
-    assert "PIPE=fifo" in tn.log(namespace, "mps-worker"), "the daemon's pipe is mounted"
+    log = tn.log(namespace, "mps-worker")
+    assert "PIPE=fifo" in log, "the daemon's pipe is mounted"
+    # The container's /dev/shm is the daemon's: the (stand-in) daemon wrote its pid there, as
+    # a real MPS server its shared memory (driver/sharing/mps_shm.py).
+    shm = re.search(r"^SHM=(\d+)$", log, re.MULTILINE)
+    assert shm is not None, f"the daemon's /dev/shm is not the container's: {log}"
     tn.delete_and_unprepared(namespace, ["mps-worker"], [claim["metadata"]["uid"]])
 
 

@@ -106,14 +106,18 @@ exit 0
 
 def write_mps_control(bin_dir: Path, *, python: str | None = None) -> Path:
     """``<bin_dir>/nvidia-cuda-mps-control``: the simulated MPS control daemon
-    (:mod:`driver.nvml.sim.mps_control`), run by ``python`` (default: this interpreter)."""
+    (:mod:`driver.nvml.sim.mps_control`), run by ``python`` (default: this interpreter) from
+    the same ``driver`` package as the process that writes it (its directory comes first on
+    the daemon's ``sys.path``), whatever the interpreter would import by default."""
     path = bin_dir / "nvidia-cuda-mps-control"
+    code_root = str(Path(__file__).resolve().parents[3])
     _write(
         path,
         f"#!{python or sys.executable}\n"
         '"""Simulated nvidia-cuda-mps-control (Tranche): driver.nvml.sim.mps_control."""\n'
         "import sys\n\n"
-        "from driver.nvml.sim.mps_control import main\n\n"
+        f"sys.path.insert(0, {code_root!r})\n"
+        "from driver.nvml.sim.mps_control import main  # noqa: E402\n\n"
         "sys.exit(main())\n",
         0o755,
     )

@@ -15,7 +15,10 @@ Shipped in the simulated driver root (:mod:`driver.nvml.sim.driver_root`) as
   <dev>``; anything else is answered with an error line, as the real one does.
 
 For tests the daemon also appends every command to ``commands.log`` and its start (pid,
-``CUDA_VISIBLE_DEVICES``) to ``starts.log`` in the log directory. Fault knobs (environment
+``CUDA_VISIBLE_DEVICES``) to ``starts.log`` in the log directory; started with
+``TRANCHE_MPS_SHM`` (the plugin gave it a ``/dev/shm`` shared with its clients) it writes its
+pid to ``/dev/shm/tranche-mps-daemon`` and removes it at ``quit``, as the real server leaves
+its shared memory there for the clients to map. Fault knobs (environment
 of ``-d``): ``TRANCHE_SIM_MPS_FAIL_START=1`` makes the start fail (exit 1),
 ``TRANCHE_SIM_MPS_SLOW_START=<seconds>`` delays the control socket.
 """
@@ -30,6 +33,8 @@ import time
 from pathlib import Path
 
 CONNECT_TIMEOUT_S = 5.0
+SHM_MARK = Path("/dev/shm/tranche-mps-daemon")
+SHM_ENV = "TRANCHE_MPS_SHM"
 FAIL_START = "TRANCHE_SIM_MPS_FAIL_START"
 SLOW_START = "TRANCHE_SIM_MPS_SLOW_START"
 
@@ -75,6 +80,9 @@ class _Daemon:
     def serve(self) -> None:
         # Bound by a relative name: a Unix socket path must stay under 108 bytes, and the
         # pipe directory may be deep (a test's temporary directory).
+        shared = bool(os.environ.get(SHM_ENV))
+        if shared:  # before the control socket: a client that connects finds it
+            SHM_MARK.write_text(f"{os.getpid()}\n")
         os.chdir(self.pipe)
         control = Path("control")
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -102,6 +110,8 @@ class _Daemon:
                         break
         server.close()
         control.unlink(missing_ok=True)
+        if shared:
+            SHM_MARK.unlink(missing_ok=True)
         _append(self.logs / "control.log", f"[{time.ctime()}] Control daemon exited")
 
 

@@ -89,3 +89,28 @@ def test_the_start_fault_knob_refuses_the_start(mps: Mps) -> None:
     assert done.returncode == 1
     assert "TRANCHE_SIM_MPS_FAIL_START" in done.stderr
     assert mps.starts() == []
+
+
+def test_the_simulated_daemon_runs_the_code_of_the_plugin_that_wrote_it(tmp_path: Path) -> None:
+    """Another checkout's ``driver`` package first on the interpreter's path (a shared
+    virtual environment's editable install, say) must not replace the writer's: the daemon
+    is part of the simulation the plugin runs."""
+    other = tmp_path / "other" / "driver" / "nvml" / "sim"
+    other.mkdir(parents=True)
+    for d in (other.parents[1], other.parent, other):
+        (d / "__init__.py").write_text("")
+    (other / "mps_control.py").write_text("def main():\n    print('another checkout')\n")
+    binary = write_mps_control(tmp_path / "bin")
+    done = subprocess.run(
+        [str(binary)],
+        input="get_server_list\n",
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "other"),
+             "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "no-daemon")},
+        cwd="/",
+        check=False,
+        timeout=30,
+    )  # fmt: skip
+    assert "another checkout" not in done.stdout
+    assert done.returncode == 1 and done.stdout == "", done  # no daemon answers: as the real one

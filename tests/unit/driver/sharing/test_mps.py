@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 
 from driver.checkpoint.store import Checkpoint
-from driver.errors import ClaimError
+from driver.errors import ClaimError, ConfigError
 from driver.nvml.sim import create_state, open_simulated
 from driver.nvml.sim.driver_root import write_mps_control
 from driver.sharing import SharingNode
 from driver.sharing.mps import DaemonSpec, MpsDaemons
+from driver.sharing.mps_shm import resolve, why_not_shareable
 from tests.unit.claim_values import claim, config, ref_of, result
-from tests.unit.sharing_node import sharing_state
+from tests.unit.sharing_node import CONFIG, sharing_state
 from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[4]
@@ -91,15 +92,48 @@ def test_mps_on_a_whole_gpu(node: Path) -> None:
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
     ]
-    assert [(m["hostPath"], m["containerPath"]) for m in e["mounts"]] == [
+    assert [(m["hostPath"], m["containerPath"]) for m in e["mounts"]][:2] == [
         (str(daemons.pipe_dir(gpu.uuid)), "/tmp/nvidia-mps"),
         (str(daemons.log_dir(gpu.uuid)), "/var/log/nvidia-mps"),
     ]
 
     assert state.unprepare(ref_of(obj)).error == ""
     assert daemons.processes() == []
-    assert nvml.compute_mode(gpu.uuid) == "Default"
-    assert not daemons.dir(gpu.uuid).exists()
+
+
+@pytest.mark.skipif(why_not_shareable() is not None, reason=f"{why_not_shareable()}")
+def test_an_mps_daemon_and_its_clients_share_one_dev_shm(node: Path) -> None:
+    """Real CUDA clients reach the MPS server through /dev/shm: the daemon runs with its
+    shm directory on /dev/shm (a mount namespace of its own) and every client container
+    gets the same directory there."""
+    on = CONFIG.model_copy(update={"mps_shared_shm": "on"})
+    state, sharing, _ = sharing_state(node, config=on)
+    gpu = state.inventory.gpus[0]
+    daemons = sharing.daemons
+    first = new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
+    assert state.prepare(first, ref_of(first)).error == ""
+    (pid,) = daemons.processes(gpu.uuid)
+    shm = daemons.shm_dir(gpu.uuid)
+    mounts = {m["containerPath"]: m for m in edits(node, "p1")["mounts"]}
+    assert mounts["/dev/shm"]["hostPath"] == str(shm)
+    assert {"rbind", "rw", "nosuid", "nodev"} <= set(mounts["/dev/shm"]["options"])
+    # What the daemon writes to its /dev/shm is in the clients' directory (the simulated
+    # daemon writes its pid, as a real server its shared memory), not in the plugin's.
+    assert (shm / "tranche-mps-daemon").read_text() == f"{pid}\n"
+    assert not Path("/dev/shm/tranche-mps-daemon").exists(), "not the plugin's /dev/shm"
+    assert shm.stat().st_mode & 0o7777 == 0o1777, "any client user may create its segments"
+    assert state.unprepare(ref_of(first)).error == ""
+    assert daemons.processes() == []
+    assert not daemons.dir(gpu.uuid).exists(), "the shm directory goes with the daemon"
+
+
+def test_shared_shm_on_refuses_to_start_where_the_plugin_cannot_make_mount_namespaces() -> None:
+    with pytest.raises(ConfigError, match="mpsSharedShm=on: the plugin lacks CAP_SYS_ADMIN"):
+        resolve("on", why_not="the plugin lacks CAP_SYS_ADMIN (make mount namespaces)")
+    assert resolve("auto", why_not="the plugin lacks CAP_SYS_ADMIN") is False
+    assert resolve("off", why_not=None) is False
+    with pytest.raises(ConfigError, match="mpsSharedShm"):
+        resolve("sometimes")
 
 
 def share(device: str, share_id: str, memory: str, shares: str) -> dict[str, Any]:
@@ -331,21 +365,29 @@ def _cgroup_hierarchy() -> Path:
     pytest.skip("no cgroup v2 and no cgroup v1 pids hierarchy here")
 
 
-def test_a_daemon_started_in_the_configured_cgroup_is_outside_the_plugins(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shared_shm", [False, True], ids=["own-shm", "shared-shm"])
+def test_a_daemon_started_in_the_configured_cgroup_is_outside_the_plugins(
+    tmp_path: Path, shared_shm: bool
+) -> None:
     """With ``mpsCgroups`` the daemon leaves the plugin's cgroup (its container's), so
-    stopping the container does not end it."""
+    stopping the container does not end it; with a shared /dev/shm as well, it still does,
+    and its /dev/shm is its shm directory."""
     hierarchy = _cgroup_hierarchy()
+    if shared_shm and why_not_shareable() is not None:
+        pytest.skip(f"{why_not_shareable()}")
     name = f"tranche-mps-test-{os.getpid()}-{tmp_path.name[-12:]}"
     cgroup = hierarchy / name
     binary = str(write_mps_control(tmp_path / "bin"))
     nvml = open_simulated(create_state("dgx-h100"))
     uuid = nvml.list_gpus()[0].uuid
-    daemons = MpsDaemons(binary, tmp_path / "mps", nvml, cgroups=[cgroup])
+    daemons = MpsDaemons(binary, tmp_path / "mps", nvml, cgroups=[cgroup], shared_shm=shared_shm)
     try:
         daemons.ensure(DaemonSpec(key=uuid, uuid=uuid, gpu_uuid=uuid, whole_gpu=True))
         (pid,) = daemons.processes(uuid)
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
         assert any(line.endswith(f":/{name}") for line in lines), lines
+        mark = daemons.shm_dir(uuid) / "tranche-mps-daemon"
+        assert mark.exists() == shared_shm
         assert f"pid={pid}" in log_lines(daemons, uuid, "starts.log")[0]
         daemons.stop(uuid)
         assert daemons.processes(uuid) == []
