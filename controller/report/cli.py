@@ -63,6 +63,25 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+# A plugin's /metrics answers at once; a Prometheus query over a fleet's month reads every
+# sample (docs/performance.md, Showback: 10-17 s at 500 nodes scraped every 15 minutes), and
+# Prometheus's own query timeout defaults to 2 minutes.
+SCRAPE_TIMEOUT_S = 10.0
+PROMETHEUS_TIMEOUT_S = 120.0
+
+
+def _timeout(text: str, *, prometheus: bool) -> float:
+    if not text.strip():
+        return PROMETHEUS_TIMEOUT_S if prometheus else SCRAPE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ConfigError(f"--timeout: {text!r} is not a number of seconds above 0")
+    return value
+
+
 class ReportSettings(BaseModel):
     """The validated flags of ``tranche report``."""
 
@@ -75,7 +94,7 @@ class ReportSettings(BaseModel):
     interval_s: float | None = Field(default=None, gt=0)
     output: Literal["table", "csv", "json"] = "table"
     chart: Path | None = None
-    timeout_s: float = Field(default=10.0, gt=0)
+    timeout_s: float = Field(default=SCRAPE_TIMEOUT_S, gt=0)
     prices: Path | None = None
     idle_policy: IdlePolicy = "proportional"
     html: Path | None = None
@@ -137,7 +156,15 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         env=env,
     )
     add_flag(parser, "--chart", "Also write an SVG chart of GPU-hours per tenant here.", env=env)
-    add_flag(parser, "--timeout", "HTTP timeout per request, seconds.", default="10", env=env)
+    add_flag(
+        parser,
+        "--timeout",
+        f"HTTP timeout per request, seconds (with --prometheus also the query timeout asked "
+        f"of the server). Default {SCRAPE_TIMEOUT_S:.0f} for --metrics-url, "
+        f"{PROMETHEUS_TIMEOUT_S:.0f} for --prometheus.",
+        default="",
+        env=env,
+    )
     add_flag(
         parser,
         "--prices",
@@ -222,7 +249,7 @@ def settings_from(args: argparse.Namespace) -> ReportSettings:
             interval_s=interval,
             output=args.output,
             chart=Path(args.chart) if args.chart else None,
-            timeout_s=float(args.timeout),
+            timeout_s=_timeout(str(args.timeout or ""), prometheus=bool(args.prometheus)),
             prices=Path(args.prices) if args.prices else None,
             idle_policy=args.idle_policy,
             html=Path(args.html) if args.html else None,

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.report.catalog import DeviceInfo
 from controller.report.chart import render_svg
-from controller.report.cli import ReportSettings, add_arguments, build_report, run
+from controller.report.cli import ReportSettings, add_arguments, build_report, run, settings_from
 from controller.report.cost import allocate
 from controller.report.data import Snapshot, report_from_snapshots
 from controller.report.html import render_html
@@ -228,6 +228,25 @@ def test_bad_flags_are_named(
 ) -> None:
     assert run(parse(argv)) == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "timeout_s"),
+    [
+        (["--metrics-url", "http://n:8080/metrics"], 10.0),
+        (["--prometheus", "http://p:9090"], 120.0),  # a fleet's month of samples takes time
+        (["--prometheus", "http://p:9090", "--timeout", "30"], 30.0),
+        (["--metrics-url", "http://n:8080/metrics", "--timeout", "2.5"], 2.5),
+    ],
+)
+def test_the_timeout_defaults_to_what_the_source_needs(argv: list[str], timeout_s: float) -> None:
+    assert settings_from(parse(argv)).timeout_s == timeout_s
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_a_bad_timeout_is_named(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(parse(["--prometheus", "http://p:9090", "--timeout", value])) == 2
+    assert f"--timeout: {value!r}" in capsys.readouterr().err
 
 
 def test_corrupt_baseline_is_reported_and_left_alone(
