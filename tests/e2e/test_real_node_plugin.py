@@ -308,11 +308,20 @@ def start_plugin(
     return plugin
 
 
-def plugin_args(gpus: list[str]) -> tuple[str, ...]:
+def plugin_args(gpus: list[str], k8s_version: str) -> tuple[str, ...]:
     advertise = {"*": ["gpu"], gpus[0]: ["mig"]}
     sharing = {"groups": ["blue"], "mpsControl": str(FAKE_MPS)}
     # Faults heal after 1 quiet second (default 300), so the health test sees the recovery.
-    health = {"quiet_seconds": 1, "probe_interval_seconds": 0.2, "event_wait_seconds": 0.2}
+    health: dict[str, object] = {
+        "quiet_seconds": 1, "probe_interval_seconds": 0.2, "event_wait_seconds": 0.2,
+    }  # fmt: skip
+    if k8s_version == "1.34":
+        # The 1.34 scheduler does not copy a request's tolerations into the allocation
+        # (k8s.io/dynamic-resource-allocation v0.34.4; 1.35 does), so its device-taint
+        # eviction controller evicts a pod whose claim tolerates NoExecute: the health test's
+        # pod would not outlive the lost GPU. The documented 1.34 setting keeps faults at
+        # NoSchedule (docs/install.md's version table).
+        health |= {"lost_effect": "NoSchedule", "uncontained_effect": "NoSchedule"}
     return (
         "--advertise", json.dumps(advertise),
         "--sharing", json.dumps(sharing),
@@ -338,14 +347,14 @@ def plugin_real_node(cluster: Cluster, node_bin_dir: Path) -> Iterator[RealNodeI
 
 @pytest.fixture(scope="module")
 def tn(
-    cluster: Cluster, plugin_real_node: RealNodeInfo, node_bin_dir: Path
+    cluster: Cluster, plugin_real_node: RealNodeInfo, node_bin_dir: Path, k8s_version: str
 ) -> Iterator[TrancheNode]:
     real_node = plugin_real_node
     kubectl(cluster, "apply", "--server-side", "-f", str(DEVICE_CLASSES))
     gpus = sim_gpu_uuids("mixed", real_node.name)
     root = Path(tempfile.mkdtemp(prefix="rnp", dir="/tmp"))
     api = cluster.api_client()
-    plugin = start_plugin(real_node, cluster, root, plugin_args(gpus))
+    plugin = start_plugin(real_node, cluster, root, plugin_args(gpus, k8s_version))
     nodes = RealNodes(Path(cluster.state_dir), node_bin_dir)
     node = TrancheNode(real_node, plugin, api, cluster, gpus, nodes)
     try:
@@ -573,6 +582,8 @@ def test_device_health_in_pod_status_stays_true_and_follows_faults(
     template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
         {"operator": "Exists", "effect": "NoExecute"}
     ]
+    if k8s_version == "1.34":
+        docs = claim_named_like_its_entry(docs)
     apply_real(tn.cluster, namespace, docs, tn.name)
     tn.running(namespace, "one-gpu")
     claim = tn.pod_claim(namespace, "one-gpu", "gpu")
@@ -615,6 +626,29 @@ def test_device_health_in_pod_status_stays_true_and_follows_faults(
     )
     uid = tn.pod_claim(namespace, "one-gpu", "gpu")["metadata"]["uid"]
     tn.delete_and_unprepared(namespace, ["one-gpu"], [uid])
+
+
+def claim_named_like_its_entry(docs: list[Obj]) -> list[Obj]:
+    """The template turned into a ResourceClaim named like the pod's claim entry (``gpu``).
+
+    A 1.34.4 kubelet reports a claim's health in the pod status only when the ResourceClaim's
+    name equals the container's claim entry name (``UpdateAllocatedResourcesStatus`` in
+    pkg/kubelet/cm/dra/manager.go compares ``claimInfo.ClaimName`` with the entry name; 1.35
+    maps the entry to its generated claim through ``status.resourceClaimStatuses``), so a
+    claim made from a template never shows health there (docs/install.md's version table).
+    """
+    template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
+    pod = next(d for d in docs if d["kind"] == "Pod")
+    (entry,) = pod["spec"]["resourceClaims"]
+    claim = {
+        "apiVersion": template["apiVersion"],
+        "kind": "ResourceClaim",
+        "metadata": {"name": entry["name"]},
+        "spec": template["spec"]["spec"],
+    }
+    entry.pop("resourceClaimTemplateName")
+    entry["resourceClaimName"] = entry["name"]
+    return [claim, pod]
 
 
 @pytest.fixture
