@@ -16,30 +16,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 # Version matrix: --version 1.35 (or TRANCHE_K8S_VERSION=1.35) builds that release from its own
 # build modules under hack/k8sbin/v1.35 and hack/etcdbin/v1.35 (hack/k8sbin/new-version.sh makes
 # them). The default, 1.37, uses hack/k8sbin and hack/etcdbin themselves.
-minor=${TRANCHE_K8S_VERSION:-1.37}
-while [ $# -gt 0 ]; do
-  case $1 in
-    --version) minor=${2:?--version needs a value such as 1.35}; shift 2 ;;
-    --version=*) minor=${1#--version=}; shift ;;
-    *) echo "build-k8s: unknown argument '$1' (usage: build-k8s.sh [--version 1.34|1.35|1.36|1.37])" >&2; exit 2 ;;
-  esac
-done
-minor=${minor#v}
-minor=$(echo "$minor" | cut -d. -f1,2)
-case $minor in
-  1.37) K8S_VERSION=v1.37.2 ETCD_VERSION=v3.7.3 kmod="$here/k8sbin" emod="$here/etcdbin" ;;
-  1.36) K8S_VERSION=v1.36.3 ETCD_VERSION=v3.6.8 kmod="$here/k8sbin/v1.36" emod="$here/etcdbin/v1.36" ;;
-  1.35) K8S_VERSION=v1.35.4 ETCD_VERSION=v3.6.6 kmod="$here/k8sbin/v1.35" emod="$here/etcdbin/v1.35" ;;
-  1.34) K8S_VERSION=v1.34.4 ETCD_VERSION=v3.6.5 kmod="$here/k8sbin/v1.34" emod="$here/etcdbin/v1.34" ;;
-  *) echo "build-k8s: step 'pick version': Kubernetes '$minor' is not in the matrix (1.34, 1.35, 1.36, 1.37)" >&2; exit 2 ;;
-esac
+# shellcheck source=hack/k8s-versions.sh
+. "$here/k8s-versions.sh"
+pick_k8s_version build-k8s "$@"
 cache_root=${TRANCHE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tranche}
 want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
-ldf="-s -w"
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldf="$ldf -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=${minor#1.} -X $p.gitTreeState=clean"
-done
+ldf=$(k8s_ldflags)
 recipe="k8s=$K8S_VERSION etcd=$ETCD_VERSION CGO_ENABLED=0 -trimpath etcd-ldflags='-s -w' k8s-ldflags='$ldf'"
 key=$( { cat "$kmod/go.sum" "$emod/go.sum"; echo "$recipe"; } | sha256sum | cut -c1-12)
 bin="$cache_root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-$key/bin"

@@ -22,8 +22,6 @@ CLUSTER_FIXTURES = frozenset(
     {"cluster", "namespace", "make_node", "k8s_bin_dir", "real_node", "node_bin_dir"}
 )
 
-REAL_NODE_FIXTURES = frozenset({"real_node", "node_bin_dir", "start_real_node"})
-
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
@@ -54,12 +52,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if names & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
         need = item.get_closest_marker("k8s")
-        if names & REAL_NODE_FIXTURES and _minor(version) != (1, 37):
-            dropped.append(item)
-            reasons.append(
-                f"{item.nodeid}: real nodes run kubelet v1.37.2 (newer than this server)"
-            )
-        elif need is not None and _minor(version) < _minor(str(need.kwargs["min"])):
+        if need is not None and _minor(version) < _minor(str(need.kwargs["min"])):
             dropped.append(item)
             why = need.kwargs.get("reason", "")
             reasons.append(f"{item.nodeid}: needs Kubernetes >= {need.kwargs['min']} {why}".strip())

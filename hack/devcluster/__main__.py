@@ -94,14 +94,15 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument(
         "--kubelet",
         action="store_true",
-        help="run a real node: its own containerd and kubelet v1.37.2 (root; changes the "
-        "host, undone by remove-node/down); prints KUBELET_ROOT_DIR= and CDI_ROOT=",
+        help="run a real node: its own containerd and a kubelet of the cluster's version "
+        "(root; changes the host, undone by remove-node/down); prints KUBELET_ROOT_DIR= and "
+        "CDI_ROOT=",
     )
     add_flag(
         node,
         "--node-bin-dir",
         "directory with kubelet, containerd, containerd-shim-runc-v2, ctr "
-        "(default: built or found by hack/build-node.sh)",
+        "(default: built or found by hack/build-node.sh --version <the cluster's version>)",
     )
     add_flag(node, "--start-timeout", "seconds the real node may take to be Ready", default="120")
     rm = sub.add_parser("remove-node", help="stop a real node and undo its host changes")
@@ -188,7 +189,8 @@ def _add_node(args: argparse.Namespace) -> int:
     info = dev.info()
     if info is None:
         raise ClusterError("add real node", f"no running cluster in {args.state_dir}")
-    bin_dir = Path(args.node_bin_dir) if args.node_bin_dir else build_or_find_node()
+    version = dev.k8s_version()
+    bin_dir = Path(args.node_bin_dir) if args.node_bin_dir else build_or_find_node(version)
     node = RealNodes(info.state_dir, bin_dir).add(
         args.name,
         server=info.server,

@@ -1,4 +1,5 @@
-"""Find the control-plane binaries through hack/build-k8s.sh (cached after one build)."""
+"""Find the control-plane binaries (hack/build-k8s.sh) and a real node's (hack/build-node.sh)
+of one Kubernetes version; each is cached after one build."""
 
 from __future__ import annotations
 
@@ -34,14 +35,15 @@ def build_or_find(k8s_version: str | None = None) -> Path:
 NODE_BUILD_SCRIPT = REPO / "hack" / "build-node.sh"
 
 
-def build_or_find_node() -> Path:
-    """Run ``hack/build-node.sh`` (kubelet, containerd, shim, ctr; cached) and return its
-    binary directory. It also installs runc, the CNI plugins and busybox-static when missing.
+def build_or_find_node(k8s_version: str | None = None) -> Path:
+    """Run ``hack/build-node.sh [--version MINOR]`` (the kubelet of that release, containerd,
+    shim, ctr; cached) and return its binary directory; without a version the script's
+    default (1.37, or ``TRANCHE_K8S_VERSION``). It also installs runc, the CNI plugins and
+    busybox-static when missing.
     """
+    argv = [str(NODE_BUILD_SCRIPT), *(["--version", k8s_version] if k8s_version else [])]
     try:
-        done = subprocess.run(
-            [str(NODE_BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
-        )
+        done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
     except OSError as e:
         raise ClusterError("build node binaries", f"cannot run {NODE_BUILD_SCRIPT}: {e}") from e
     lines = done.stdout.strip().splitlines()

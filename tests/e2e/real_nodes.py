@@ -1,11 +1,13 @@
-"""Fixtures for real nodes: a kubelet v1.37.2 and a containerd per node, joined to ``cluster``.
+"""Fixtures for real nodes: a kubelet and a containerd per node, joined to ``cluster``; the
+kubelet is of the control plane's version (``TRANCHE_K8S_VERSION``: v1.34.4 ... v1.37.2).
 
 * ``real_node_machine`` (session): the machine's real-node lock
   (``hack/devcluster/realnode/machine_lock.py``), held to the end of the session, so that
   another session's real nodes never count as this one's leftovers; a second session waits
   for it (``$TRANCHE_REAL_NODE_LOCK_WAIT_S``, default 3600 s), then fails naming the holder.
 * ``node_bin_dir`` (session): kubelet, containerd, shim and ctr from
-  ``$TRANCHE_NODE_BIN_DIR`` or ``hack/build-node.sh`` (cached; installs runc, the CNI
+  ``$TRANCHE_NODE_BIN_DIR`` or ``hack/build-node.sh --version <the session's version>``
+  (cached; installs runc, the CNI
   plugins and busybox-static when missing). Every real-node fixture needs it, so it takes
   the machine's lock.
 * ``real_node`` (session): one real node ``rn1``, Ready; a :class:`RealNode` handle.
@@ -78,7 +80,7 @@ def real_node_machine() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def node_bin_dir(real_node_machine: None) -> Path:
+def node_bin_dir(real_node_machine: None, k8s_version: str) -> Path:
     if os.geteuid() != 0:
         unavailable("real nodes need root (cgroups, mounts, network links)")
     override = os.environ.get("TRANCHE_NODE_BIN_DIR")
@@ -88,9 +90,9 @@ def node_bin_dir(real_node_machine: None) -> Path:
             unavailable(f"TRANCHE_NODE_BIN_DIR={override} lacks {', '.join(missing)}")
         return Path(override)
     try:
-        return build_or_find_node()
+        return build_or_find_node(k8s_version)
     except ClusterError as e:
-        unavailable(f"{e} (run `make node-bins`)")
+        unavailable(f"{e} (run `make node-bins K8S={k8s_version}`)")
 
 
 def sweep_stale_runs() -> list[str]:

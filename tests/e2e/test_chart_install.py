@@ -47,7 +47,10 @@ from tests.e2e.tcp_relay import TcpRelay
 from tests.waiting import wait_for
 
 # The first test's setup may build the image (a few minutes cold) and install the chart.
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.timeout(900),
+]
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]

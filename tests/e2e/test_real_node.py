@@ -1,4 +1,5 @@
-"""Real nodes in the dev cluster: a kubelet v1.37.2 with containerd 2.4.2 and runc.
+"""Real nodes in the dev cluster: a kubelet of the control plane's version (v1.34.4 ... v1.37.2)
+with containerd 2.4.2 and runc. The ``matrix`` tests run on every version of the matrix.
 
 The node registers itself with a node client certificate, runs pods from images imported
 without a registry, and containerd applies a hand-written CDI spec from the node's CDI
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from hack.devcluster.config import K8S_VERSIONS
 from hack.devcluster.realnode.node import RealNodeInfo
 from hack.devcluster.realnode.render import TEST_IMAGE
 from tests.e2e.cdi_test_plugin import CdiTestPlugin
@@ -88,8 +90,9 @@ def _delete_pod_and_wait(core: client.CoreV1Api, namespace: str, name: str) -> N
     wait_for(f"pod {namespace}/{name} to be deleted by the kubelet", gone, timeout_s=60)
 
 
+@pytest.mark.matrix
 def test_real_node_registers_and_becomes_ready(
-    real_node: RealNodeInfo, api: client.ApiClient
+    real_node: RealNodeInfo, api: client.ApiClient, k8s_version: str
 ) -> None:
     node = client.CoreV1Api(api).read_node(real_node.name)
     assert node.status is not None and node.spec is not None
@@ -97,7 +100,8 @@ def test_real_node_registers_and_becomes_ready(
     assert ready and ready[0].status == "True", node.status.conditions
     info = node.status.node_info
     assert info is not None
-    assert info.kubelet_version == "v1.37.2"
+    # The kubelet of the control plane's own release (hack/build-node.sh --version).
+    assert info.kubelet_version == K8S_VERSIONS[k8s_version]
     assert info.container_runtime_version == "containerd://2.4.2"
     assert not node.spec.taints
 
@@ -134,6 +138,7 @@ def test_node_identity_is_restricted_to_its_own_node(
         assert own.metadata.labels["tranche.dev/own"] == "1"
 
 
+@pytest.mark.matrix
 def test_plain_pod_runs_and_its_log_is_readable(
     real_node: RealNodeInfo, namespace: str, api: client.ApiClient
 ) -> None:
@@ -178,6 +183,7 @@ def _write_cdi_spec(cdi_root: Path, minor: int) -> str:
     return f"{CDI_KIND}=gpu{minor}"
 
 
+@pytest.mark.matrix
 def test_container_gets_cdi_device_from_hand_written_spec(
     real_node: RealNodeInfo, namespace: str, api: client.ApiClient
 ) -> None:

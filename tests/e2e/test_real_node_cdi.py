@@ -1,4 +1,4 @@
-"""Complete CDI specs on a REAL node: kubelet v1.37.2, containerd 2.4.2, runc.
+"""Complete CDI specs on a REAL node: the control plane's kubelet version, containerd, runc.
 
 The real ``tranche kubelet-plugin --nvml simulated`` runs for a real node of this module's
 own (a unique name: two kubelets sharing a cgroup root kill each other's pods), with the

@@ -1,4 +1,5 @@
-"""The Tranche kubelet plugin on a REAL node: kubelet v1.37.2, containerd 2.4.2, runc.
+"""The Tranche kubelet plugin on a REAL node: a kubelet of the control plane's version
+(v1.34.4 ... v1.37.2), containerd 2.4.2, runc. The ``matrix`` tests run on every version.
 
 One real node (``real_node``, ``rn1``) for the module; the real ``tranche kubelet-plugin``
 process runs for it over simulated GPUs (profile ``mixed``: H100, H100, L4, L4), with the
@@ -42,6 +43,7 @@ from driver.cli import build_parser
 from driver.devices.bridge import bridge_device_class
 from driver.nvml.sim.state import SimStore
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
+from hack.devcluster.config import VERSION_GATES
 from hack.devcluster.realnode.node import RealNodeInfo, RealNodes
 from hack.devcluster.realnode.render import TEST_IMAGE
 from hack.kubeletsim.client import ClaimRequest, PluginConnection, Registration
@@ -306,11 +308,20 @@ def start_plugin(
     return plugin
 
 
-def plugin_args(gpus: list[str]) -> tuple[str, ...]:
+def plugin_args(gpus: list[str], k8s_version: str) -> tuple[str, ...]:
     advertise = {"*": ["gpu"], gpus[0]: ["mig"]}
     sharing = {"groups": ["blue"], "mpsControl": str(FAKE_MPS)}
     # Faults heal after 1 quiet second (default 300), so the health test sees the recovery.
-    health = {"quiet_seconds": 1, "probe_interval_seconds": 0.2, "event_wait_seconds": 0.2}
+    health: dict[str, object] = {
+        "quiet_seconds": 1, "probe_interval_seconds": 0.2, "event_wait_seconds": 0.2,
+    }  # fmt: skip
+    if k8s_version == "1.34":
+        # The 1.34 scheduler does not copy a request's tolerations into the allocation
+        # (k8s.io/dynamic-resource-allocation v0.34.4; 1.35 does), so its device-taint
+        # eviction controller evicts a pod whose claim tolerates NoExecute: the health test's
+        # pod would not outlive the lost GPU. The documented 1.34 setting keeps faults at
+        # NoSchedule (docs/install.md's version table).
+        health |= {"lost_effect": "NoSchedule", "uncontained_effect": "NoSchedule"}
     return (
         "--advertise", json.dumps(advertise),
         "--sharing", json.dumps(sharing),
@@ -336,14 +347,14 @@ def plugin_real_node(cluster: Cluster, node_bin_dir: Path) -> Iterator[RealNodeI
 
 @pytest.fixture(scope="module")
 def tn(
-    cluster: Cluster, plugin_real_node: RealNodeInfo, node_bin_dir: Path
+    cluster: Cluster, plugin_real_node: RealNodeInfo, node_bin_dir: Path, k8s_version: str
 ) -> Iterator[TrancheNode]:
     real_node = plugin_real_node
     kubectl(cluster, "apply", "--server-side", "-f", str(DEVICE_CLASSES))
     gpus = sim_gpu_uuids("mixed", real_node.name)
     root = Path(tempfile.mkdtemp(prefix="rnp", dir="/tmp"))
     api = cluster.api_client()
-    plugin = start_plugin(real_node, cluster, root, plugin_args(gpus))
+    plugin = start_plugin(real_node, cluster, root, plugin_args(gpus, k8s_version))
     nodes = RealNodes(Path(cluster.state_dir), node_bin_dir)
     node = TrancheNode(real_node, plugin, api, cluster, gpus, nodes)
     try:
@@ -379,6 +390,7 @@ def _node_drained(tn: TrancheNode) -> Iterator[None]:
 # ---- 3: a pod with a Tranche claim runs and sees its GPU -----------------------------------
 
 
+@pytest.mark.matrix
 def test_plugin_registers_through_the_kubelets_plugin_watcher(tn: TrancheNode) -> None:
     reg = tn.real.kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock"
     assert tn.plugin.registration_socket == reg
@@ -392,6 +404,7 @@ def test_plugin_registers_through_the_kubelets_plugin_watcher(tn: TrancheNode) -
     assert DRIVER in kubelet_log
 
 
+@pytest.mark.matrix
 def test_pod_with_a_tranche_claim_sees_its_gpu_and_no_other(
     tn: TrancheNode, namespace: str
 ) -> None:
@@ -416,6 +429,7 @@ def test_pod_with_a_tranche_claim_sees_its_gpu_and_no_other(
 # ---- 5: a pod per sharing mode -------------------------------------------------------------
 
 
+@pytest.mark.matrix
 def test_dynamic_mig_pod_sees_its_mig_device(tn: TrancheNode, namespace: str) -> None:
     label_namespace(tn.api, namespace, PARTITIONED)
     apply_real(tn.cluster, namespace, example("mig-slice.yaml"), tn.name)
@@ -432,6 +446,7 @@ def test_dynamic_mig_pod_sees_its_mig_device(tn: TrancheNode, namespace: str) ->
     tn.delete_and_unprepared(namespace, ["mig-slice"], [claim["metadata"]["uid"]])
 
 
+@pytest.mark.matrix
 def test_timesliced_claim_shared_by_two_pods(tn: TrancheNode, namespace: str) -> None:
     apply_real(tn.cluster, namespace, example("timeslice-one-claim.yaml"), tn.name)
     for pod in ("timeslice-a", "timeslice-b"):
@@ -447,6 +462,7 @@ def test_timesliced_claim_shared_by_two_pods(tn: TrancheNode, namespace: str) ->
     tn.delete_and_unprepared(namespace, ["timeslice-a", "timeslice-b"], [claim["metadata"]["uid"]])
 
 
+@pytest.mark.matrix
 def test_consumable_timeslice_shares_run_on_one_gpu(tn: TrancheNode, namespace: str) -> None:
     label_namespace(tn.api, namespace, SHARED_BLUE)
     docs = example("timeslice-shares.yaml")
@@ -561,9 +577,11 @@ def _health(pod: Obj) -> dict[str, tuple[str, str]]:
 HEALTH_WINDOW_S = 75.0  # longer than the kubelet's timeout and the plugin's 60 s
 
 
+@pytest.mark.matrix
 def test_device_health_in_pod_status_stays_true_and_follows_faults(
-    tn: TrancheNode, namespace: str, real_node_gates: dict[str, bool]
+    tn: TrancheNode, namespace: str, real_node_gates: dict[str, bool], k8s_version: str
 ) -> None:
+    # ResourceHealthStatus: alpha in 1.34/1.35 (switched on by the test cluster), beta from 1.36.
     assert real_node_gates.get("ResourceHealthStatus") is True
     docs = example("one-gpu.yaml")
     # The claim tolerates the plugin's NoExecute health taint, so the pod outlives the lost
@@ -572,6 +590,8 @@ def test_device_health_in_pod_status_stays_true_and_follows_faults(
     template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
         {"operator": "Exists", "effect": "NoExecute"}
     ]
+    if k8s_version == "1.34":
+        docs = claim_named_like_its_entry(docs)
     apply_real(tn.cluster, namespace, docs, tn.name)
     tn.running(namespace, "one-gpu")
     claim = tn.pod_claim(namespace, "one-gpu", "gpu")
@@ -600,7 +620,12 @@ def test_device_health_in_pod_status_stays_true_and_follows_faults(
         lambda: (h := _health(tn.pod(namespace, "one-gpu")).get(rid)) and h[0] == "Unhealthy" and h,
         timeout_s=90,
     )
-    assert bad[1], "an Unhealthy device carries a message"
+    if "ResourceHealthStatusMessage" in VERSION_GATES[k8s_version]:
+        assert bad[1], "an Unhealthy device carries a message"
+    else:
+        # 1.34/1.35 know no gate ResourceHealthStatusMessage: their v1alpha1 health API has
+        # no message field, and the pod status shows none (docs/install.md's version table).
+        assert not bad[1], f"Kubernetes {k8s_version} shows a health message: {bad}"
     tn.sim("recover", "--gpu", uuid)
     wait_for(
         "device Healthy again in the pod status",
@@ -609,6 +634,29 @@ def test_device_health_in_pod_status_stays_true_and_follows_faults(
     )
     uid = tn.pod_claim(namespace, "one-gpu", "gpu")["metadata"]["uid"]
     tn.delete_and_unprepared(namespace, ["one-gpu"], [uid])
+
+
+def claim_named_like_its_entry(docs: list[Obj]) -> list[Obj]:
+    """The template turned into a ResourceClaim named like the pod's claim entry (``gpu``).
+
+    A 1.34.4 kubelet reports a claim's health in the pod status only when the ResourceClaim's
+    name equals the container's claim entry name (``UpdateAllocatedResourcesStatus`` in
+    pkg/kubelet/cm/dra/manager.go compares ``claimInfo.ClaimName`` with the entry name; 1.35
+    maps the entry to its generated claim through ``status.resourceClaimStatuses``), so a
+    claim made from a template never shows health there (docs/install.md's version table).
+    """
+    template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
+    pod = next(d for d in docs if d["kind"] == "Pod")
+    (entry,) = pod["spec"]["resourceClaims"]
+    claim = {
+        "apiVersion": template["apiVersion"],
+        "kind": "ResourceClaim",
+        "metadata": {"name": entry["name"]},
+        "spec": template["spec"]["spec"],
+    }
+    entry.pop("resourceClaimTemplateName")
+    entry["resourceClaimName"] = entry["name"]
+    return [claim, pod]
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ from hack.devcluster.processes import (
 )
 from hack.devcluster.realnode import host, images, render
 from hack.devcluster.realnode.certs import node_client_cert
+from hack.devcluster.realnode.kubelet_version import cluster_minor, kubelet_gates, kubelet_release
 from hack.devcluster.realnode.render import NodeLayout, NodeSettings
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,9 @@ class RealNodes:
         timeout_s: float = 120.0,
         die_with_parent: bool = False,
     ) -> RealNodeInfo:
+        """Start node ``name`` with the kubelet in ``bin_dir`` (its release must not be newer
+        than the cluster's); ``feature_gates`` are the control plane's, of which the kubelet
+        gets those its release knows (:func:`kubelet_gates`)."""
         render.check_node_name(name)
         if self.bin_dir is None:
             raise ClusterError("add real node", "no node binary directory (hack/build-node.sh)")
@@ -151,6 +155,9 @@ class RealNodes:
                 raise ClusterError("find node packages", f"{f} is missing; run hack/build-node.sh")
         if os.geteuid() != 0:
             raise ClusterError("add real node", "a real node needs root (cgroups, mounts, links)")
+        release = kubelet_release(self.bin_dir)
+        feature_gates = kubelet_gates(release, cluster_minor(self.state_dir), feature_gates)
+        log.info("adding real node node=%s kubelet=%s", name, release)
         with self._locked():
             layout = NodeLayout.of(self.state_dir, name)
             if layout.settings_file.exists():
