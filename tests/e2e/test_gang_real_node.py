@@ -42,6 +42,7 @@ from tests.e2e.workload_cluster import (
     SCHEDULING,
     Obj,
     create,
+    delete,
     gang_cluster_for,
     gpu_template,
     make_namespace,
@@ -145,25 +146,32 @@ def _gone(core: client.CoreV1Api, namespace: str, pod: str) -> bool:
     return False
 
 
+def _team(api: client.ApiClient, namespace: str, node: str) -> list[str]:
+    """Claim ``team-gpu`` (one whole GPU) declared on PodGroup ``trainers`` (a gang of two)
+    of Workload ``train``, and the group's two pods on ``node``; returns the pods' names."""
+    create(api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "team-gpu"},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.tranche.dev"}}]}},
+    })  # fmt: skip
+    create(api, f"{SCHEDULING}/namespaces/{namespace}/workloads",
+           workload("train", "workers", 2, None))  # fmt: skip
+    create(api, f"{SCHEDULING}/namespaces/{namespace}/podgroups",
+           pod_group("trainers", "train", "workers", 2, None, claims=SHARED))  # fmt: skip
+    pods = ["trainer-0", "trainer-1"]
+    for name in pods:
+        create(api, f"/api/v1/namespaces/{namespace}/pods", _pod(name, node))
+    return pods
+
+
 def test_a_podgroup_claim_on_a_real_kubelet_serves_both_pods_and_is_unprepared_after_the_last(
     gang_cluster: Cluster, real: RealNodeInfo, plugin: SimNode
 ) -> None:
     with gang_cluster.api_client() as api:
         core = client.CoreV1Api(api)
         namespace = make_namespace(api, "rng")
-        create(api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaims", {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "team-gpu"},
-            "spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": "gpu.tranche.dev"}}]}},
-        })  # fmt: skip
-        create(api, f"{SCHEDULING}/namespaces/{namespace}/workloads",
-               workload("train", "workers", 2, None))  # fmt: skip
-        create(api, f"{SCHEDULING}/namespaces/{namespace}/podgroups",
-               pod_group("trainers", "train", "workers", 2, None, claims=SHARED))  # fmt: skip
-        pods = ["trainer-0", "trainer-1"]
-        for name in pods:
-            create(api, f"/api/v1/namespaces/{namespace}/pods", _pod(name, real.name))
+        pods = _team(api, namespace, real.name)
         seen = {
             p: wait_for(f"{p}'s GPU", partial(_visible, core, namespace, p), timeout_s=120)
             for p in pods
@@ -238,3 +246,67 @@ def test_a_gang_too_big_for_the_real_node_binds_nothing_and_prepares_nothing(
         for name in pods:
             core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
         core.delete_namespace(namespace)
+
+
+def test_a_group_deleted_while_its_claim_is_being_prepared_leaves_nothing_behind(
+    gang_cluster: Cluster, real: RealNodeInfo, plugin: SimNode
+) -> None:
+    """The PodGroup is deleted while the plugin is in the middle of preparing its claim
+    (held at a fault point, then SIGKILLed): the restarted plugin rolls the half-done
+    prepare back, the real kubelet's retry prepares the claim for the group's pods (the group
+    is terminating, kept by its pods), and when the pods leave the claim is unprepared and
+    nothing is left on the node: no CDI spec, no checkpoint record. Last in the module: it
+    restarts the module's plugin."""
+    point = "prepare:after-step"
+    plugin.stop()
+    plugin.start(env={"TRANCHE_FAULT_POINT": point, "TRANCHE_FAULT_ACTION": "hang"}, wait=False)
+    wait_for(
+        "the kubelet to register the plugin",
+        lambda: (
+            plugin.log_path.read_text(errors="replace").count("registered with the kubelet") >= 2
+        ),
+        timeout_s=90,
+    )
+    with gang_cluster.api_client() as api:
+        core = client.CoreV1Api(api)
+        namespace = make_namespace(api, "rng-mid")
+        pods = _team(api, namespace, real.name)
+        wait_for(f"the prepare held at {point}", lambda: plugin.hanging_at(point), timeout_s=120)
+        assert not list(real.cdi_root.glob("*claim_*")), "no spec was written before the point"
+        group = f"{SCHEDULING}/namespaces/{namespace}/podgroups/trainers"
+        delete(api, group)
+        plugin.kill()
+        plugin.start(env={"TRANCHE_FAULT_POINT": "", "TRANCHE_FAULT_ACTION": ""})
+        # The kubelet retries the failed prepare at its next resync (docs/kubelet-plugin.md).
+        for p in pods:
+            wait_for(f"{p}'s GPU", partial(_visible, core, namespace, p), timeout_s=180)
+        claim = get_json(api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaims/team-gpu")
+        uid = claim["metadata"]["uid"]
+        assert get_json(api, group)["metadata"].get("deletionTimestamp"), "held by its pods"
+        record = Checkpoint(plugin.data_dir / "checkpoint.json").load()[0].claims[uid]
+        assert record.allocation is not None
+        assert {p.name for p in record.allocation.pods} == set(pods)
+        specs = list(real.cdi_root.glob("*claim_*"))
+        assert [f.name for f in specs] == [f"gpu.tranche.dev-claim_{uid}.json"], (
+            "one spec: the rolled-back attempt left none"
+        )
+        for p in pods:
+            core.delete_namespaced_pod(p, namespace)
+        for p in pods:
+            wait_for(f"{p} gone", partial(_gone, core, namespace, p), 90)
+        wait_for("the CDI spec removed", lambda: not specs[0].exists())
+        wait_for(
+            "the checkpoint entry removed",
+            lambda: uid not in Checkpoint(plugin.data_dir / "checkpoint.json").load()[0].claims,
+        )
+        wait_for("the PodGroup gone", lambda: _gone_path(api, group))
+        assert plugin.running(), "the plugin keeps serving"
+        core.delete_namespace(namespace)
+
+
+def _gone_path(api: client.ApiClient, path: str) -> bool:
+    try:
+        get_json(api, path)
+    except client.ApiException as e:
+        return bool(e.status == 404)
+    return False

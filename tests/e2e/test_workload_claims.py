@@ -4,8 +4,8 @@ of the group's pods that use it, with those pods resolved for the checkpoint (us
 attribution, MPS limits), and unprepared when the last of them leaves; a group deleted while
 its pods run is unprepared cleanly. (A reservation naming a PodGroup that no longer exists
 lasts only until the resourceclaim controller drops it; the plugin's per-claim errors for it
-are in tests/unit/kubelet_plugin/test_pod_groups.py.) A group deleted while its claim is
-being prepared (the plugin killed mid-prepare meanwhile) ends prepared for its pods, then clean.
+are in tests/unit/kubelet_plugin/test_pod_groups.py; a group deleted while its claim is being
+prepared, on the real kubelet, is in tests/e2e/test_gang_real_node.py.)
 
 The kubelet here is the simulator, which follows kubelet v1.37.2 in accepting a reservation
 for the pod's group. Where the kubelet is the subject (one prepare per node for the group's
@@ -215,48 +215,6 @@ def test_a_group_deleted_while_its_pods_run_unprepares_cleanly_when_they_leave(
         assert state.claims == {}
         assert node.node.running(), "the plugin keeps serving"
         client.CoreV1Api(api).delete_namespace(namespace)
-
-
-def test_a_group_deleted_while_its_claim_is_being_prepared_leaves_nothing_behind(
-    gang_cluster: Cluster,
-) -> None:
-    """The PodGroup is deleted while the plugin is in the middle of preparing its claim
-    (held at a fault point, then SIGKILLed): the restarted plugin rolls the half-done
-    prepare back, the kubelet's retry prepares the claim for the group's pods (the group is
-    terminating, kept by its pods), and when the pods leave the claim is unprepared and
-    nothing is left on the node: no CDI spec, no checkpoint record."""
-    point = "prepare:after-step"
-    name = f"wl-{secrets.token_hex(3)}"
-    with gang_cluster.api_client() as api:
-        add_node(api, name)
-        hold = {"TRANCHE_FAULT_POINT": point, "TRANCHE_FAULT_ACTION": "hang"}
-        try:
-            with plugin_node(gang_cluster, name, "mixed", env=hold, workload_claims=True) as node:
-                namespace = make_namespace(api, "wl-mid")
-                names = _group(api, namespace, node.name)
-                wait_for(f"the prepare held at {point}", lambda: node.node.hanging_at(point))
-                assert node.cdi_specs() == {}, "no spec was written before the point"
-                group = f"{SCHEDULING}/namespaces/{namespace}/podgroups/trainers"
-                delete(api, group)
-                node.node.kill()
-                node.node.start(env={"TRANCHE_FAULT_POINT": "", "TRANCHE_FAULT_ACTION": ""})
-                wait_for("both pods running", lambda: _running(api, namespace) == set(names))
-                uid = node.claim(namespace, "team-gpus")["metadata"]["uid"]
-                assert uid in node.kubelet.prepared
-                assert _checkpoint_pods(node, uid) == set(names)
-                assert len(node.cdi_specs()) == 1, "one spec: the rolled-back attempt left none"
-                for pod in names:
-                    delete(api, f"/api/v1/namespaces/{namespace}/pods/{pod}")
-                wait_for("the claim unprepared", lambda: uid not in node.kubelet.prepared)
-                wait_for("the PodGroup gone", lambda: _gone(api, group))
-                assert node.cdi_specs() == {}
-                state, _ = Checkpoint(node.node.data_dir / "checkpoint.json").load()
-                assert state.claims == {}
-                assert node.node.running(), "the plugin keeps serving"
-                client.CoreV1Api(api).delete_namespace(namespace)
-        finally:
-            with contextlib.suppress(client.ApiException):
-                client.CoreV1Api(api).delete_node(name)
 
 
 def test_a_pod_that_joins_the_group_later_joins_the_claims_usage(
