@@ -5,7 +5,8 @@ the API server first, concurrently and before the node-wide lock (slow reads
 must not serialise behind device work): the first claim in the calling thread,
 the others in a pool, together with each claim's Namespace
 (``kubelet_plugin.namespace_reader``) whose labels give the claim's tenancy
-(``driver.trust.policy``); each claim is then prepared by
+(``driver.trust.policy``; answered in the calling thread while the namespace cache is
+synced, since it then needs no read); each claim is then prepared by
 :class:`driver.prepare.executor.DeviceState`, which checks trust levels. A claim
 that cannot be read, or whose namespace cannot be read, fails alone with the reason
 (gone, API server unreachable) in its ``error``: trust is never assumed. A trust
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from driver.api import ClaimRef, PrepareResult, UnprepareResult
 from driver.errors import ApiUnavailable, ClaimError, TrancheError, TrustViolation, error_reason
@@ -45,6 +46,8 @@ from kubelet_plugin.namespace_reader import NamespaceReader
 from kubelet_plugin.pod_groups import PodGroupResolver
 
 log = logging.getLogger(__name__)
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 
 class ClaimReader(Protocol):
@@ -109,8 +112,11 @@ class PluginDriver:
         if conflict is not None:
             return {ref.uid: self._refuse(ref, conflict) for ref in claims}
         namespaces = list(dict.fromkeys(ref.namespace for ref in claims))
+        # From memory (a synced namespace cache) in this thread; else read alongside the claims.
+        inline = bool(getattr(self._namespaces, "synced", False))
         tenancies: dict[str, Future[Tenancy]] = {
-            ns: self._pool.submit(self._tenancy, ns) for ns in namespaces
+            ns: _now(self._tenancy, ns) if inline else self._pool.submit(self._tenancy, ns)
+            for ns in namespaces
         }
         reads: dict[str, Future[Mapping[str, Any]]] = {
             ref.uid: self._pool.submit(self._reader.read, ref) for ref in claims[1:]
@@ -223,11 +229,11 @@ class PluginDriver:
             )
 
 
-def _now(read: Callable[[ClaimRef], Mapping[str, Any]], ref: ClaimRef) -> Future[Mapping[str, Any]]:
-    """``read(ref)`` in the calling thread, as a finished future (no thread hop)."""
-    done: Future[Mapping[str, Any]] = Future()
+def _now(read: Callable[[_K], _V], key: _K) -> Future[_V]:
+    """``read(key)`` in the calling thread, as a finished future (no thread hop)."""
+    done: Future[_V] = Future()
     try:
-        done.set_result(read(ref))
+        done.set_result(read(key))
     except TrancheError as e:
         done.set_exception(e)
     return done

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from driver.errors import ApiUnavailable, ConfigError, PermanentError
@@ -28,6 +29,7 @@ from kubelet_plugin import slice_diff
 log = logging.getLogger(__name__)
 
 SLICES = f"{RESOURCE_V1}/resourceslices"
+WRITERS = 4  # slice writes in flight at once (the first publish of a node: 9 creates)
 
 Json = dict[str, Any]
 CountHook = Callable[[str], None]
@@ -248,21 +250,41 @@ class Publisher:
             self._cond.notify_all()
 
     def _apply(self, p: slice_diff.Plan) -> None:
+        writes: list[tuple[str, str, Json, str]] = [
+            ("POST", SLICES, body, "slice_created") for body in p.create
+        ]
+        writes += [
+            ("PUT", f"{SLICES}/{body['metadata']['name']}", body, "slice_updated")
+            for body in p.replace
+        ]
         try:
-            for body in p.create:
-                got = self._call("POST", SLICES, body)
-                self._count("slice_created")
-                self._check_kept(body, got)
-            for body in p.replace:
-                name = body["metadata"]["name"]
-                got = self._call("PUT", f"{SLICES}/{name}", body)
-                self._count("slice_updated")
-                self._check_kept(body, got)
+            self._write_all(writes)
         except FieldDroppedError:
             self._withdraw()
             raise
         for name in p.delete:
             self._delete(name)
+
+    def _write_all(self, writes: Sequence[tuple[str, str, Json, str]]) -> None:
+        """Each write, read back and checked; up to :data:`WRITERS` at once (a pool's slices
+        are independent objects, and a scheduler uses the pool only once every slice of its
+        generation is there). Every write is tried; the first failure is raised after."""
+
+        def write(method: str, path: str, body: Json, event: str) -> None:
+            got = self._call(method, path, body)
+            self._count(event)
+            self._check_kept(body, got)
+
+        if len(writes) <= 1:
+            for w in writes:
+                write(*w)
+            return
+        with ThreadPoolExecutor(min(WRITERS, len(writes)), "slice-write") as pool:
+            done = [pool.submit(write, *w) for w in writes]
+        errors = [e for e in (f.exception() for f in done) if e is not None]
+        dropped = [e for e in errors if isinstance(e, FieldDroppedError)]
+        if dropped or errors:
+            raise (dropped or errors)[0]
 
     def _check_kept(self, body: Json, got: Json) -> None:
         want = slice_diff.content(body["spec"])

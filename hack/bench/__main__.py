@@ -30,7 +30,7 @@ from hack.bench import (
     showback,
 )
 from hack.bench.lab import Lab
-from hack.bench.machine import REPO, describe
+from hack.bench.machine import REPO, compile_bytecode, describe
 from hack.bench.results import ScenarioResult
 
 SCENARIOS: dict[str, ModuleType] = {
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     machine = describe()
     print(f"machine: {machine}", flush=True)
+    compile_bytecode()  # the processes it starts load bytecode, as installed
     lab: Lab | None = None
     blocks: dict[str, str] = {}
     results: list[ScenarioResult] = []
