@@ -426,6 +426,36 @@ def test_plugin_and_controller_run_from_the_image_under_their_own_service_accoun
     assert not [v for v in controller.spec.volumes if v.empty_dir is not None]
 
 
+# Modules a process imports whose source has no bytecode beside it (it would compile them at
+# every start: the image runs with PYTHONDONTWRITEBYTECODE, so nothing is cached later).
+UNCOMPILED = r"""
+import importlib, importlib.util, json, os, sys
+importlib.import_module(sys.argv[1])
+print(json.dumps(sorted(
+    name for name, m in list(sys.modules.items())
+    if (getattr(m, "__file__", None) or "").endswith(".py")
+    and not os.path.exists(importlib.util.cache_from_source(m.__file__))
+)))
+"""
+
+
+def test_the_image_ships_bytecode_so_neither_process_compiles_its_modules_at_start(
+    install: Install,
+) -> None:
+    (plugin,) = [p for p in install.pods(PLUGIN_PODS) if _ready(p)]
+    (controller,) = [p for p in install.pods(CONTROLLER_PODS) if _ready(p)]
+    for pod, container, entry in (
+        (plugin, "plugin", "kubelet_plugin.main"),
+        (controller, "controller", "controller.main"),
+    ):
+        out = install.kubectl(
+            "exec", "-n", NAMESPACE, pod.metadata.name, "-c", container, "--",
+            "python3", "-c", UNCOMPILED, entry,
+        )  # fmt: skip
+        uncompiled = json.loads(out.strip().splitlines()[-1])
+        assert uncompiled == [], f"{container}: no bytecode for {uncompiled[:8]} ({len(uncompiled)})"
+
+
 def test_the_plugin_registers_with_the_real_kubelet_and_publishes_the_nodes_slices(
     install: Install,
 ) -> None:
