@@ -66,7 +66,16 @@ def window_total(metric: str, by: Sequence[str], window_s: float, anchor_s: floa
 
 def _drop_terms(selector: str, step_s: float) -> tuple[str, str, str]:
     """(drops whose later sample is in the step, the series whose drop's value is placed, the
-    maximum that is that value)."""
+    maximum that is that value).
+
+    ``placed`` is the maximum over the step and :data:`NEAR_S` before it, where that window
+    holds exactly one drop, the drop is not inside the :data:`NEAR_S` before the step (its
+    later sample is in the step), and the maximum is above the step's last value. It reads
+    four ranges; the same test written with ``here == 1`` (one drop counted in the step) read
+    seven, and Prometheus evaluates every range of a query apart: a series with exactly one
+    drop in the wide window has ``here == 1`` exactly when the narrow window before the step
+    holds none (``here`` falls back to the step's own ``resets()`` only when that narrow window
+    holds no sample, and then the step holds the wide window's one drop)."""
     t, near, wide = duration(step_s), duration(NEAR_S), duration(step_s + NEAR_S)
     here = (
         f"((resets({selector}[{wide}]) - resets({selector}[{near}] offset {t})) "
@@ -74,8 +83,8 @@ def _drop_terms(selector: str, step_s: float) -> tuple[str, str, str]:
     )
     top = f"max_over_time({selector}[{wide}])"
     placed = (
-        f"({top} and (resets({selector}[{wide}]) == 1) and ({here} == 1) "
-        f"and ({top} > last_over_time({selector}[{t}])))"
+        f"(({top} > last_over_time({selector}[{t}])) and (resets({selector}[{wide}]) == 1) "
+        f"unless (resets({selector}[{near}] offset {t}) > 0))"
     )
     return here, placed, top
 
