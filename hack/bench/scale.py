@@ -41,8 +41,9 @@ STARTS = 3
 MIB = 1 << 20
 PUBLISH_CASES = (
     ("8 GPUs, whole GPUs only", "dgx-h100", '{"*": ["gpu"]}'),
-    ("8 GPUs, whole GPUs and dynamic MIG placements", "dgx-h100", ""),
-    ("16 GPUs, whole GPUs and dynamic MIG placements", "h100-x16", ""),
+    # Dynamic MIG is opted in: the default advertises whole GPUs (and made MIG instances) only.
+    ("8 GPUs, whole GPUs and dynamic MIG placements", "dgx-h100", '{"*": ["gpu", "mig"]}'),
+    ("16 GPUs, whole GPUs and dynamic MIG placements", "h100-x16", '{"*": ["gpu", "mig"]}'),
 )
 
 
