@@ -86,16 +86,36 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
+def _machine_busy(interval_s: float) -> float:
+    """The share of every CPU's time spent busy over ``interval_s`` (``/proc/stat``)."""
+
+    def ticks() -> list[int]:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+
+    before = ticks()
+    time.sleep(interval_s)
+    spent = [b - a for a, b in zip(before, ticks(), strict=True)]
+    idle = spent[3] + spent[4]  # idle, iowait
+    return 1.0 - idle / max(1, sum(spent))
+
+
 def _wait_idle(pid: int, timeout_s: float = 120.0) -> None:
     """Until the plugin used under 5 % of a core over half a second (its background status
-    writes after a burst are done), so each level measures prepares, not the backlog."""
+    writes after a burst are done), then until the machine is under 25 % busy for a second
+    (the API server and etcd settle for a few seconds after a burst; measured at 80-90 % for
+    3 s after 1,000 claims), so each level measures prepares, not the backlog. A machine that
+    stays busy (other work) is measured as it is once ``timeout_s`` has passed."""
     hz = os.sysconf("SC_CLK_TCK")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         before = _cpu_ticks(pid)
         time.sleep(0.5)
         if (_cpu_ticks(pid) - before) / hz < 0.025:
-            return
+            break
+    quiet_by = time.monotonic() + 60.0
+    while time.monotonic() < min(deadline, quiet_by) and _machine_busy(1.0) > 0.25:
+        pass
 
 
 def _prepare_all(conn: PluginConnection, claims: Sequence[ClaimRequest]) -> None:
@@ -178,7 +198,9 @@ def _level_rows(lab: Lab, result: ScenarioResult) -> None:
         "Prepare against claims already prepared: one simulated `dgx-h100` node running the "
         f"real plugin; background claims are time-slice shares of GPUs 0-6 (prepared "
         f"{CONCURRENCY} calls in flight, not measured), added up to each level; at each level, "
-        "once the plugin is idle again (its background status writes done), one whole-GPU "
+        "once the plugin is idle again (its background status writes done) and the machine "
+        "is (under 25 % busy over a second, at most a minute: the control plane settles after "
+        "a burst), one whole-GPU "
         f"claim on GPU 7 is prepared and unprepared {CYCLES} times after {WARMUP} warm-up "
         "rounds, one call at a time, then the plugin is stopped and started again over the "
         "same checkpoint (start → registration socket, polled every 5 ms: interpreter, "
