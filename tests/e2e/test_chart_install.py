@@ -453,7 +453,7 @@ def test_the_image_ships_bytecode_so_neither_process_compiles_its_modules_at_sta
             "python3", "-c", UNCOMPILED, entry,
         )  # fmt: skip
         uncompiled = json.loads(out.strip().splitlines()[-1])
-        assert uncompiled == [], f"{container}: no bytecode for {uncompiled[:8]} ({len(uncompiled)})"
+        assert not uncompiled, f"{container}: no bytecode for {uncompiled[:8]} ({len(uncompiled)})"
 
 
 def test_the_plugin_registers_with_the_real_kubelet_and_publishes_the_nodes_slices(
