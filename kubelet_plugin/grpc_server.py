@@ -35,19 +35,13 @@ from driver.errors import ConfigError
 from kubelet_plugin.grpc_dra import add_dra_services
 from kubelet_plugin.health_service import RESEND_SECONDS, add_health_services
 from kubelet_plugin.registration import RegistrationServicer, RegistrationState
+from kubelet_plugin.settings import DRA_WORKERS
 from proto.gen.pluginregistration import api_pb2_grpc as reg_grpc
 
 log = logging.getLogger(__name__)
 
 # gRPC needs the path plus a terminating NUL in sockaddr_un.sun_path (108 bytes).
 UNIX_PATH_MAX = 107
-# Threads serving the DRA socket. The kubelet's health stream holds one for as long as it is
-# open; the others serve prepare and unprepare calls, which queue in gRPC beyond that. Claims
-# are prepared one at a time under the node lock and a claim read takes about as long as the
-# work under the lock, so five calls in flight keep the lock busy; more only contend for the
-# interpreter (a 240-claim burst took 10-20 % longer with 16) and each thread keeps its stack
-# and heap (+6.5 MiB after such a burst with 16, +5 MiB with 6). docs/performance.md.
-DRA_WORKERS = 6
 
 
 def _b64(data: bytes) -> str:
@@ -145,7 +139,7 @@ class PluginServer:
         *,
         health: HealthSource | None = None,
         rolling_update_uid: str | None = None,
-        max_workers: int = DRA_WORKERS,
+        max_workers: int = DRA_WORKERS,  # --grpc-workers (kubelet_plugin.settings)
         health_resend_seconds: float = RESEND_SECONDS,
     ) -> None:
         root = Path(kubelet_root).absolute()

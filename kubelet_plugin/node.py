@@ -253,6 +253,7 @@ class NodePlugin:
             self.driver,
             health=self.health,
             rolling_update_uid=settings.rolling_update_uid,
+            max_workers=settings.grpc_workers,
         )
         self.sampler = UsageSampler(nvml, checkpoint_records(self.checkpoint), self.metrics)
         self._stop = threading.Event()
