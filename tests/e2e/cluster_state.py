@@ -33,6 +33,15 @@ def get_json(api: client.ApiClient, path: str) -> Obj:
     return request_json(api, "GET", path)
 
 
+def gone(api: client.ApiClient, path: str) -> bool:
+    """Whether the object at ``path`` is gone (the API server answers 404)."""
+    try:
+        get_json(api, path)
+    except client.ApiException as e:
+        return bool(e.status == 404)
+    return False
+
+
 def _get(api: client.ApiClient, path: str) -> list[Obj]:
     items: list[Obj] = get_json(api, path).get("items") or []
     return items

@@ -28,7 +28,7 @@ from driver.checkpoint.store import Checkpoint
 from hack.devcluster.realnode.node import RealNodeInfo
 from hack.devcluster.realnode.render import TEST_IMAGE
 from hack.simnode import SimNode, SimNodeConfig
-from tests.e2e.cluster_state import get_json
+from tests.e2e.cluster_state import get_json, gone
 from tests.e2e.conftest import Cluster
 from tests.e2e.real_nodes import (
     add_real_node,
@@ -299,14 +299,6 @@ def test_a_group_deleted_while_its_claim_is_being_prepared_leaves_nothing_behind
             "the checkpoint entry removed",
             lambda: uid not in Checkpoint(plugin.data_dir / "checkpoint.json").load()[0].claims,
         )
-        wait_for("the PodGroup gone", lambda: _gone_path(api, group))
+        wait_for("the PodGroup gone", lambda: gone(api, group))
         assert plugin.running(), "the plugin keeps serving"
         core.delete_namespace(namespace)
-
-
-def _gone_path(api: client.ApiClient, path: str) -> bool:
-    try:
-        get_json(api, path)
-    except client.ApiException as e:
-        return bool(e.status == 404)
-    return False

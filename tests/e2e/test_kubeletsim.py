@@ -17,7 +17,7 @@ from kubernetes import client
 from driver.kube.client import RESOURCE_V1
 from hack.kubeletsim import KubeletSimulator
 from kubelet_plugin.grpc_server import PluginServer
-from tests.e2e.cluster_state import get_json, request_json
+from tests.e2e.cluster_state import get_json, gone, request_json
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import slice_object
 from tests.unit.kubelet_doubles import RecordingDriver
@@ -31,14 +31,6 @@ def kubelet_root() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="kl", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _missing(api: client.ApiClient, path: str) -> bool:
-    try:
-        get_json(api, path)
-    except client.ApiException as e:
-        return bool(e.status == 404)
-    return False
 
 
 def test_simulated_kubelet_prepares_runs_and_unprepares_a_pod(
@@ -64,7 +56,7 @@ def test_simulated_kubelet_prepares_runs_and_unprepares_a_pod(
         class_path = f"{RESOURCE_V1}/deviceclasses/sim-{suffix}"
         try:
             sim.start()
-            assert _missing(api, stale), "a starting kubelet deletes the node's slices"
+            assert gone(api, stale), "a starting kubelet deletes the node's slices"
             server.start()
             assert sim.wait_for(lambda: len(sim.registrations()) == 1)
 
@@ -131,7 +123,7 @@ def test_simulated_kubelet_prepares_runs_and_unprepares_a_pod(
             assert sim.prepared[claim_uid].devices[0].device_name == "gpu-train"
 
             request_json(api, "DELETE", pod_path)  # graceful: the kubelet must finish it
-            wait_for("the pod to be gone", lambda: _missing(api, pod_path))
+            wait_for("the pod to be gone", lambda: gone(api, pod_path))
             assert [[c.uid for c in call] for call in driver.unprepared] == [[claim_uid]]
             methods = [c.method for c in sim.calls]
             assert methods == [

@@ -29,7 +29,7 @@ from driver.checkpoint.store import Checkpoint
 from driver.kube.features import discover
 from hack.devcluster.nodes import add_node
 from hack.kubeletsim import CallRecord
-from tests.e2e.cluster_state import get_json
+from tests.e2e.cluster_state import get_json, gone
 from tests.e2e.conftest import Cluster
 from tests.e2e.sim_nodes import PluginNode, plugin_node
 from tests.e2e.workload_cluster import (
@@ -128,14 +128,6 @@ def _prepares(node: PluginNode, uid: str) -> list[CallRecord]:
     ]
 
 
-def _gone(api: client.ApiClient, path: str) -> bool:
-    try:
-        get_json(api, path)
-    except client.ApiException as e:
-        return bool(e.status == 404)
-    return False
-
-
 def _checkpoint_pods(node: PluginNode, claim_uid: str) -> set[str]:
     state, _ = Checkpoint(node.node.data_dir / "checkpoint.json").load()
     record = state.claims.get(claim_uid)
@@ -205,7 +197,7 @@ def test_a_group_deleted_while_its_pods_run_unprepares_cleanly_when_they_leave(
         for name in names:
             delete(api, f"/api/v1/namespaces/{namespace}/pods/{name}")
         wait_for("the claim unprepared", lambda: uid not in node.kubelet.prepared)
-        wait_for("the PodGroup gone", lambda: _gone(api, group))
+        wait_for("the PodGroup gone", lambda: gone(api, group))
         wait_for(
             "the reservation dropped",
             lambda: not (node.claim(namespace, "team-gpus").get("status") or {}).get("reservedFor"),
