@@ -180,11 +180,7 @@ class MpsDaemons:
     def shm_of(self, key: str) -> Path | None:
         """The directory behind the ``/dev/shm`` of the daemon of ``key``, as its record says
         (a daemon adopted from another plugin process keeps the one it was started with)."""
-        try:
-            raw = json.loads((self.dir(key) / RECORD).read_text())
-        except (OSError, ValueError):
-            return None
-        shm = raw.get("shm_dir") if isinstance(raw, dict) else None
+        shm = self._record(key).get("shm_dir")
         return Path(shm) if isinstance(shm, str) and shm else None
 
     def _env(self, spec: DaemonSpec) -> dict[str, str]:
@@ -203,13 +199,17 @@ class MpsDaemons:
 
     # records --------------------------------------------------------------------------------
 
-    def record_pids(self, key: str) -> list[int]:
-        """The daemon pids recorded for ``key`` (written once it answered)."""
+    def _record(self, key: str) -> dict[str, object]:
+        """The record of the daemon of ``key``; empty when it is missing or unreadable."""
         try:
             raw = json.loads((self.dir(key) / RECORD).read_text())
         except (OSError, ValueError):
-            return []
-        pids = raw.get("pids") if isinstance(raw, dict) else None
+            return {}
+        return raw if isinstance(raw, dict) else {}
+
+    def record_pids(self, key: str) -> list[int]:
+        """The daemon pids recorded for ``key`` (written once it answered)."""
+        pids = self._record(key).get("pids")
         return [p for p in pids if isinstance(p, int)] if isinstance(pids, list) else []
 
     def records(self) -> dict[str, tuple[DaemonSpec, int | None]]:
