@@ -282,9 +282,8 @@ class Publisher:
         with ThreadPoolExecutor(min(WRITERS, len(writes)), "slice-write") as pool:
             done = [pool.submit(write, *w) for w in writes]
         errors = [e for e in (f.exception() for f in done) if e is not None]
-        dropped = [e for e in errors if isinstance(e, FieldDroppedError)]
-        if dropped or errors:
-            raise (dropped or errors)[0]
+        if errors:  # a dropped field first: it withdraws the pool
+            raise next((e for e in errors if isinstance(e, FieldDroppedError)), errors[0])
 
     def _check_kept(self, body: Json, got: Json) -> None:
         want = slice_diff.content(body["spec"])
