@@ -113,7 +113,7 @@ class PluginDriver:
             return {ref.uid: self._refuse(ref, conflict) for ref in claims}
         namespaces = list(dict.fromkeys(ref.namespace for ref in claims))
         # From memory (a synced namespace cache) in this thread; else read alongside the claims.
-        inline = bool(getattr(self._namespaces, "synced", False))
+        inline = self._namespaces.synced
         tenancies: dict[str, Future[Tenancy]] = {
             ns: _now(self._tenancy, ns) if inline else self._pool.submit(self._tenancy, ns)
             for ns in namespaces

@@ -21,6 +21,12 @@ Labels = Mapping[str, str]
 
 
 class NamespaceReader(Protocol):
+    @property
+    def synced(self) -> bool:
+        """Whether answers come from memory, with no API read (then asked in the calling
+        thread, not in the read pool)."""
+        ...
+
     def tenant_labels(self, namespace: str) -> dict[str, Labels]:
         """Labels of ``namespace`` and of every namespace of its tenant, by name.
 
@@ -39,6 +45,8 @@ def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
 
 class ApiNamespaceReader:
     """Reads Namespaces (``core/v1``) as raw JSON from the API server."""
+
+    synced = False  # every answer is a read
 
     def __init__(self, kube: KubeClient, timeout_s: float = READ_TIMEOUT_S) -> None:
         self._kube = kube

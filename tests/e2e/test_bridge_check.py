@@ -26,6 +26,8 @@ pytestmark = pytest.mark.cluster
 class NoReads:
     """A refused prepare reads nothing: neither claims nor namespaces."""
 
+    synced = False
+
     def read(self, ref: ClaimRef) -> dict[str, Any]:
         raise AssertionError(f"claim {ref.name} read although the node is in conflict")
 

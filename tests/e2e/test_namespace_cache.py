@@ -27,6 +27,8 @@ pytestmark = pytest.mark.cluster
 class CountingReader:
     """The direct read, counting the namespaces it was asked for."""
 
+    synced = False
+
     def __init__(self, kube: KubeClient) -> None:
         self._direct = ApiNamespaceReader(kube, timeout_s=3)
         self.asked: list[str] = []

@@ -49,6 +49,8 @@ class Claims:
 
 
 class Namespaces:
+    synced = True  # in memory
+
     def __init__(self, labels: dict[str, Labels]) -> None:
         self._labels = labels
 
