@@ -27,7 +27,9 @@ class Client:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _call(self, path: str, params: dict[str, str]) -> tuple[str, bytes]:
-        params = {**params, "timeout": f"{self.timeout_s:g}s"}
+        # Plain seconds: Prometheus reads a number as seconds, but a duration only in whole
+        # units ("2.5s" is refused as bad_data, so every query of --timeout 2.5 failed).
+        params = {**params, "timeout": f"{self.timeout_s:g}"}
         url = f"{self.base}/api/v1/{path}?{urllib.parse.urlencode(params)}"
         return url, self.get(url, self.timeout_s)
 

@@ -85,13 +85,18 @@ def _expected(samples: list[tuple[float, float]], start: float) -> float:
     return total
 
 
-def _openmetrics(now: float) -> str:
+def _openmetrics(now: float, fillers: int = 0) -> str:
+    """The two nodes' series; ``fillers`` more nodes carrying node ``a``'s samples (work for
+    Prometheus, where a test needs its queries to take time)."""
     lines = []
+    nodes = [(node, node, labels) for node, labels in NODES.items()]
+    nodes += [(f"filler-{i}", "a", NODES["a"]) for i in range(fillers)]
     for metric, keys in METRICS.items():
         lines.append(f"# TYPE {metric} counter")
-        for node, labels in NODES.items():
+        for instance, node, labels in nodes:
             text = ",".join(
-                [f'instance="{node}:9400"', f'job="{JOB}"', *(f'{k}="{labels[k]}"' for k in keys)]
+                [f'instance="{instance}:9400"', f'job="{JOB}"']
+                + [f'{k}="{labels[k]}"' for k in keys]
             )
             lines += [f"{metric}_total{{{text}}} {v:.3f} {t:.3f}" for t, v in _samples(node, now)]
     return "\n".join([*lines, "# EOF"]) + "\n"
@@ -130,7 +135,9 @@ def test_report_is_exact_across_restarts_and_a_gap(prometheus_bin: Path) -> None
     now = time.time()
     write_data = backfill(prometheus_bin, _openmetrics(now))
     with running_prometheus(prometheus_bin, [], prepare_data=write_data) as p:
-        done = _report(p.url, "--since", "6h", "--output", "json")
+        # A fractional --timeout is also the query timeout asked of Prometheus, which reads
+        # plain seconds but refused "2.5s" (every query failed as bad_data).
+        done = _report(p.url, "--since", "6h", "--output", "json", "--timeout", "2.5")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     _check_exact(doc, now)
@@ -184,7 +191,9 @@ def test_bad_sources_are_named(prometheus_bin: Path) -> None:
     assert done.returncode == 1
     assert "no answer within 0.5 s (--timeout / TRANCHE_TIMEOUT)" in done.stderr, done.stderr
 
-    write_data = backfill(prometheus_bin, _openmetrics(time.time()))
+    # 1 ms is Prometheus's shortest query timeout, and the two nodes' series alone can be
+    # answered within it: 60 more nodes' series make every query read far longer.
+    write_data = backfill(prometheus_bin, _openmetrics(time.time(), fillers=60))
     with running_prometheus(
         prometheus_bin, [], extra_args=["--query.timeout=1ms"], prepare_data=write_data
     ) as p:
