@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from driver.devices.inventory import AdvertiseConfig, parse_advertise, parse_mig_profiles
@@ -19,6 +18,7 @@ from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
 from driver.flags import add_flag, add_switch, env_name, flag_text, parse_address
 from driver.health.policy import HealthPolicy
+from driver.json_or_yaml import NotJsonOrYaml, parse_json_or_yaml
 from driver.sharing import SharingConfig, parse_sharing
 from driver.trust.policy import TrustLevel
 
@@ -258,8 +258,8 @@ def parse_health_policy(value: str) -> HealthPolicy:
     if not text.strip():
         return HealthPolicy()
     try:
-        return HealthPolicy.model_validate(yaml.safe_load(text))
-    except (ValidationError, yaml.YAMLError) as e:
+        return HealthPolicy.model_validate(parse_json_or_yaml(text))
+    except (ValidationError, NotJsonOrYaml) as e:
         raise ConfigError(f"{source}: {e}") from e
 
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-import yaml
 from pydantic import Field, RootModel, ValidationError, field_validator
 
 from driver.errors import ConfigError, DeviceNotFound
 from driver.flags import flag_text
+from driver.json_or_yaml import NotJsonOrYaml, parse_json_or_yaml
 from driver.nvml.types import GpuInfo, MigInstance, MigProfile, SystemInfo
 
 
@@ -90,8 +90,8 @@ class AdvertiseConfig(RootModel[dict[str, tuple[DeviceType, ...]]]):
     def parse(cls, text: str, source: str = "advertise config") -> AdvertiseConfig:
         """Parse JSON or YAML text (``{"*": ["gpu", "mig"]}``); errors name ``source``."""
         try:
-            data: Any = yaml.safe_load(text) if text.strip() else {"*": list(DEFAULT_TYPES)}
-        except yaml.YAMLError as e:
+            data: Any = parse_json_or_yaml(text) if text.strip() else {"*": list(DEFAULT_TYPES)}
+        except NotJsonOrYaml as e:
             raise ConfigError(f"{source}: not valid JSON or YAML: {e}") from e
         try:
             return cls.model_validate(data)

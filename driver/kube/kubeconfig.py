@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from driver.errors import ConfigError
+from driver.json_or_yaml import parse_json_or_yaml
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -110,7 +109,7 @@ def in_cluster(environ: Mapping[str, str], service_account_dir: Path) -> Credent
 
 def from_file(path: Path) -> Credentials:
     """The credentials of the current context of the kubeconfig at ``path``."""
-    doc = yaml.safe_load(path.read_text())
+    doc = parse_json_or_yaml(path.read_text())
     if not isinstance(doc, dict):
         raise ValueError("not a kubeconfig (expected a YAML mapping)")
     current = doc.get("current-context")

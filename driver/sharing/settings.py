@@ -13,11 +13,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from driver.errors import ConfigError
 from driver.flags import flag_text
+from driver.json_or_yaml import NotJsonOrYaml, parse_json_or_yaml
 from driver.prepare.config import Bytes
 from driver.trust.policy import MAX_SHARING_GROUP_LENGTH
 
@@ -77,8 +77,8 @@ def parse_sharing(value: str | None, source: str = "--sharing") -> SharingConfig
         return SharingConfig()
     text, source = flag_text(value, source)
     try:
-        data: Any = yaml.safe_load(text)
-    except yaml.YAMLError as e:
+        data: Any = parse_json_or_yaml(text)
+    except NotJsonOrYaml as e:
         raise ConfigError(f"{source}: not valid JSON or YAML: {e}") from e
     if data is None:
         return SharingConfig()

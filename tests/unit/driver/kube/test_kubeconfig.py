@@ -4,6 +4,7 @@ contexts, data and files, the in-cluster service account, and the selection rule
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,21 @@ def test_an_unusable_kubeconfig_names_the_flag_the_file_and_the_problem(
     with pytest.raises(ConfigError, match=f"--kubeconfig {path}: cannot build") as e:
         load(path, environ={})
     assert says in str(e.value)
+
+
+def test_a_file_that_is_not_yaml_names_the_flag_and_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text("clusters: [\n  {name: main\n")
+    with pytest.raises(ConfigError, match=f"--kubeconfig {path}: cannot build") as e:
+        load(path, environ={})
+    assert "expected ',' or '}'" in str(e.value)
+
+
+def test_a_json_kubeconfig_reads_as_its_yaml_twin(tmp_path: Path) -> None:
+    doc = config(cluster={"certificate-authority-data": b64(CA)})
+    as_json = tmp_path / "kubeconfig.json"
+    as_json.write_text(json.dumps(doc, indent=2))
+    assert load(as_json, environ={}) == load(write(tmp_path, doc), environ={})
 
 
 def test_a_cluster_without_a_server_is_refused(tmp_path: Path) -> None:
