@@ -1,4 +1,4 @@
-"""A thin Kubernetes API client over ``urllib3``: JSON requests and watches.
+"""A thin Kubernetes API client over ``http.client``: JSON requests and watches.
 
 The kubelet plugin talks to the API server only through this module, so its process
 never imports the generated ``kubernetes`` client (about 44 MiB of model classes).
@@ -12,12 +12,14 @@ Objects stay raw JSON, so fields newer than any client library are never lost.
   a :class:`driver.errors.ApiUnavailable`.
 
 A bearer token from a file (the in-cluster service account token, which the kubelet
-rotates) is read again every ``token_refresh_s`` seconds.
+rotates) is read again every ``token_refresh_s`` seconds. Connections are kept alive and
+reused (:mod:`driver.kube.connections`); a watch has a connection of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import logging
 import os
@@ -32,9 +34,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlencode
 
-import urllib3
-
 from driver.errors import ApiUnavailable, TrancheError
+from driver.kube.connections import TRANSPORT_ERRORS, ConnectionPool, shut_down
 from driver.kube.json_doc import JsonTooDeep, decode_object, undecodable
 from driver.kube.kubeconfig import Credentials, load
 
@@ -54,6 +55,7 @@ __all__ = [
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 TOKEN_REFRESH_S = 60.0
 POOL_SIZE = 16
+READ_SIZE = 64 * 1024  # a watch's read: what has arrived, up to this
 Json = dict[str, Any]
 
 
@@ -118,14 +120,13 @@ class KubeClient:
         self._token_refresh_s = token_refresh_s
         self._token_lock = threading.Lock()
         self._token: tuple[float, str | None] = (-1.0, credentials.token)
-        kwargs: dict[str, Any] = {}
-        if self.server.startswith("https:"):
-            kwargs["ssl_context"] = _ssl_context(credentials)
-            if credentials.tls_server_name:
-                kwargs["server_hostname"] = credentials.tls_server_name
-            if credentials.insecure:
-                kwargs["cert_reqs"] = ssl.CERT_NONE
-        self._pool = urllib3.PoolManager(num_pools=2, maxsize=pool_size, retries=False, **kwargs)
+        tls = self.server.startswith("https:")
+        self._pool = ConnectionPool(
+            self.server,
+            size=pool_size,
+            context=_ssl_context(credentials) if tls else None,
+            server_hostname=credentials.tls_server_name,
+        )
 
     @classmethod
     def connect(
@@ -140,7 +141,7 @@ class KubeClient:
         return cls(load(kubeconfig, flag=flag, environ=environ))
 
     def close(self) -> None:
-        self._pool.clear()
+        self._pool.close()
 
     def __enter__(self) -> KubeClient:
         return self
@@ -163,18 +164,21 @@ class KubeClient:
     ) -> RawAnswer:
         """One request; every HTTP status comes back as an answer. ``accept``: the answer's
         format (``application/vnd.kubernetes.protobuf`` for :mod:`driver.kube.wire`)."""
+        target = self._target(path, query)
+        headers = self._headers(content_type if body is not None else None, accept)
+        conn = self._pool.take(timeout_s)
         try:
-            resp = self._pool.request(
-                method,
-                self._url(path, query),
-                body=_encode(body),
-                headers=self._headers(content_type if body is not None else None, accept),
-                timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
-                retries=False,
-            )
-        except (urllib3.exceptions.HTTPError, OSError) as e:
+            conn.request(method, target, body=_encode(body), headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        except TRANSPORT_ERRORS as e:
+            conn.close()
             raise ApiUnreachable(method, path, self.server, e) from e
-        return RawAnswer(resp.status, str(resp.reason or ""), resp.data)
+        except BaseException:
+            conn.close()
+            raise
+        self._pool.give_back(conn, resp)
+        return RawAnswer(resp.status, str(resp.reason or ""), data)
 
     def request(
         self,
@@ -205,27 +209,29 @@ class KubeClient:
     ) -> Watch:
         """Open a watch of the collection at ``path``; the server ends it after ``timeout_s``."""
         params = {**(query or {}), "watch": "true", "timeoutSeconds": str(timeout_s)}
+        target = self._target(path, params)
+        headers = self._headers(None)
+        conn = self._pool.new(connect_timeout_s)
         try:
-            resp = self._pool.request(
-                "GET",
-                self._url(path, params),
-                headers=self._headers(None),
-                timeout=urllib3.Timeout(connect=connect_timeout_s, read=timeout_s + 10.0),
-                retries=False,
-                preload_content=False,
-            )
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise ApiUnreachable("WATCH", path, self.server, e) from e
-        if not 200 <= resp.status <= 299:
-            try:
+            conn.connect()
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout_s + 10.0)
+            conn.request("GET", target, headers=headers)
+            resp = conn.getresponse()
+            if not 200 <= resp.status <= 299:
                 answer = RawAnswer(resp.status, str(resp.reason or ""), resp.read())
-            finally:
-                resp.release_conn()
-            raise ApiError("WATCH", path, answer)
-        return Watch(resp, path, self.server)
+                conn.close()
+                raise ApiError("WATCH", path, answer)
+        except TRANSPORT_ERRORS as e:
+            conn.close()
+            raise ApiUnreachable("WATCH", path, self.server, e) from e
+        except BaseException:
+            conn.close()
+            raise
+        return Watch(conn, resp, path, self.server)
 
-    def _url(self, path: str, query: Mapping[str, str] | None) -> str:
-        return f"{self.server}{path}" + (f"?{urlencode(query)}" if query else "")
+    def _target(self, path: str, query: Mapping[str, str] | None) -> str:
+        return f"{self._pool.prefix}{path}" + (f"?{urlencode(query)}" if query else "")
 
     def _headers(
         self, content_type: str | None, accept: str = "application/json"
@@ -261,19 +267,33 @@ class Watch:
     """The events of one watch, each a decoded JSON object (``type``, ``object``).
 
     Iterate in one thread; :meth:`close` from any thread ends the iteration quietly.
-    Lines that are not JSON objects are skipped.
+    Lines that are not JSON objects are skipped. The watch has its connection to itself;
+    the iterating thread closes it when the iteration ends, :meth:`close` when none runs.
     """
 
-    def __init__(self, response: urllib3.BaseHTTPResponse, path: str, server: str) -> None:
+    def __init__(
+        self,
+        conn: http.client.HTTPConnection,
+        response: http.client.HTTPResponse,
+        path: str,
+        server: str,
+    ) -> None:
+        self._conn = conn
         self._resp = response
         self._path = path
         self._server = server
         self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._reading = False
 
     def __iter__(self) -> Iterator[Json]:
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._reading = True
         pending = b""
         try:
-            for chunk in self._resp.stream(None, decode_content=True):
+            while chunk := self._resp.read1(READ_SIZE):
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
@@ -285,21 +305,25 @@ class Watch:
             event = _event(pending)
             if event is not None:
                 yield event
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+        except (*TRANSPORT_ERRORS, ValueError) as e:
             if self._closed.is_set():
                 return
             raise ApiUnreachable("WATCH", self._path, self._server, e) from e
         finally:
-            self.close()
+            with self._lock:
+                self._reading = False
+                self._closed.set()
+            self._conn.close()
 
     def close(self) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        with contextlib.suppress(Exception):
-            self._resp.shutdown()
-        with contextlib.suppress(Exception):
-            self._resp.release_conn()
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            reading = self._reading
+        shut_down(self._conn)
+        if not reading:
+            self._conn.close()
 
     def __enter__(self) -> Watch:
         return self

@@ -30,6 +30,7 @@ class TcpRelay:
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self.accepted = 0  # connections accepted so far
 
     @property
     def url(self) -> str:
@@ -74,6 +75,7 @@ class TcpRelay:
                 continue
             with self._lock:
                 self._conns += [conn, upstream]
+                self.accepted += 1
             t = threading.Thread(target=self._pump, args=(conn, upstream), daemon=True)
             t.start()
 

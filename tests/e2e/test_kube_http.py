@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from driver.kube.http import ApiError, JsonTooDeep, KubeClient, undecodable
+from driver.kube.http import ApiError, ApiUnreachable, JsonTooDeep, KubeClient, undecodable
 from driver.kube.kubeconfig import Credentials, from_file
 from tests.e2e.conftest import Cluster
+from tests.e2e.tcp_relay import TcpRelay
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -162,3 +163,38 @@ def test_a_claim_nested_too_deep_fails_alone_and_a_list_names_it(
         notes = {i["metadata"]["name"]: undecodable(i) for i in listed["items"]}
         assert notes["ok"] is None
         assert (notes["deep"] or "").startswith(f"ResourceClaim {namespace}/deep: spec.devices")
+
+
+def test_the_tls_server_name_is_the_name_checked_not_the_host_dialled(cluster: Cluster) -> None:
+    """A kubeconfig's ``tls-server-name``: the server is dialled at its address and its
+    certificate checked against that name (the dev cluster's is valid for ``kubernetes``)."""
+    admin = from_file(Path(cluster.kubeconfig))
+    server = cluster.server.replace("127.0.0.1", "localhost")
+    named = Credentials(**{**admin.__dict__, "server": server, "tls_server_name": "kubernetes"})
+    with KubeClient(named) as kube:
+        assert kube.request("GET", "/version")["major"] == "1"
+    wrong = Credentials(**{**admin.__dict__, "tls_server_name": "not-this-server.example"})
+    with KubeClient(wrong) as kube, pytest.raises(ApiUnreachable, match="certificate verify"):
+        kube.request("GET", "/version")
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_reused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Kept-alive connections are reused; one the server (here a relay standing for it)
+    dropped while idle is replaced, and the next request is answered."""
+    admin = from_file(Path(cluster.kubeconfig))
+    relay = TcpRelay(cluster.server)
+    relay.up()
+    try:
+        via = Credentials(**{**admin.__dict__, "server": relay.url})
+        with KubeClient(via) as kube:
+            for _ in range(5):
+                kube.request("GET", "/version")
+            assert relay.accepted == 1
+            relay.down()  # drops the kept-alive connection
+            relay.up()
+            assert kube.request("GET", "/version")["major"] == "1"
+            assert relay.accepted == 2
+    finally:
+        relay.down()
