@@ -65,6 +65,9 @@ CHECKPOINT_FILE = "checkpoint.json"
 SIM_DRIVER_ROOT = "sim-driver-root"
 LOCK_FILE = "plugin.lock"
 HEALTH_FILE = "health.json"
+# Ended claims' records stay in memory this long (at least three usage samples), enough for
+# attribution to count their last partial interval; older ones live only in the history file.
+HISTORY_MEMORY_S = 600.0
 
 
 def managed_mig_uuids(state: CheckpointData) -> set[str]:
@@ -145,7 +148,11 @@ class NodePlugin:
         settings.cdi_root.mkdir(parents=True, exist_ok=True)
         faults = faults or FaultPoints.from_env(os.environ)
 
-        self.checkpoint = Checkpoint(data_dir / CHECKPOINT_FILE, faults=faults)
+        self.checkpoint = Checkpoint(
+            data_dir / CHECKPOINT_FILE,
+            faults=faults,
+            history_memory_s=max(HISTORY_MEMORY_S, 3 * settings.sample_interval_s),
+        )
         state, _ = self.checkpoint.load()
         gpus = nvml.list_gpus()  # once: a discovery is hundreds of NVML calls per GPU
         self.inventory = build_inventory(

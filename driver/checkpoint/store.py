@@ -159,6 +159,12 @@ class _View:
             self.history[_key(record)] = record
             self.history_lines += 1
 
+    def forget_history(self, before: float) -> None:
+        """Keep in memory only the ended records that ended at ``before`` or later."""
+        self.history = {
+            k: r for k, r in self.history.items() if (r.unprepared_at or r.prepared_at) >= before
+        }
+
     def data(self, history_limit: int) -> CheckpointData:
         history = list(self.history.values())[-history_limit:] if history_limit else []
         return CheckpointData.model_construct(claims=dict(self.claims), history=history)
@@ -175,13 +181,19 @@ class Checkpoint:
         clock: Callable[[], float] = time.time,
         faults: FaultPoints = NO_FAULTS,
         history_limit: int = DEFAULT_HISTORY,
+        history_memory_s: float | None = None,
     ) -> None:
+        """``history_limit``: ended records kept in the history file. ``history_memory_s``:
+        with a value, only those that ended within that many seconds stay in memory (what
+        usage attribution still needs), so a busy node's memory does not hold its history;
+        None keeps in memory what the file keeps."""
         self.path = path
         self.directory = path.with_suffix(".d")
         self.boot_id = read_boot_id() if boot_id is None else boot_id
         self._clock = clock
         self._faults = faults
         self.history_limit = history_limit
+        self.history_memory_s = history_memory_s
         self._history = self.directory / files.HISTORY_FILE
         self._started = self.directory / files.STARTED_FILE
         self._generation = files.Generation(self.directory / files.GENERATION_FILE)
@@ -204,6 +216,7 @@ class Checkpoint:
                 problem = self._convert_legacy()
                 legacy = False
             view, found = self._fresh(locked)
+            self._trim(view)
             data = view.data(self.history_limit)
             status = problem or found or self._status(view)
             if legacy:
@@ -286,9 +299,9 @@ class Checkpoint:
         view.history_lines = raw_history.count(b"\n")
         # An unprepare killed between its history line and the claim file's removal:
         # the claim is still prepared (the kubelet retries the unprepare).
-        current = {_key(c.allocation) for c in view.claims.values() if c.allocation is not None}
-        for key in current & view.history.keys():
+        for key in _current_keys(view) & view.history.keys():
             del view.history[key]
+        self._trim(view)
         if changed:
             _, view.generation = self._generation.bump()
         return view, self._corrupt(problems) if problems else None
@@ -408,6 +421,7 @@ class Checkpoint:
                 current.add_history([ended])
                 if current.history_lines > 2 * self.history_limit:
                     self._compact(current)
+                self._trim(current)
 
     def save(self, state: CheckpointData) -> None:
         """Replace the whole checkpoint with ``state`` (its history trimmed to the limit)."""
@@ -441,6 +455,7 @@ class Checkpoint:
             fresh.claims = {uid: r.model_copy() for uid, r in state.claims.items()}
             fresh.boot_ids = dict.fromkeys(state.claims, self.boot_id)
             fresh.add_history(state.history)
+            self._trim(fresh)
             self._view = fresh
 
     def remove_temporaries(self) -> None:
@@ -487,10 +502,21 @@ class Checkpoint:
         )
 
     def _compact(self, view: _View) -> None:
-        kept = list(view.history.values())[-self.history_limit :]
+        """Rewrite the history file with its last ``history_limit`` records, read back from
+        the file (memory may keep only the recent ones), each once, none of a claim that is
+        still prepared."""
+        on_file = _View(None, found=True)
+        on_file.add_history(_history_records(files.decode_history(self._history.read_bytes())))
+        current = _current_keys(view)
+        kept = [r for k, r in on_file.history.items() if k not in current][-self.history_limit :]
         self._write_history(kept)
-        view.history = {_key(r): r for r in kept}
+        if self.history_memory_s is None:
+            view.history = {_key(r): r for r in kept}
         view.history_lines = len(kept)
+
+    def _trim(self, view: _View) -> None:
+        if self.history_memory_s is not None:
+            view.forget_history(self._clock() - self.history_memory_s)
 
     def _move_aside(self, path: Path) -> Path:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self._clock()))
@@ -575,6 +601,10 @@ class Checkpoint:
 def _parse_legacy(raw: bytes) -> tuple[CheckpointData, str]:
     data, boot_id = files.decode_legacy(raw)
     return CheckpointData.model_validate(data), boot_id
+
+
+def _current_keys(view: _View) -> set[HistoryKey]:
+    return {_key(c.allocation) for c in view.claims.values() if c.allocation is not None}
 
 
 def _history_records(bodies: Iterable[dict[str, object]]) -> Iterable[AllocationRecord]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from driver.checkpoint.files import digest
+from driver.checkpoint.files import digest, encode_history
 from driver.checkpoint.store import (
     AllocatedDeviceRecord,
     AllocationRecord,
@@ -481,3 +481,58 @@ def test_claim_files_of_the_previous_writer_still_load(tmp_path: Path) -> None:
     state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
     assert status.kind == "ok"
     assert state.claims["u1"] == record("u1")
+
+
+def test_memory_keeps_only_recently_ended_claims_and_the_file_keeps_the_history(
+    tmp_path: Path,
+) -> None:
+    """The plugin's checkpoint keeps in memory the ended records attribution still needs
+    (ended within ``history_memory_s``); the history file keeps its ``history_limit``, and
+    compaction reads it back from the file."""
+    path = tmp_path / "checkpoint.json"
+    now = [0.0]
+    cp = Checkpoint(path, boot_id="b", history_limit=3, history_memory_s=60.0, clock=lambda: now[0])
+    for i in range(10):  # one ended every 30 s: u0 ended at 1 s, u9 at 271 s
+        now[0] = 30.0 * i + 1
+        cp.put(record(f"u{i}", prepared_at=30.0 * i))
+        cp.remove(f"u{i}", ended(f"u{i}", 30.0 * i))
+    assert [a.claim for a in cp.load()[0].history] == ["c-u7", "c-u8", "c-u9"]
+    now[0] += 15  # u7's end is now over 60 s ago
+    assert [a.claim for a in cp.load()[0].history] == ["c-u8", "c-u9"]
+    on_file = Checkpoint(path, boot_id="b", history_limit=3).load()[0].history
+    assert [a.claim for a in on_file] == ["c-u7", "c-u8", "c-u9"]
+    lines = (tmp_path / "checkpoint.d" / "history.jsonl").read_text().splitlines()
+    assert len(lines) <= 6
+    restarted = Checkpoint(
+        path, boot_id="b", history_limit=3, history_memory_s=60.0, clock=lambda: now[0]
+    )
+    assert [a.claim for a in restarted.load()[0].history] == ["c-u8", "c-u9"]
+
+
+def test_compaction_keeps_no_line_of_a_claim_still_prepared(tmp_path: Path) -> None:
+    """An unprepare killed between its history line and the claim file's removal leaves the
+    claim prepared; the history does not count it as ended, before or after compaction."""
+    path = tmp_path / "checkpoint.json"
+
+    def checkpoint() -> Checkpoint:
+        return Checkpoint(
+            path, boot_id="b", history_limit=3, history_memory_s=3600.0, clock=lambda: 0.0
+        )
+
+    cp = checkpoint()
+    cp.put(record("stuck", prepared_at=0.0))
+    for i in range(6):
+        cp.put(record(f"u{i}", prepared_at=float(i)))
+        cp.remove(f"u{i}", ended(f"u{i}", float(i)))
+    history = tmp_path / "checkpoint.d" / "history.jsonl"
+    stuck = ended("stuck", 0.0).model_copy(update={"claim": "stuck"})  # the same key
+    with history.open("ab") as f:  # its line written, then the plugin was killed
+        f.write(encode_history(stuck.model_dump(mode="json", by_alias=True)))
+    cp = checkpoint()
+    assert "stuck" not in [a.claim for a in cp.load()[0].history]
+    cp.put(record("u6", prepared_at=6.0))
+    cp.remove("u6", ended("u6", 6.0))  # the eighth line: the file is compacted
+    on_file = Checkpoint(path, boot_id="b", history_limit=3).load()[0]
+    assert "stuck" in on_file.claims
+    assert [a.claim for a in on_file.history] == ["c-u4", "c-u5", "c-u6"]
+    assert "stuck" not in history.read_text()
