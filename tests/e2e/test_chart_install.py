@@ -94,12 +94,32 @@ class Install:
             assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
         return done.stdout
 
-    def helm_cmd(self, *args: str) -> None:
+    def helm_cmd(self, *args: str) -> str:
         done = subprocess.run(
             [self.helm, "--kubeconfig", self.cluster.kubeconfig, *args],
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}{done.stdout}"
+        return done.stdout
+
+    def remove_unowned(self, tag: str) -> list[str]:
+        """Delete the cluster-wide objects the chart renders that exist without belonging
+        to this release: tests of other modules apply the shipped DeviceClasses themselves,
+        and ``helm install`` refuses to take over an object it did not make."""
+        removed = []
+        rendered = self.helm_cmd("template", RELEASE, str(CHART), *self.values(tag))
+        for doc in yaml.safe_load_all(rendered):
+            if not doc or doc["metadata"].get("namespace"):
+                continue
+            kind, name = doc["kind"], doc["metadata"]["name"]
+            found = self.kubectl("get", kind, name, "-o", "json", "--ignore-not-found")
+            if not found.strip():
+                continue
+            notes = json.loads(found)["metadata"].get("annotations") or {}
+            if notes.get("meta.helm.sh/release-name") != RELEASE:
+                self.kubectl("delete", kind, name)
+                removed.append(f"{kind}/{name}")
+        return removed
 
     @property
     def mps_cgroups(self) -> list[str]:
@@ -262,6 +282,9 @@ def install(
     inst = Install(cluster, real_node, helm_bin, tag, roll_tag, core)
     inst.driver_root.mkdir(exist_ok=True)
     inst.kubectl("label", "node", real_node.name, "--overwrite", "nvidia.com/gpu.present=true")
+    removed = inst.remove_unowned(tag)
+    if removed:
+        log.info("objects of other tests removed before the install: %s", " ".join(removed))
     t0 = time.monotonic()
     inst.helm_cmd("install", RELEASE, str(CHART), "--create-namespace", *inst.values(tag))
     try:
