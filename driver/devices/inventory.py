@@ -16,7 +16,6 @@ Device kinds:
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
@@ -216,7 +215,7 @@ class Inventory:
         found = self._by_name.get(name)
         if found is None or (isinstance(found, GpuDevice) and not found.advertised):
             advertised = self.device_names()
-            close = tuple(difflib.get_close_matches(name, advertised, n=3))
+            close = _close_names(name, advertised)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise DeviceNotFound(
                 f"device {name!r} is not advertised on this node ({len(advertised)} devices){hint}",
@@ -247,7 +246,7 @@ class Inventory:
 
     def _gpu_not_found(self, name: str) -> GpuDevice:
         known = [g.name for g in self.gpus] + [m.name for m in self.migs]
-        close = tuple(difflib.get_close_matches(name, known, n=3))
+        close = _close_names(name, known)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise DeviceNotFound(f"device {name!r} is not on this node{hint}", matches=close)
 
@@ -475,3 +474,11 @@ def summary(inventory: Inventory) -> Mapping[str, int]:
         "mig_slots": len(inventory.migs),
         "static_mig": sum(1 for m in inventory.migs if m.static),
     }
+
+
+def _close_names(name: str, known: Sequence[str]) -> tuple[str, ...]:
+    """Up to three of ``known`` close to ``name``, for an error message (difflib is loaded
+    only when a device is not found)."""
+    import difflib  # noqa: PLC0415
+
+    return tuple(difflib.get_close_matches(name, known, n=3))

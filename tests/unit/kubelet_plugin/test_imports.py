@@ -57,7 +57,8 @@ def test_tranche_help_still_lists_every_command() -> None:
 
 def test_settings_as_the_chart_renders_them_load_no_yaml_parser() -> None:
     """The chart renders structured settings as JSON and a pod has no kubeconfig, so an
-    installed plugin never imports PyYAML (about 1 MiB resident, docs/performance.md)."""
+    installed plugin never imports PyYAML (about 1 MiB resident, docs/performance.md); nor
+    difflib, which only names close devices in an error."""
     check = (
         "import sys; from driver.cli import main; "
         "sys.argv = ['tranche', 'kubelet-plugin', '--node-name', 'n', '--dry-run', "
@@ -65,7 +66,8 @@ def test_settings_as_the_chart_renders_them_load_no_yaml_parser() -> None:
         '\'--advertise\', \'{"*": ["gpu", "mig"]}\', '
         "'--health-policy', '{\"quiet_seconds\": 60}']; "
         "assert main() == 0; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('yaml', '_yaml'))[:5])"
+        "print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('yaml', '_yaml', 'difflib'))[:5])"
     )
     run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
