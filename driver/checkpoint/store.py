@@ -161,9 +161,10 @@ class _View:
 
     def forget_history(self, before: float) -> None:
         """Keep in memory only the ended records that ended at ``before`` or later."""
-        self.history = {
-            k: r for k, r in self.history.items() if (r.unprepared_at or r.prepared_at) >= before
-        }
+        # In place: most calls drop nothing, and a new dict per load is garbage per prepare.
+        ended = [k for k, r in self.history.items() if (r.unprepared_at or r.prepared_at) < before]
+        for key in ended:
+            del self.history[key]
 
     def data(self, history_limit: int) -> CheckpointData:
         history = list(self.history.values())[-history_limit:] if history_limit else []
