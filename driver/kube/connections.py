@@ -79,8 +79,9 @@ class ConnectionPool:
         self.prefix = url.path.rstrip("/")
         self._host = url.hostname
         self._port = url.port
-        self._tls = url.scheme == "https"
-        self._context = context if context is not None else ssl.create_default_context()
+        if url.scheme == "https" and context is None:
+            context = ssl.create_default_context()
+        self._context = context
         self._server_hostname = server_hostname
         self._size = size
         self._idle: list[http.client.HTTPConnection] = []
@@ -89,7 +90,7 @@ class ConnectionPool:
 
     def new(self, timeout_s: float) -> http.client.HTTPConnection:
         """A connection of its own (not from the pool); it connects on first use."""
-        if self._tls:
+        if self._context is not None:
             return _TlsConnection(
                 self._host,
                 self._port,
