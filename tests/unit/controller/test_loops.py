@@ -16,6 +16,7 @@ from controller.kube_client import ApiCallError, request
 from controller.leader import LeaderElector, LeaseConfig
 from controller.main import Controller
 from controller.settings import ControllerSettings
+from tests.local_http import reply, serving
 
 
 class _Proxy(ThreadingHTTPServer):
@@ -33,12 +34,7 @@ class _HtmlPage(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
-        body = b"<html><body>Sign in to continue</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, b"<html><body>Sign in to continue</body></html>", "text/html")
         with self.server.seen:
             self.server.requests += 1
             self.server.seen.notify_all()
@@ -61,13 +57,8 @@ class _HtmlPage(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def proxy() -> Iterator[_Proxy]:
-    server = _Proxy()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    with serving(_Proxy()) as server:
+        yield server
 
 
 @pytest.fixture

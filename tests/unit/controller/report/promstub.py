@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests import local_http
+from tests.local_http import reply
 
 Samples = dict[float, float]  # time → counter value
 Table = dict[str, list[tuple[dict[str, str], Samples]]]  # metric → (labels, samples)
@@ -98,12 +100,7 @@ def handler(answer: Callable[[str, dict[str, str]], Any]) -> type[BaseHTTPReques
             if doc is None:
                 self.send_error(404)
                 return
-            body = json.dumps(doc).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            reply(self, json.dumps(doc).encode())
 
         def log_message(self, format: str, *args: object) -> None:
             return
@@ -131,12 +128,5 @@ def table_answer(table: Table) -> Callable[[str, dict[str, str]], Any]:
 
 @contextmanager
 def serving(answer: Callable[[str, dict[str, str]], Any]) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(answer))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with local_http.serving(ThreadingHTTPServer(("127.0.0.1", 0), handler(answer))) as server:
         yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

@@ -12,6 +12,7 @@ import pytest
 
 from driver.kube.http import KubeClient
 from driver.kube.kubeconfig import Credentials
+from tests.local_http import reply, serving
 
 
 class _Server(ThreadingHTTPServer):
@@ -35,12 +36,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.server.paths.append(self.path)
         self.server.gate.wait(5)
-        body = b'{"kind": "Status", "message": "ok"}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, b'{"kind": "Status", "message": "ok"}')
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -48,12 +44,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server() -> Iterator[_Server]:
-    srv = _Server()
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with serving(_Server()) as srv:
+        yield srv
 
 
 def test_requests_go_under_the_servers_path_on_one_kept_alive_connection(
