@@ -3,7 +3,8 @@
 ``GET /healthz`` calls ``GetInfo`` on the registration socket and an empty
 ``NodePrepareResources`` on the DRA socket. A wedged gRPC server, a removed
 socket or a dead thread pool fail the probe, which a flag could not show.
-``GET /readyz`` additionally needs the ResourceSlices to be published.
+``GET /readyz`` additionally needs the ResourceSlices to be published and the kubelet's
+registration of this instance (``NotifyRegistrationStatus``).
 """
 
 from __future__ import annotations

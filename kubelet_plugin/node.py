@@ -470,4 +470,16 @@ class NodePlugin:
         return self.server.registration_socket, self.server.endpoint
 
     def ready(self) -> str | None:
-        return self._missing_api or self.publisher.error
+        """Why this instance should not take the node's work yet (``/readyz``); None when it
+        should. Registered with the kubelet is part of it: a rolling update deletes the old
+        pod once the new one is ready, and until the kubelet has registered the new
+        instance it sends every prepare to the old one, which is then shutting down."""
+        return self._missing_api or self.publisher.error or self._unregistered()
+
+    def _unregistered(self) -> str | None:
+        status = self.server.registration.latest
+        if status is None:
+            return "not registered with the kubelet yet"
+        if not status.registered:
+            return f"the kubelet refused the registration: {status.error}"
+        return None

@@ -207,7 +207,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(
         p,
         "--health-address",
-        "HOST:PORT of /healthz (liveness through the plugin's own sockets); empty disables",
+        "HOST:PORT of /healthz (liveness through the plugin's own sockets) and /readyz "
+        "(registered with the kubelet, slices published); empty disables",
         default=":9401",
     )
     add_flag(

@@ -23,7 +23,7 @@ from kubernetes import client
 from driver.checkpoint.store import Checkpoint
 from driver.cli import main as cli_main
 from driver.trust.policy import LABEL_LEVEL
-from hack.kubeletsim.client import ClaimRequest
+from hack.kubeletsim.client import STYLES, ClaimRequest, register
 from hack.simnode import SimNode, SimNodeConfig, SimNodeError
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
@@ -448,6 +448,17 @@ def _probe(port: int, path: str) -> int | None:
         return None
 
 
+def _readyz(port: int) -> tuple[int, str] | None:
+    """``/readyz``'s status and its reason; None while nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
+            return int(answer.status), answer.read().decode().strip()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode().strip()
+    except OSError:
+        return None
+
+
 def test_plugin_is_alive_and_not_ready_while_the_api_server_is_down_at_start(
     cluster: Cluster, make_node: Callable[..., str], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -472,6 +483,13 @@ def test_plugin_is_alive_and_not_ready_while_the_api_server_is_down_at_start(
         assert node.running(), node.log_tail()
         assert not node.registration_socket.exists()
         relay.up()
+        # Up and publishing, but a rolling update must not take it for ready before the
+        # kubelet has registered it (the kubelet sends the old pod every prepare until then).
+        wait_for(
+            "the plugin to wait only for the kubelet's registration",
+            lambda: _readyz(port) == (503, "not registered with the kubelet yet"),
+        )
+        register(STYLES["1.37"], str(node.registration_socket))
         wait_for("the plugin to become ready", lambda: _probe(port, "/readyz") == 200)
         assert _probe(port, "/healthz") == 200  # now through its own sockets
     finally:
