@@ -161,7 +161,11 @@ class _View:
 
     def forget_history(self, before: float) -> None:
         """Keep in memory only the ended records that ended at ``before`` or later."""
-        # In place: most calls drop nothing, and a new dict per load is garbage per prepare.
+        # Records are kept in the order they ended, so most calls (every load, a prepare's
+        # included) look at the oldest one only; in place, so nothing is copied.
+        oldest = next(iter(self.history.values()), None)
+        if oldest is None or (oldest.unprepared_at or oldest.prepared_at) >= before:
+            return
         ended = [k for k, r in self.history.items() if (r.unprepared_at or r.prepared_at) < before]
         for key in ended:
             del self.history[key]

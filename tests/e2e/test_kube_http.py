@@ -4,6 +4,7 @@ watch that can be closed from another thread, and a rotating service-account tok
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -170,10 +171,10 @@ def test_the_tls_server_name_is_the_name_checked_not_the_host_dialled(cluster: C
     certificate checked against that name (the dev cluster's is valid for ``kubernetes``)."""
     admin = from_file(Path(cluster.kubeconfig))
     server = cluster.server.replace("127.0.0.1", "localhost")
-    named = Credentials(**{**admin.__dict__, "server": server, "tls_server_name": "kubernetes"})
+    named = replace(admin, server=server, tls_server_name="kubernetes")
     with KubeClient(named) as kube:
         assert kube.request("GET", "/version")["major"] == "1"
-    wrong = Credentials(**{**admin.__dict__, "tls_server_name": "not-this-server.example"})
+    wrong = replace(admin, tls_server_name="not-this-server.example")
     with KubeClient(wrong) as kube, pytest.raises(ApiUnreachable, match="certificate verify"):
         kube.request("GET", "/version")
 
@@ -187,7 +188,7 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused(
     relay = TcpRelay(cluster.server)
     relay.up()
     try:
-        via = Credentials(**{**admin.__dict__, "server": relay.url})
+        via = replace(admin, server=relay.url)
         with KubeClient(via) as kube:
             for _ in range(5):
                 kube.request("GET", "/version")
