@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import prometheus_client
 import pynvml
@@ -31,7 +32,7 @@ from driver.nvml.facade import Nvml
 from driver.nvml.host import NvidiaSmiTimeslice, SysfsHost
 from kubelet_plugin.liveness import HealthEndpoint, probe_sockets
 from kubelet_plugin.node import NodePlugin
-from kubelet_plugin.node_labels import node_advertise
+from kubelet_plugin.node_labels import NodeLabelWatch, node_advertise
 from kubelet_plugin.settings import (
     PluginSettings,
     add_arguments,
@@ -70,7 +71,11 @@ def open_nvml(
     return open_simulated(store, on_call=on_call)
 
 
-def serve(settings: PluginSettings, stop: threading.Event) -> int:
+def serve(
+    settings: PluginSettings, stop: threading.Event, restart: threading.Event | None = None
+) -> int:
+    """Run the plugin until ``stop``. With ``restart``, a change of the node's dynamic-MIG
+    label sets it and stops the plugin, for the caller to start again."""
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     nvml = open_nvml(settings, metrics.nvml_call)
@@ -114,6 +119,22 @@ def serve(settings: PluginSettings, stop: threading.Event) -> int:
             return 0  # stopped while waiting for the API server
         started.set()
         stoppers.append(lambda: plugin.stop(STOP_GRACE_S))
+        if restart is not None:
+
+            def relabelled(_chosen: Any) -> None:
+                restart.set()
+                stop.set()
+
+            labels = NodeLabelWatch(
+                kube,
+                settings.node_name,
+                settings.mig_node_label,
+                base=settings.advertise,
+                current=advertise,
+                on_change=relabelled,
+            )
+            labels.start()
+            stoppers.append(labels.stop)
         stop.wait()
         log.info("stopping node=%s", settings.node_name)
     finally:
@@ -135,18 +156,37 @@ def run(args: argparse.Namespace) -> int:
         return 0
     configure(settings.log_format, settings.log_level)
     stop = threading.Event()
+    restart = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal received signal=%s", signal.Signals(signum).name)
+        restart.clear()  # a signal ends the process, even during a restart for a label
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        return serve(settings, stop)
+        code = serve(settings, stop, restart)
     except TrancheError as e:
         log.error("kubelet plugin failed to start: %s", e)
         return 1
+    if restart.is_set():
+        restart_in_place()
+    return code
+
+
+def restart_in_place() -> NoReturn:
+    """Run this command again in this process, after a clean stop: the same PID and
+    container, so no container restart is counted and no back-off applies. Every file
+    descriptor the plugin opened is closed by the exec (Python opens them non-inheritable);
+    child processes (MPS control daemons) stay and the new start adopts them as after any
+    restart."""
+    log.info("restarting in place for the node label")
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])  # noqa: S606 (this very command)
 
 
 command = Command(

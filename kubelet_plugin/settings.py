@@ -176,7 +176,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p,
         "--mig-node-label",
         "a Node label: where it is 'true', every GPU advertised 'mig-enabled' (the default) "
-        "advertises every MIG placement instead (dynamic MIG on this node); read at start; "
+        "advertises every MIG placement instead (dynamic MIG on this node); read at start "
+        "and watched: a change restarts the plugin in place; "
         "empty: never read",
         default=DEFAULT_MIG_NODE_LABEL,
     )

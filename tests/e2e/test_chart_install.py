@@ -65,6 +65,7 @@ PLUGIN_PODS = f"{INSTANCE},app.kubernetes.io/component=kubelet-plugin"
 CONTROLLER_PODS = f"{INSTANCE},app.kubernetes.io/component=controller"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 SHARING_GROUP = "blue"  # the node's sharing group (MPS share devices)
+MIG_LABEL = "gpu.tranche.dev/dynamic-mig"  # the chart's kubeletPlugin.migNodeLabel
 
 
 @dataclass
@@ -410,6 +411,7 @@ ASKED = [
 # The plugin's and the controller's ClusterRoles (docs/install.md, "What each part may do").
 PLUGIN_MAY = {
     "get  nodes",
+    "list  nodes",  # its own Node, watched for the dynamic-MIG label
     "create resource.k8s.io resourceslices",
     "delete resource.k8s.io resourceslices",
     "get resource.k8s.io resourceclaims",
@@ -496,6 +498,41 @@ def test_a_pod_with_a_claim_starts_on_the_node(install: Install) -> None:
     assert _failed_prepares(install) == []
     cdi = list(install.node.cdi_root.glob("*.json")) + list(install.node.cdi_root.glob("*.yaml"))
     assert cdi, f"no CDI spec in {install.node.cdi_root}"
+
+
+def test_the_dynamic_mig_label_restarts_the_installed_plugin_in_place(install: Install) -> None:
+    """As installed (its ServiceAccount may watch its Node, the image's entry point runs
+    again in the container): the label opts the node into dynamic MIG and back, with no
+    container restart."""
+    (pod,) = [p for p in install.pods(PLUGIN_PODS) if _ready(p)]
+
+    def placements() -> list[str]:
+        return [
+            d["name"]
+            for s in install.slices()
+            for d in s["spec"].get("devices") or []
+            if d.get("attributes", {}).get("type", {}).get("string") == "mig"
+        ]
+
+    assert placements() == []
+    install.kubectl("label", "node", install.node.name, f"{MIG_LABEL}=true")
+    try:
+        found = wait_for(
+            "every MIG placement after the label",
+            lambda: (f := placements()) and len(f) >= 8 * 25 and f,  # eight H100s
+            timeout_s=90,
+        )
+        assert len(found) == 8 * 25
+    finally:
+        install.kubectl("label", "node", install.node.name, f"{MIG_LABEL}-")
+    wait_for("no MIG placements without the label", lambda: not placements(), timeout_s=90)
+    (after,) = wait_for(
+        "the plugin ready again",
+        lambda: [p for p in install.pods(PLUGIN_PODS) if _ready(p)] or None,
+        timeout_s=60,
+    )
+    assert after.metadata.name == pod.metadata.name
+    assert all(s.restart_count == 0 for s in after.status.container_statuses or [])
 
 
 def upgrade_to_the_other_tag(install: Install) -> str:

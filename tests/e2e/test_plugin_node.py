@@ -98,6 +98,38 @@ def test_default_publishes_whole_gpus_and_mig_only_when_opted_in(
     assert profiles == ["3g.40gb"] * 16 + ["7g.80gb"] * 8 and len(devices) == 32
 
 
+def test_the_dynamic_mig_label_takes_effect_in_place_without_a_pod_restart(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
+) -> None:
+    pn = sim_node()
+    pid = pn.node.pid
+
+    def published(count: int) -> list[dict[str, Any]] | None:
+        found = _published_devices(pn)
+        return found if found and len(found) == count else None
+
+    def restarts() -> int:
+        return pn.node.log_path.read_text(errors="replace").count("restarting in place")
+
+    wait_for("the whole GPUs", lambda: published(8))
+    # Another label changes nothing the node advertises: no restart. It goes first, so
+    # the watch sees it before the MIG label.
+    kubectl(cluster, "label", "node", pn.name, "example.com/rack=r7")
+    kubectl(cluster, "label", "node", pn.name, "gpu.tranche.dev/dynamic-mig=true")
+    devices = wait_for("every placement after the label", lambda: published(208))
+    assert [d["attributes"]["type"]["string"] for d in devices].count("mig") == 200
+    assert restarts() == 1
+    assert pn.node.pid == pid  # the same process: no container restart, no back-off
+    # The kubelet registered the new instance, which prepares claims.
+    apply_example(cluster, "one-gpu.yaml", namespace, pn.name)
+    _prepared(pn, namespace, "one-gpu", "gpu")
+
+    kubectl(cluster, "label", "node", pn.name, "gpu.tranche.dev/dynamic-mig-")
+    wait_for("the whole GPUs again", lambda: published(8))
+    assert restarts() == 2
+    assert pn.node.pid == pid
+
+
 @pytest.mark.matrix
 def test_whole_gpu_claim_is_prepared_through_cdi_and_released_on_pod_deletion(
     cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]

@@ -1,0 +1,65 @@
+"""The plugin's watch of its own Node for the dynamic-MIG label, against the real API
+server: it reports a change of what the node advertises, and one made while the API
+server could not be reached is found by the relist after it comes back."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from driver.devices.inventory import DYNAMIC_MIG, AdvertiseConfig
+from driver.kube.http import KubeClient
+from driver.kube.kubeconfig import from_file
+from hack.devcluster.nodes import add_node
+from kubelet_plugin.node_labels import NodeLabelWatch
+from kubelet_plugin.publisher import Backoff
+from tests.e2e.conftest import Cluster
+from tests.e2e.sim_nodes import fresh_node_name, kubectl
+from tests.e2e.tcp_relay import TcpRelay
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+LABEL = "gpu.tranche.dev/dynamic-mig"
+
+
+def test_a_label_set_while_the_api_server_is_away_is_seen_after_it_comes_back(
+    cluster: Cluster,
+) -> None:
+    name = fresh_node_name("labels")
+    relay = TcpRelay(cluster.server)
+    relay.up()
+    changes: list[AdvertiseConfig] = []
+    with cluster.api_client() as api:
+        add_node(api, name)
+        try:
+            with KubeClient(replace(from_file(Path(cluster.kubeconfig)), server=relay.url)) as kube:
+                watch = NodeLabelWatch(
+                    kube,
+                    name,
+                    LABEL,
+                    base=AdvertiseConfig(),
+                    current=AdvertiseConfig(),
+                    on_change=changes.append,
+                    backoff=Backoff(0.2, 0.5),
+                )
+                watch.start()
+                try:
+                    wait_for("the list and the watch", lambda: relay.accepted >= 2)
+                    kubectl(cluster, "label", "node", name, "example.com/rack=r7")
+                    relay.down()  # breaks the watch; the next attempts are refused
+                    kubectl(cluster, "label", "node", name, f"{LABEL}=true")
+                    time.sleep(1.0)  # several failed relists
+                    assert changes == []
+                    relay.up()
+                    wait_for("the change after the relist", lambda: changes)
+                    assert changes == [DYNAMIC_MIG]
+                finally:
+                    watch.stop()
+        finally:
+            client.CoreV1Api(api).delete_node(name)
+            relay.down()
