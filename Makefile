@@ -20,11 +20,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The project's modules as bytecode (up-to-date files are skipped): the processes the tests,
-# the demo and the benchmarks start load them instead of compiling them at every start, as
-# the image does (these machines set PYTHONDONTWRITEBYTECODE, so nothing is cached otherwise).
+# The project's modules as bytecode (hack/bytecode.py): the processes the tests, the demo and
+# the benchmarks start load them instead of compiling them at every start, as the image does.
 bytecode: $(STAMP)
-	@$(BIN)/python -m compileall -q -j 0 driver kubelet_plugin controller proto hack tests >/dev/null
+	@$(BIN)/python -m hack.bytecode
 
 # The version matrix (docs/development.md#version-matrix). K8S picks the control plane of
 # `make e2e`/`make test` (default 1.37); `make test-matrix` runs the `matrix`-marked core

@@ -30,8 +30,9 @@ from hack.bench import (
     showback,
 )
 from hack.bench.lab import Lab
-from hack.bench.machine import REPO, compile_bytecode, describe
+from hack.bench.machine import REPO, describe
 from hack.bench.results import ScenarioResult
+from hack.bytecode import compile_bytecode
 
 SCENARIOS: dict[str, ModuleType] = {
     m.NAME: m

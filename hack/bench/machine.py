@@ -6,7 +6,6 @@ import datetime
 import os
 import platform
 import subprocess
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,21 +52,3 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"process {pid}: no VmRSS in /proc/{pid}/status")
-
-
-PACKAGES = ("driver", "kubelet_plugin", "controller", "proto", "hack")
-
-
-def compile_bytecode() -> None:
-    """Compile the project's sources to ``__pycache__``, as the image ships them compiled.
-
-    The benchmarks time processes started from the checkout; without bytecode (an editable
-    install under ``PYTHONDONTWRITEBYTECODE=1``, as on these machines) every start would
-    compile the project's modules again: about 0.1-0.2 s that an installed plugin does not
-    spend. Up-to-date files are left alone."""
-    subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", "-j", "0", *PACKAGES],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    )
