@@ -42,6 +42,7 @@ from kubelet_plugin.settings import (
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 STARTING = "starting: recovering claims, waiting for the API server"
 
 
@@ -156,22 +157,30 @@ def run(args: argparse.Namespace) -> int:
         return 0
     configure(settings.log_format, settings.log_level)
     stop = threading.Event()
-    restart = threading.Event()
+    restart = threading.Event()  # set by the node label watch
+    signalled = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal received signal=%s", signal.Signals(signum).name)
-        restart.clear()  # a signal ends the process, even during a restart for a label
+        signalled.set()
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # A restart in place blocks the stop signals across its exec: one sent meanwhile is
+    # pending, and arrives here.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
         code = serve(settings, stop, restart)
     except TrancheError as e:
         log.error("kubelet plugin failed to start: %s", e)
         return 1
     if restart.is_set():
-        restart_in_place()
+        # A stop signal before this line wins over the restart; one after it waits, pending,
+        # for the new start, which stops at once.
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        if not signalled.is_set():
+            restart_in_place()
     return code
 
 

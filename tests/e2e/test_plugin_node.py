@@ -130,6 +130,23 @@ def test_the_dynamic_mig_label_takes_effect_in_place_without_a_pod_restart(
     assert pn.node.pid == pid
 
 
+def test_a_stop_signal_during_a_label_restart_ends_the_plugin(
+    cluster: Cluster, sim_node: Callable[..., PluginNode]
+) -> None:
+    """SIGTERM while the plugin stops for its restart in place (before the exec, or after
+    it, pending across it) ends the process cleanly instead of starting it again."""
+    pn = sim_node()
+    wait_for("the whole GPUs", lambda: (d := _published_devices(pn)) and len(d) >= 8)
+    kubectl(cluster, "label", "node", pn.name, "gpu.tranche.dev/dynamic-mig=true")
+    wait_for(
+        "the restart to begin",
+        lambda: "node label changed what the node advertises" in pn.node.log_tail(200),
+        interval_s=0.01,
+    )
+    assert pn.node.stop(timeout_s=20) == 0
+    assert not pn.node.registration_socket.exists()
+
+
 @pytest.mark.matrix
 def test_whole_gpu_claim_is_prepared_through_cdi_and_released_on_pod_deletion(
     cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
