@@ -96,6 +96,7 @@ class NodeLabelWatch:
         self._watch_seconds = watch_seconds
         self._query = {"fieldSelector": f"metadata.name={node_name}"}
         self._version = ""
+        self._refused = False
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._watch: Watch | None = None
@@ -124,14 +125,28 @@ class NodeLabelWatch:
                 self._version = ""
                 if self._stop.is_set():
                     return
-                log.warning(
-                    "node label watch failed; relisting node=%s error=%s",
-                    self._node,
-                    f"HTTP {e.status}: {e.message}" if isinstance(e, ApiError) else repr(e),
-                )
+                self._failed(e)
                 self._stop.wait(self._backoff.next())
             finally:
                 self._close_watch()
+
+    def _failed(self, e: Exception) -> None:
+        if isinstance(e, ApiError) and e.status in (401, 403):
+            if not self._refused:  # once: it stays refused until RBAC changes
+                log.error(
+                    "node label watch refused: the plugin's service account needs list and "
+                    "watch on nodes for --mig-node-label (empty turns the watch off); the "
+                    "label keeps the effect read at start node=%s error=%s",
+                    self._node,
+                    f"HTTP {e.status}: {e.message}",
+                )
+            self._refused = True
+            return
+        log.warning(
+            "node label watch failed; relisting node=%s error=%s",
+            self._node,
+            f"HTTP {e.status}: {e.message}" if isinstance(e, ApiError) else repr(e),
+        )
 
     def _list(self) -> None:
         listed = self._kube.request("GET", NODES, query=self._query, timeout_s=self._timeout_s)
@@ -143,6 +158,7 @@ class NodeLabelWatch:
         if not isinstance(version, str) or not version:
             raise ValueError("the node list has no metadata.resourceVersion")
         self._version = version
+        self._refused = False
 
     def _watch_once(self) -> None:
         if self._stop.is_set():

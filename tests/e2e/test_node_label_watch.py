@@ -4,6 +4,7 @@ server could not be reached is found by the relist after it comes back."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +14,7 @@ from kubernetes import client
 
 from driver.devices.inventory import DYNAMIC_MIG, AdvertiseConfig
 from driver.kube.http import KubeClient
-from driver.kube.kubeconfig import from_file
+from driver.kube.kubeconfig import Credentials, from_file
 from hack.devcluster.nodes import add_node
 from kubelet_plugin.node_labels import NodeLabelWatch
 from kubelet_plugin.publisher import Backoff
@@ -63,3 +64,54 @@ def test_a_label_set_while_the_api_server_is_away_is_seen_after_it_comes_back(
         finally:
             client.CoreV1Api(api).delete_node(name)
             relay.down()
+
+
+def test_a_service_account_without_watch_on_nodes_is_named_once_and_changes_nothing(
+    cluster: Cluster, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = fresh_node_name("labels")
+    admin = from_file(Path(cluster.kubeconfig))
+    ca = tmp_path / "ca.crt"
+    ca.write_text(admin.ca_data or "")
+    token = tmp_path / "token"
+    with cluster.kube() as kube:
+        kube.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts",
+            body={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "plugin"}},
+        )
+        token.write_text(
+            kube.request(
+                "POST",
+                f"/api/v1/namespaces/{namespace}/serviceaccounts/plugin/token",
+                body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest"},
+            )["status"]["token"]
+        )
+    changes: list[AdvertiseConfig] = []
+    caplog.set_level(logging.WARNING, logger="kubelet_plugin.node_labels")
+    with cluster.api_client() as api:
+        add_node(api, name, labels={LABEL: "true"})
+        try:
+            creds = Credentials(cluster.server, ca_file=str(ca), token_file=str(token))
+            with KubeClient(creds) as kube:
+                watch = NodeLabelWatch(
+                    kube,
+                    name,
+                    LABEL,
+                    base=AdvertiseConfig(),
+                    current=AdvertiseConfig(),
+                    on_change=changes.append,
+                    backoff=Backoff(0.05, 0.1),
+                )
+                watch.start()
+                try:
+                    time.sleep(1.0)  # about ten refused lists
+                finally:
+                    watch.stop()
+        finally:
+            client.CoreV1Api(api).delete_node(name)
+    assert changes == []
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 1, logged
+    assert "needs list and watch on nodes for --mig-node-label" in logged[0]
+    assert "HTTP 403" in logged[0] and name in logged[0]
