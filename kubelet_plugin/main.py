@@ -22,6 +22,7 @@ import pynvml
 from prometheus_client import CollectorRegistry
 
 from driver.cli import Command
+from driver.devices.inventory import AdvertiseConfig
 from driver.errors import ConfigError, TrancheError
 from driver.flags import parse_address
 from driver.kube.http import KubeClient
@@ -122,7 +123,7 @@ def serve(
         stoppers.append(lambda: plugin.stop(STOP_GRACE_S))
         if restart is not None:
 
-            def relabelled(_chosen: Any) -> None:
+            def relabelled(_chosen: AdvertiseConfig) -> None:
                 restart.set()
                 stop.set()
 
