@@ -15,20 +15,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from typing import Any
 
-from driver.kube.http import ApiError, KubeClient, Watch
+from driver.kube.http import KubeClient
 from driver.trust.policy import LABEL_TENANT
+from kubelet_plugin.list_watch import Json, ListWatch, describe
 from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels, NamespaceReader, labels_of
 from kubelet_plugin.publisher import Backoff
 
 log = logging.getLogger(__name__)
 
 NAMESPACES = "/api/v1/namespaces"
-Json = dict[str, Any]
 
 
-class WatchedNamespaces:
+class WatchedNamespaces(ListWatch):
     """A :class:`NamespaceReader` answering from a watch-fed cache, else from ``fallback``.
 
     ``start()`` runs the list and watch thread, ``stop()`` ends it. ``synced`` says whether
@@ -44,18 +43,18 @@ class WatchedNamespaces:
         request_timeout_s: float = 10.0,
         watch_seconds: int = 300,
     ) -> None:
-        self._kube = kube
+        super().__init__(
+            kube,
+            NAMESPACES,
+            thread_name="namespace-watch",
+            backoff=backoff,
+            request_timeout_s=request_timeout_s,
+            watch_seconds=watch_seconds,
+        )
         self._fallback = fallback or ApiNamespaceReader(kube)
-        self._backoff = backoff or Backoff()
-        self._timeout_s = request_timeout_s
-        self._watch_seconds = watch_seconds
         self._lock = threading.Lock()
         self._labels: dict[str, dict[str, str]] = {}
         self._synced = False
-        self._version = ""
-        self._stop = threading.Event()
-        self._watch: Watch | None = None
-        self._thread: threading.Thread | None = None
         self.lists = 0
 
     @property
@@ -75,108 +74,37 @@ class WatchedNamespaces:
                 return found
         return self._fallback.tenant_labels(namespace)
 
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="namespace-watch", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._close_watch()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                if not self._synced:
-                    self._list()
-                self._watch_once()
-                self._backoff.reset()
-            except Exception as e:
-                self._drop()
-                if self._stop.is_set():
-                    return
-                log.warning("namespace watch failed; relisting error=%s", _describe(e))
-                self._stop.wait(self._backoff.next())
-            finally:
-                self._close_watch()
-
-    def _list(self) -> None:
-        listed = self._kube.request("GET", NAMESPACES, timeout_s=self._timeout_s)
-        items = listed.get("items")
+    def _listed(self, items: list[Json], version: str) -> None:
         labels: dict[str, dict[str, str]] = {}
-        for item in items if isinstance(items, list) else []:
+        for item in items:
             name = _name(item)
             if name is not None:
                 labels[name] = labels_of(item)
-        meta = listed.get("metadata")
-        version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
-        if not isinstance(version, str) or not version:
-            raise ValueError("the namespace list has no metadata.resourceVersion")
         with self._lock:
-            self._labels, self._version, self._synced = labels, version, True
+            self._labels, self._synced = labels, True
             self.lists += 1
         log.info("namespace cache synced namespaces=%d version=%s", len(labels), version)
 
-    def _watch_once(self) -> None:
-        """One watch from the last version seen; returns when the server ends it."""
-        watch = self._kube.watch(
-            NAMESPACES,
-            {"resourceVersion": self._version, "allowWatchBookmarks": "true"},
-            timeout_s=self._watch_seconds,
-            connect_timeout_s=self._timeout_s,
-        )
-        self._watch = watch
-        if self._stop.is_set():
-            return
-        for event in watch:
-            if self._stop.is_set():
-                return
-            self._apply(event)
-
-    def _apply(self, event: Json) -> None:
-        kind, obj = event.get("type"), event.get("object")
-        if not isinstance(obj, Mapping):
-            return
-        if kind == "ERROR":
-            code = obj.get("code")
-            raise WatchExpired(f"watch ended by the API server: HTTP {code} {obj.get('message')}")
-        meta = obj.get("metadata")
-        version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    def _changed(self, kind: str, obj: Json) -> None:
         name = _name(obj)
+        if name is None:
+            return
         with self._lock:
-            if name is not None and kind in ("ADDED", "MODIFIED"):
-                self._labels[name] = labels_of(obj)
-            elif name is not None and kind == "DELETED":
+            if kind == "DELETED":
                 self._labels.pop(name, None)
-            if isinstance(version, str) and version:
-                self._version = version
+            else:
+                self._labels[name] = labels_of(obj)
 
-    def _drop(self) -> None:
+    def _forget(self) -> None:
         with self._lock:
             self._synced = False
             self._labels = {}
 
-    def _close_watch(self) -> None:
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.close()
-
-
-class WatchExpired(Exception):
-    """The watch sent an ERROR event (``410 Gone``: its version is too old); relist."""
+    def _failed(self, e: Exception) -> None:
+        log.warning("namespace watch failed; relisting error=%s", describe(e))
 
 
 def _name(obj: object) -> str | None:
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
     name = meta.get("name") if isinstance(meta, Mapping) else None
     return name if isinstance(name, str) else None
-
-
-def _describe(e: BaseException) -> str:
-    if isinstance(e, ApiError):
-        return f"HTTP {e.status}: {e.message}"
-    return f"{type(e).__name__}: {e}"

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from driver.devices.inventory import AdvertiseConfig
-from driver.kube.http import ApiError, KubeClient, Watch
+from driver.kube.http import ApiError, KubeClient
 from kubelet_plugin.bridge_check import check_node_when_reachable, read_node
+from kubelet_plugin.list_watch import Json, ListWatch, describe
 from kubelet_plugin.publisher import Backoff
 
 log = logging.getLogger(__name__)
@@ -62,14 +63,13 @@ def node_advertise(
     return chosen
 
 
-class NodeLabelWatch:
+class NodeLabelWatch(ListWatch):
     """Watches Node ``node_name`` and calls ``on_change`` once, with what the node now
     advertises, when its ``label`` makes that differ from ``current`` (what the running
     plugin advertises). Other changes of the Node (status, other labels) are ignored.
 
-    Lists the one Node, then watches from the list's ``resourceVersion``; a ``410 Gone``
-    or any other failure relists after an exponential back-off (the label keeps its last
-    known effect meanwhile: nothing is withdrawn because the API server is away).
+    A failure relists after an exponential back-off (:class:`ListWatch`); meanwhile the
+    label keeps its last known effect: nothing is withdrawn because the API server is away.
     """
 
     def __init__(
@@ -85,50 +85,34 @@ class NodeLabelWatch:
         request_timeout_s: float = 10.0,
         watch_seconds: int = 300,
     ) -> None:
-        self._kube = kube
+        super().__init__(
+            kube,
+            NODES,
+            {"fieldSelector": f"metadata.name={node_name}"},
+            thread_name="node-label-watch",
+            backoff=backoff,
+            request_timeout_s=request_timeout_s,
+            watch_seconds=watch_seconds,
+        )
         self._node = node_name
         self._label = label
         self._base = base
         self._current = current
         self._on_change = on_change
-        self._backoff = backoff or Backoff()
-        self._timeout_s = request_timeout_s
-        self._watch_seconds = watch_seconds
-        self._query = {"fieldSelector": f"metadata.name={node_name}"}
-        self._version = ""
         self._refused = False
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._watch: Watch | None = None
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self._thread is None and self._label:
-            self._thread = threading.Thread(target=self._run, name="node-label-watch", daemon=True)
-            self._thread.start()
+        if self._label:
+            super().start()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._close_watch()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
+    def _listed(self, items: list[Json], version: str) -> None:
+        self._refused = False
+        for item in items:
+            self._seen(item)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                if not self._version:
-                    self._list()
-                self._watch_once()
-                self._backoff.reset()
-            except Exception as e:
-                self._version = ""
-                if self._stop.is_set():
-                    return
-                self._failed(e)
-                self._stop.wait(self._backoff.next())
-            finally:
-                self._close_watch()
+    def _changed(self, kind: str, obj: Json) -> None:
+        if kind != "DELETED":
+            self._seen(obj)
 
     def _failed(self, e: Exception) -> None:
         if isinstance(e, ApiError) and e.status in (401, 403):
@@ -138,58 +122,14 @@ class NodeLabelWatch:
                     "watch on nodes for --mig-node-label (empty turns the watch off); the "
                     "label keeps the effect read at start node=%s error=%s",
                     self._node,
-                    f"HTTP {e.status}: {e.message}",
+                    describe(e),
                 )
             self._refused = True
             return
-        log.warning(
-            "node label watch failed; relisting node=%s error=%s",
-            self._node,
-            f"HTTP {e.status}: {e.message}" if isinstance(e, ApiError) else repr(e),
-        )
+        log.warning("node label watch failed; relisting node=%s error=%s", self._node, describe(e))
 
-    def _list(self) -> None:
-        listed = self._kube.request("GET", NODES, query=self._query, timeout_s=self._timeout_s)
-        items = listed.get("items")
-        for item in items if isinstance(items, list) else []:
-            self._seen(item)
-        meta = listed.get("metadata")
-        version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
-        if not isinstance(version, str) or not version:
-            raise ValueError("the node list has no metadata.resourceVersion")
-        self._version = version
-        self._refused = False
-
-    def _watch_once(self) -> None:
-        if self._stop.is_set():
-            return  # the list saw the change
-        watch = self._kube.watch(
-            NODES,
-            {**self._query, "resourceVersion": self._version, "allowWatchBookmarks": "true"},
-            timeout_s=self._watch_seconds,
-            connect_timeout_s=self._timeout_s,
-        )
-        with self._lock:
-            self._watch = watch
-        if self._stop.is_set():
-            return
-        for event in watch:
-            if self._stop.is_set():
-                return
-            kind, obj = event.get("type"), event.get("object")
-            if not isinstance(obj, Mapping):
-                continue
-            if kind == "ERROR":
-                raise ValueError(f"watch ended by the API server: {obj.get('message')}")
-            meta = obj.get("metadata")
-            version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
-            if isinstance(version, str) and version:
-                self._version = version
-            if kind in ("ADDED", "MODIFIED"):
-                self._seen(obj)
-
-    def _seen(self, node: Mapping[str, Any]) -> None:
-        chosen = advertise_for(dict(node), self._label, self._base)
+    def _seen(self, node: Json) -> None:
+        chosen = advertise_for(node, self._label, self._base)
         if chosen == self._current or self._stop.is_set():
             return
         self._stop.set()  # once: the plugin restarts with what it read
@@ -201,9 +141,3 @@ class NodeLabelWatch:
             extra={"node": self._node},
         )
         self._on_change(chosen)
-
-    def _close_watch(self) -> None:
-        with self._lock:
-            watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.close()

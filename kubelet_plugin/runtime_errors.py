@@ -18,15 +18,15 @@ naming the claim, its devices and CDI ids and quoting the runtime's message. The
 from __future__ import annotations
 
 import logging
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from driver.checkpoint.records import ClaimRecord
-from driver.kube.http import ApiError, KubeClient, Watch
+from driver.kube.http import KubeClient
 from kubelet_plugin.event_recorder import EventRecorder, ObjectRef
+from kubelet_plugin.list_watch import Json, ListWatch, describe
 from kubelet_plugin.publisher import Backoff
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,6 @@ REASON = "CDIDeviceRejected"
 RUNTIME_REASONS = frozenset({"CreateContainerError", "RunContainerError"})
 PODS = "/api/v1/pods"
 MAX_REMEMBERED = 1024
-Json = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ def rejections(pod: Mapping[str, Any], records: Iterable[ClaimRecord]) -> list[R
     return out
 
 
-class RuntimeErrorWatcher:
+class RuntimeErrorWatcher(ListWatch):
     """Watches this node's pods and reports CDI rejections as Events (see the module)."""
 
     def __init__(
@@ -146,32 +145,21 @@ class RuntimeErrorWatcher:
         watch_seconds: int = 300,
         on_pod: Callable[[Mapping[str, Any]], object] | None = None,
     ) -> None:
-        self._kube = kube
+        super().__init__(
+            kube,
+            PODS,
+            {"fieldSelector": f"spec.nodeName={node_name}"},
+            thread_name="runtime-errors",
+            backoff=backoff,
+            request_timeout_s=request_timeout_s,
+            watch_seconds=watch_seconds,
+            resync=True,  # every pod again each round: a pod group's join retried
+        )
         self._on_pod = on_pod
         self._node = node_name
         self._records = records
         self._events = events
-        self._backoff = backoff or Backoff()
-        self._timeout_s = request_timeout_s
-        self._watch_seconds = watch_seconds
         self._reported: OrderedDict[tuple[str, str, str, str], None] = OrderedDict()
-        self._stop = threading.Event()
-        self._watch: Watch | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="runtime-errors", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.close()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
 
     def check(self, pod: Mapping[str, Any]) -> int:
         """Report the CDI rejections of one pod not reported before; how many were posted.
@@ -204,40 +192,16 @@ class RuntimeErrorWatcher:
             posted += 1
         return posted
 
-    def _run(self) -> None:
-        query = {"fieldSelector": f"spec.nodeName={self._node}"}
-        while not self._stop.is_set():
-            try:
-                listed = self._kube.request("GET", PODS, query=query, timeout_s=self._timeout_s)
-                for pod in listed.get("items") or []:
-                    self.check(pod)
-                version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-                watch = self._kube.watch(
-                    PODS,
-                    {**query, "resourceVersion": version},
-                    timeout_s=self._watch_seconds,
-                    connect_timeout_s=self._timeout_s,
-                )
-                self._watch = watch
-                for event in watch:
-                    if self._stop.is_set():
-                        return
-                    obj = event.get("object")
-                    if event.get("type") in ("ADDED", "MODIFIED") and isinstance(obj, Mapping):
-                        self.check(obj)
-                self._backoff.reset()
-            except Exception as e:  # the watch must outlive any API or decoding failure
-                if self._stop.is_set():
-                    return
-                detail = f"HTTP {e.status}" if isinstance(e, ApiError) else type(e).__name__
-                log.warning(
-                    "pod watch failed; relisting node=%s error=%s %s", self._node, detail, e
-                )
-                self._stop.wait(self._backoff.next())
-            finally:
-                watch_now, self._watch = self._watch, None
-                if watch_now is not None:
-                    watch_now.close()
+    def _listed(self, items: list[Json], version: str) -> None:
+        for pod in items:
+            self.check(pod)
+
+    def _changed(self, kind: str, obj: Json) -> None:
+        if kind != "DELETED":
+            self.check(obj)
+
+    def _failed(self, e: Exception) -> None:
+        log.warning("pod watch failed; relisting node=%s error=%s", self._node, describe(e))
 
 
 def _any_waiting(pod: Mapping[str, Any]) -> bool:

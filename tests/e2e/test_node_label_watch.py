@@ -28,6 +28,21 @@ pytestmark = pytest.mark.cluster
 LABEL = "gpu.tranche.dev/dynamic-mig"
 
 
+def _label_watch(
+    kube: KubeClient, node: str, changes: list[AdvertiseConfig], backoff: Backoff
+) -> NodeLabelWatch:
+    """A node running the default advertising, watched for the label."""
+    return NodeLabelWatch(
+        kube,
+        node,
+        LABEL,
+        base=AdvertiseConfig(),
+        current=AdvertiseConfig(),
+        on_change=changes.append,
+        backoff=backoff,
+    )
+
+
 def test_a_label_set_while_the_api_server_is_away_is_seen_after_it_comes_back(
     cluster: Cluster,
 ) -> None:
@@ -39,15 +54,7 @@ def test_a_label_set_while_the_api_server_is_away_is_seen_after_it_comes_back(
         add_node(api, name)
         try:
             with KubeClient(replace(from_file(Path(cluster.kubeconfig)), server=relay.url)) as kube:
-                watch = NodeLabelWatch(
-                    kube,
-                    name,
-                    LABEL,
-                    base=AdvertiseConfig(),
-                    current=AdvertiseConfig(),
-                    on_change=changes.append,
-                    backoff=Backoff(0.2, 0.5),
-                )
+                watch = _label_watch(kube, name, changes, Backoff(0.2, 0.5))
                 watch.start()
                 try:
                     wait_for("the list and the watch", lambda: relay.accepted >= 2)
@@ -94,15 +101,7 @@ def test_a_service_account_without_watch_on_nodes_is_named_once_and_changes_noth
         try:
             creds = Credentials(cluster.server, ca_file=str(ca), token_file=str(token))
             with KubeClient(creds) as kube:
-                watch = NodeLabelWatch(
-                    kube,
-                    name,
-                    LABEL,
-                    base=AdvertiseConfig(),
-                    current=AdvertiseConfig(),
-                    on_change=changes.append,
-                    backoff=Backoff(0.05, 0.1),
-                )
+                watch = _label_watch(kube, name, changes, Backoff(0.05, 0.1))
                 watch.start()
                 try:
                     time.sleep(1.0)  # about ten refused lists
