@@ -73,11 +73,9 @@ def open_nvml(
     return open_simulated(store, on_call=on_call)
 
 
-def serve(
-    settings: PluginSettings, stop: threading.Event, restart: threading.Event | None = None
-) -> int:
-    """Run the plugin until ``stop``. With ``restart``, a change of the node's dynamic-MIG
-    label sets it and stops the plugin, for the caller to start again."""
+def serve(settings: PluginSettings, stop: threading.Event, restart: threading.Event) -> int:
+    """Run the plugin until ``stop``. A change of the node's dynamic-MIG label sets
+    ``restart`` and stops the plugin, for the caller to start again."""
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     nvml = open_nvml(settings, metrics.nvml_call)
@@ -121,22 +119,21 @@ def serve(
             return 0  # stopped while waiting for the API server
         started.set()
         stoppers.append(lambda: plugin.stop(STOP_GRACE_S))
-        if restart is not None:
 
-            def relabelled(_chosen: AdvertiseConfig) -> None:
-                restart.set()
-                stop.set()
+        def relabelled(_chosen: AdvertiseConfig) -> None:
+            restart.set()
+            stop.set()
 
-            labels = NodeLabelWatch(
-                kube,
-                settings.node_name,
-                settings.mig_node_label,
-                base=settings.advertise,
-                current=advertise,
-                on_change=relabelled,
-            )
-            labels.start()
-            stoppers.append(labels.stop)
+        labels = NodeLabelWatch(
+            kube,
+            settings.node_name,
+            settings.mig_node_label,
+            base=settings.advertise,
+            current=advertise,
+            on_change=relabelled,
+        )
+        labels.start()
+        stoppers.append(labels.stop)
         stop.wait()
         log.info("stopping node=%s", settings.node_name)
     finally:

@@ -523,8 +523,15 @@ def test_the_dynamic_mig_label_restarts_the_installed_plugin_in_place(install: I
             timeout_s=90,
         )
         assert len(found) == 8 * 25
+        # The real kubelet registered the restarted instance: a new pod's claim is prepared.
+        _workload(install, "after-relabel")
+        wait_for(
+            "pod after-relabel to run", lambda: _running(install, "after-relabel"), timeout_s=120
+        )
     finally:
         install.kubectl("label", "node", install.node.name, f"{MIG_LABEL}-")
+        with contextlib.suppress(client.ApiException):
+            install.core.delete_namespaced_pod("after-relabel", WORKLOADS, grace_period_seconds=0)
     wait_for("no MIG placements without the label", lambda: not placements(), timeout_s=90)
     (after,) = wait_for(
         "the plugin ready again",
