@@ -302,14 +302,34 @@ class Checkpoint:
             raw_history = b""
         view.add_history(_history_records(files.decode_history(raw_history)))
         view.history_lines = raw_history.count(b"\n")
-        # An unprepare killed between its history line and the claim file's removal:
-        # the claim is still prepared (the kubelet retries the unprepare).
-        for key in _current_keys(view) & view.history.keys():
-            del view.history[key]
+        changed = self._drop_ended(view, quarantine) or changed
         self._trim(view)
         if changed:
             _, view.generation = self._generation.bump()
         return view, self._corrupt(problems) if problems else None
+
+    def _drop_ended(self, view: _View, locked: bool) -> bool:
+        """Forget the claim files whose ended record is in the history; true if one was deleted.
+
+        Unprepare appends the ended record (durably) after undoing everything, then deletes
+        the claim file without an ``fsync`` of the directory: the history line is the durable
+        mark. A file still there (the process killed between the two, or the deletion lost
+        with the machine) belongs to a claim that is unprepared.
+        """
+        ended = [
+            uid
+            for uid, claim in view.claims.items()
+            if uid not in view.started
+            and claim.allocation is not None
+            and _key(claim.allocation) in view.history
+        ]
+        for uid in ended:
+            del view.claims[uid]
+            view.boot_ids.pop(uid, None)
+            if locked:
+                files.claim_path(self.directory, uid).unlink(missing_ok=True)
+                log.info("checkpoint claim file of an unprepared claim removed claim_uid=%s", uid)
+        return bool(ended) and locked
 
     def _read_started(self, view: _View, locked: bool) -> None:
         """Add the journal's ``PrepareStarted`` claims; a claim file wins over a journal line."""
@@ -412,7 +432,8 @@ class Checkpoint:
                     self._clear_started(view, uid)
                 else:
                     files.claim_path(self.directory, uid).unlink(missing_ok=True)
-                    files.fsync_directory(self.directory)
+                    if ended is None:  # else the history line marks the claim ended
+                        files.fsync_directory(self.directory)
             except BaseException:
                 self._view = None
                 raise
@@ -510,6 +531,9 @@ class Checkpoint:
         """Rewrite the history file with its last ``history_limit`` records, read back from
         the file (memory may keep only the recent ones), each once, none of a claim that is
         still prepared."""
+        # The records dropped here are what marks their claims ended: their files' deletions
+        # (not fsynced one by one) are made durable first.
+        files.fsync_directory(self.directory)
         on_file = _View(None, found=True)
         on_file.add_history(_history_records(files.decode_history(self._history.read_bytes())))
         current = _current_keys(view)

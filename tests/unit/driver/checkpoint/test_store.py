@@ -4,6 +4,7 @@ conversion of the single-file checkpoint, and a second process's writes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -509,9 +510,11 @@ def test_memory_keeps_only_recently_ended_claims_and_the_file_keeps_the_history(
     assert [a.claim for a in restarted.load()[0].history] == ["c-u8", "c-u9"]
 
 
-def test_compaction_keeps_no_line_of_a_claim_still_prepared(tmp_path: Path) -> None:
-    """An unprepare killed between its history line and the claim file's removal leaves the
-    claim prepared; the history does not count it as ended, before or after compaction."""
+def test_a_claim_file_with_its_ended_record_in_the_history_is_unprepared(tmp_path: Path) -> None:
+    """Unprepare writes the ended record (fsynced), then deletes the claim file without an
+    fsync of the directory: a file found with its record in the history (the process killed
+    between the two, or the deletion lost with the machine) is an unprepared claim. A reader
+    without the lock leaves the file; one under the lock deletes it."""
     path = tmp_path / "checkpoint.json"
 
     def checkpoint() -> Checkpoint:
@@ -521,18 +524,46 @@ def test_compaction_keeps_no_line_of_a_claim_still_prepared(tmp_path: Path) -> N
 
     cp = checkpoint()
     cp.put(record("stuck", prepared_at=0.0))
-    for i in range(6):
-        cp.put(record(f"u{i}", prepared_at=float(i)))
-        cp.remove(f"u{i}", ended(f"u{i}", float(i)))
+    cp.put(record("kept", prepared_at=0.0))
     history = tmp_path / "checkpoint.d" / "history.jsonl"
     stuck = ended("stuck", 0.0).model_copy(update={"claim": "stuck"})  # the same key
     with history.open("ab") as f:  # its line written, then the plugin was killed
         f.write(encode_history(stuck.model_dump(mode="json", by_alias=True)))
+    stuck_file = claim_file(tmp_path, "stuck")
+    unlocked = checkpoint().load()[0]
+    assert sorted(unlocked.claims) == ["kept"]
+    assert [a.claim for a in unlocked.history] == ["stuck"]
+    assert stuck_file.exists()
     cp = checkpoint()
-    assert "stuck" not in [a.claim for a in cp.load()[0].history]
-    cp.put(record("u6", prepared_at=6.0))
-    cp.remove("u6", ended("u6", 6.0))  # the eighth line: the file is compacted
+    locked = cp.load(locked=True)[0]
+    assert sorted(locked.claims) == ["kept"]
+    assert not stuck_file.exists()
+    for i in range(6):  # the history is compacted; the record goes, the claim stays ended
+        cp.put(record(f"u{i}", prepared_at=float(i)))
+        cp.remove(f"u{i}", ended(f"u{i}", float(i)))
     on_file = Checkpoint(path, boot_id="b", history_limit=3).load()[0]
-    assert "stuck" in on_file.claims
-    assert [a.claim for a in on_file.history] == ["c-u4", "c-u5", "c-u6"]
-    assert "stuck" not in history.read_text()
+    assert sorted(on_file.claims) == ["kept"]
+    assert [a.claim for a in on_file.history] == ["c-u3", "c-u4", "c-u5"]
+
+
+def test_unprepare_fsyncs_the_history_not_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One fsync per unprepare: the history line. A removal without an ended record (a
+    roll-back: nothing in the history marks the claim ended) still fsyncs the deletion."""
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(record("u1", prepared_at=1.0))
+    cp.put(record("u2", prepared_at=1.0))
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1])
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    cp.remove("u1", ended("u1", 1.0))
+    assert synced == ["history.jsonl"]
+    synced.clear()
+    cp.remove("u2")
+    assert synced == ["checkpoint.d"]

@@ -296,6 +296,32 @@ def test_unprepare_survives_a_crash_at(node: Path, fault: str) -> None:
     assert recorded(node) == {}
 
 
+def test_an_unprepare_whose_file_deletion_the_machine_lost_stays_unprepared(node: Path) -> None:
+    """Unprepare deletes the claim file without an fsync of the directory, after its history
+    line (fsynced). A machine crash may bring the file back; the next boot must not take the
+    claim for prepared: no time slice set again, no spec rewritten, nothing the kubelet (which
+    counts it unprepared) would never release."""
+    gpu = gpus(node)[1]
+    obj = new_claim(node, "u1", [gpu], [config(TS_LONG)])
+    ds = device_state(node, NO_FAULTS)
+    assert ds.prepare(obj, ref_of(obj)).error == ""
+    claim_file = node / "checkpoint.d" / "u1.json"
+    before_crash = claim_file.read_bytes()
+    assert ds.unprepare(ref_of(obj)).error == ""
+    claim_file.write_bytes(before_crash)  # the deletion did not reach the disk
+    rebooted = device_state(node, NO_FAULTS, boot_id="boot-2")
+    report = rebooted.recover()
+    assert report.revalidated == ()
+    assert cdi_files(node) == []
+    assert not claim_file.exists()
+    uuid = rebooted.inventory.gpu_of(gpu).uuid
+    assert open_simulated(node / "sim.json").timeslice(uuid) == 0
+    state, _ = Checkpoint(node / "checkpoint.json", boot_id="boot-2").load()
+    assert state.claims == {}
+    assert [a.claim_uid for a in state.history] == ["u1"]  # billed once
+    assert rebooted.unprepare(ref_of(obj)).error == ""  # the kubelet's retry, if any
+
+
 def test_recover_sweeps_orphans_and_reports_corruption(node: Path) -> None:
     gpu = gpus(node)[0]
     ds = device_state(node, NO_FAULTS)
