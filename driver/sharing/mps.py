@@ -116,6 +116,32 @@ def _alive(pid: int) -> bool:
     return stat is not None and stat[0] not in ("Z", "X")
 
 
+def _reap_orphans() -> None:
+    """Collect the exit status of exited daemon processes that were orphaned to this process.
+
+    ``nvidia-cuda-mps-control -d`` forks, starts a session of its own and its first process
+    exits, so the daemon is an orphan. In a container with a PID namespace of its own the
+    plugin is PID 1 and inherits it; each such process that exits (a daemon stopped, one that
+    died, the intermediate process of a start) would stay a zombie for as long as the plugin
+    runs. In the host's PID namespace none of them is the plugin's child: nothing is found.
+    Only children in another session are taken, and the caller holds the daemons' lock, under
+    which the one child of this process in another session (the ``-d`` launcher) is waited
+    for by its start: no status that a ``subprocess`` call waits for is taken from it.
+    """
+    me, session = os.getpid(), os.getsid(0)
+    for pid in _pids():
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        state, ppid, _, sid = raw[raw.rindex(")") + 2 :].split()[:4]
+        if state != "Z" or int(ppid) != me or int(sid) == session:
+            continue
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+            log.debug("mps daemon process reaped pid=%d", pid)
+
+
 def _marks(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -465,6 +491,7 @@ class MpsDaemons:
         deadline = time.monotonic() + 5.0
         while self.running(key) and time.monotonic() < deadline:
             time.sleep(0.02)
+        _reap_orphans()
 
     def _cleanup(self, spec: DaemonSpec) -> None:
         if spec.whole_gpu:
@@ -512,6 +539,7 @@ class MpsDaemons:
                     continue
                 self.restarts += 1
                 restarted.append(key)
+            _reap_orphans()  # the intermediate processes of this round's and earlier starts
         return restarted
 
 

@@ -353,6 +353,73 @@ def test_a_daemon_another_process_started_is_adopted_when_seen_in_proc(
         first.stop(uuid)
 
 
+REAPER_CHILD = """
+import ctypes, json, os, signal, sys, time
+from pathlib import Path
+from driver.nvml.sim import create_state, open_simulated
+from driver.nvml.sim.driver_root import write_mps_control
+from driver.sharing.mps import DaemonSpec, MpsDaemons
+
+PR_SET_CHILD_SUBREAPER = 36
+assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+work = Path(sys.argv[1])
+nvml = open_simulated(create_state("dgx-h100"))
+uuids = [g.uuid for g in nvml.list_gpus()[:2]]
+daemons = MpsDaemons(str(write_mps_control(work / "bin")), work / "mps", nvml)
+
+
+def zombies():
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                raw = (entry / "stat").read_text()
+            except OSError:
+                continue
+            state, ppid = raw[raw.rindex(")") + 2 :].split()[:2]
+            if state == "Z" and int(ppid) == os.getpid():
+                out.append(int(entry.name))
+    return out
+
+
+def ppid(pid):
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return int(raw[raw.rindex(")") + 2 :].split()[1])
+
+
+specs = [DaemonSpec(key=u, uuid=u, gpu_uuid=u, whole_gpu=True) for u in uuids]
+for spec in specs:
+    daemons.ensure(spec)
+adopted = [p for spec in specs for p in daemons.processes(spec.key) if ppid(p) == os.getpid()]
+(killed,) = daemons.processes(uuids[0])
+os.kill(killed, signal.SIGKILL)  # dies on its own: the supervisor restarts it
+restarted = daemons.restart_dead()
+for spec in specs:
+    daemons.stop(spec.key)
+time.sleep(0.2)
+print(json.dumps({"ours": adopted, "restarted": restarted, "zombies": zombies()}))
+"""
+
+
+def test_a_plugin_that_is_pid_1_leaves_no_zombie_of_its_daemons(tmp_path: Path) -> None:
+    """Without the host's PID namespace the plugin is its container's PID 1 and the orphaned
+    daemons become its children: the one that died, the one it restarted and the ones it
+    stopped are each reaped, not left as zombies. (A child subreaper stands in for PID 1.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", REAPER_CHILD, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert len(seen["ours"]) == 2  # both daemons were orphaned to the "PID 1"
+    assert len(seen["restarted"]) == 1
+    assert seen["zombies"] == []
+
+
 def _cgroup_hierarchy() -> Path:
     """A cgroup hierarchy this test may make a cgroup in (v2, or v1's ``pids``)."""
     root = Path("/sys/fs/cgroup")
