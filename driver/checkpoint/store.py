@@ -350,7 +350,7 @@ class Checkpoint:
             view.claims[record.uid] = record
             view.boot_ids[record.uid] = boot_id
             view.started.add(record.uid)
-        if raw and not view.started and locked:
+        if raw.strip() and not view.started and locked:
             files.empty_file(self._started)
 
     def _status(self, view: _View) -> LoadStatus:
