@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from driver.checkpoint import files
+from driver.checkpoint import files, spares
 from driver.checkpoint.records import (
     AllocatedDeviceRecord,
     AllocationRecord,
@@ -59,6 +59,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+REPLACE_POINT = "checkpoint:before-replace"
 DEFAULT_HISTORY = 512
 
 LoadKind = Literal["new", "ok", "other-boot", "corrupt"]
@@ -202,6 +203,7 @@ class Checkpoint:
         self._history = self.directory / files.HISTORY_FILE
         self._started = self.directory / files.STARTED_FILE
         self._generation = files.Generation(self.directory / files.GENERATION_FILE)
+        self._spares = spares.SpareFiles(self.directory)
         self._mutex = threading.Lock()
         self._view: _View | None = None
 
@@ -402,12 +404,9 @@ class Checkpoint:
                     files.append_line(self._started, encoded, durable=False)
                     view.started.add(uid)
                 else:
-                    write_atomic(
-                        files.claim_path(self.directory, uid),
-                        encoded,
-                        fault_point="checkpoint:before-replace",
-                        faults=self._faults,
-                    )
+                    path, point = files.claim_path(self.directory, uid), REPLACE_POINT
+                    if not self._spares.write(path, encoded, point, self._faults):
+                        write_atomic(path, encoded, fault_point=point, faults=self._faults)
                     if uid in view.started:
                         self._faults.reached("checkpoint:before-started-cleared")
                         self._clear_started(view, uid)
@@ -430,10 +429,11 @@ class Checkpoint:
                     self._faults.reached("checkpoint:before-remove")
                 if uid in view.started:
                     self._clear_started(view, uid)
-                else:
+                elif ended is None:
                     files.claim_path(self.directory, uid).unlink(missing_ok=True)
-                    if ended is None:  # else the history line marks the claim ended
-                        files.fsync_directory(self.directory)
+                    files.fsync_directory(self.directory)
+                else:  # the history line marks the claim ended; its file is kept for reuse
+                    self._spares.keep(files.claim_path(self.directory, uid))
             except BaseException:
                 self._view = None
                 raise
@@ -489,6 +489,8 @@ class Checkpoint:
         remove_stale_temporaries(self.path.parent, self.path.name)
         for tmp in self.directory.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
+        spares.sweep(self.directory)
+        self._spares.forget()
 
     def _begin_change(self) -> tuple[_View, int | None, int]:
         """Bring the view up to date, then bump the generation before touching a file."""

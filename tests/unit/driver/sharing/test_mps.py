@@ -393,6 +393,9 @@ for spec in specs:
 adopted = [p for spec in specs for p in daemons.processes(spec.key) if ppid(p) == os.getpid()]
 (killed,) = daemons.processes(uuids[0])
 os.kill(killed, signal.SIGKILL)  # dies on its own: the supervisor restarts it
+deadline = time.monotonic() + 10
+while daemons.running(uuids[0]) and time.monotonic() < deadline:
+    time.sleep(0.01)
 restarted = daemons.restart_dead()
 for spec in specs:
     daemons.stop(spec.key)
