@@ -214,9 +214,12 @@ class Generation:
         except ValueError:
             return None
 
-    def bump(self) -> tuple[int | None, int]:
-        """The value before and after: the caller's cache is current if it held ``before``."""
-        before = self.read()
+    def bump(self, known: tuple[int | None] | None = None) -> tuple[int | None, int]:
+        """The value before and after: the caller's cache is current if it held ``before``.
+
+        ``known``: the value the caller knows the file holds (it holds the node lock and
+        read it already), in a tuple; else it is read."""
+        before = self.read() if known is None else known[0]
         after = (before or 0) + 1
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:

@@ -18,10 +18,11 @@ See ``docs/checkpoint.md``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -203,6 +204,9 @@ class Checkpoint:
         self._history = self.directory / files.HISTORY_FILE
         self._started = self.directory / files.STARTED_FILE
         self._generation = files.Generation(self.directory / files.GENERATION_FILE)
+        # While the caller holds the node lock (``exclusive``): the counter's value, read once.
+        self._exclusive = False
+        self._known_generation: tuple[int | None] | None = None
         self._spares = spares.SpareFiles(self.directory)
         self._mutex = threading.Lock()
         self._view: _View | None = None
@@ -257,8 +261,35 @@ class Checkpoint:
                     found.update(uids)
             return found
 
-    def _fresh(self, locked: bool) -> tuple[_View, LoadStatus | None]:
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The caller holds the node lock until this ends, so no other process changes the
+        checkpoint meanwhile: the generation counter is read once, then known from this
+        process's own bumps (a prepare reads it once instead of five times)."""
+        with self._mutex:
+            self._exclusive, self._known_generation = True, None
+        try:
+            yield
+        finally:
+            with self._mutex:
+                self._exclusive, self._known_generation = False, None
+
+    def _read_generation(self) -> int | None:
+        if self._exclusive and self._known_generation is not None:
+            return self._known_generation[0]
         generation = self._generation.read()
+        if self._exclusive:
+            self._known_generation = (generation,)
+        return generation
+
+    def _bump_generation(self) -> tuple[int | None, int]:
+        before, after = self._generation.bump((self._read_generation(),))
+        if self._exclusive:
+            self._known_generation = (after,)
+        return before, after
+
+    def _fresh(self, locked: bool) -> tuple[_View, LoadStatus | None]:
+        generation = self._read_generation()
         view = self._view
         if view is not None and generation is not None and generation == view.generation:
             return view, None
@@ -307,7 +338,7 @@ class Checkpoint:
         changed = self._drop_ended(view, quarantine) or changed
         self._trim(view)
         if changed:
-            _, view.generation = self._generation.bump()
+            _, view.generation = self._bump_generation()
         return view, self._corrupt(problems) if problems else None
 
     def _drop_ended(self, view: _View, locked: bool) -> bool:
@@ -496,7 +527,7 @@ class Checkpoint:
         """Bring the view up to date, then bump the generation before touching a file."""
         view, _ = self._fresh(locked=True)
         self.directory.mkdir(parents=True, exist_ok=True)
-        before, after = self._generation.bump()
+        before, after = self._bump_generation()
         return view, before, after
 
     def _end_change(self, view: _View, before: int | None, after: int) -> None:

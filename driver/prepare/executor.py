@@ -320,7 +320,8 @@ class DeviceState:
                                 f"{self._lock_timeout_s}s"
                             ) from e
                         time.sleep(0.05)
-                yield
+                with self.checkpoint.exclusive():
+                    yield
             finally:
                 os.close(fd)
         finally:

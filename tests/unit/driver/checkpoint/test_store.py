@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from driver.checkpoint.files import digest, encode_history
+from driver.checkpoint.files import Generation, digest, encode_history
 from driver.checkpoint.store import (
     AllocatedDeviceRecord,
     AllocationRecord,
@@ -455,6 +455,43 @@ def test_claims_by_gpu_and_tenant_follow_writes_and_other_processes(tmp_path: Pa
     cp.load(locked=True)  # the generation moved: read again
     assert cp.claims_on(["GPU-0"]) == {"c", "d"}
     assert cp.claims_of_tenants(lambda key: key[0] != "team-a") == {"d"}
+
+
+def test_two_pods_taking_turns_under_the_lock_see_each_others_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the node lock (``exclusive``) the generation counter is read once per turn and
+    then known from the process's own bumps; the other pod's writes between two turns are
+    still seen at the next one."""
+    first = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    second = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    reads = [0]
+    real_read = Generation.read
+
+    def counted(self: Generation) -> int | None:
+        reads[0] += 1
+        return real_read(self)
+
+    monkeypatch.setattr(Generation, "read", counted)
+    for turn in range(3):
+        with first.exclusive():
+            reads[0] = 0
+            assert sorted(first.load(locked=True)[0].claims) == [f"b{i}" for i in range(turn)]
+            first.put(started(f"a{turn}"))
+            first.put(record(f"a{turn}"))
+            first.load(locked=True)
+            assert reads[0] == 1
+        with second.exclusive():
+            claims = second.load(locked=True)[0].claims
+            assert sorted(claims) == [f"a{turn}"] + [f"b{i}" for i in range(turn)]
+            second.put(record(f"b{turn}"))
+        with first.exclusive():
+            first.remove(f"a{turn}", ended(f"a{turn}", 1.0))
+    assert sorted(Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load()[0].claims) == [
+        "b0",
+        "b1",
+        "b2",
+    ]
 
 
 def test_a_checkpoint_of_another_boot_is_reported_until_its_claims_are_gone(
