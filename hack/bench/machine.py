@@ -6,6 +6,7 @@ import datetime
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,3 +53,40 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"process {pid}: no VmRSS in /proc/{pid}/status")
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _machine_busy(interval_s: float) -> float:
+    """The share of every CPU's time spent busy over ``interval_s`` (``/proc/stat``)."""
+
+    def ticks() -> list[int]:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+
+    before = ticks()
+    time.sleep(interval_s)
+    spent = [b - a for a, b in zip(before, ticks(), strict=True)]
+    idle = spent[3] + spent[4]  # idle, iowait
+    return 1.0 - idle / max(1, sum(spent))
+
+
+def wait_idle(pid: int, timeout_s: float = 120.0) -> None:
+    """Until the plugin used under 5 % of a core over half a second (its background status
+    writes after a burst are done), then until the machine is under 25 % busy for a second
+    (the API server and etcd settle for a few seconds after a burst; measured at 80-90 % for
+    3 s after 1,000 claims), so each level measures prepares, not the backlog. A machine that
+    stays busy (other work) is measured as it is once ``timeout_s`` has passed."""
+    hz = os.sysconf("SC_CLK_TCK")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = _cpu_ticks(pid)
+        time.sleep(0.5)
+        if (_cpu_ticks(pid) - before) / hz < 0.025:
+            break
+    quiet_by = time.monotonic() + 60.0
+    while time.monotonic() < min(deadline, quiet_by) and _machine_busy(1.0) > 0.25:
+        pass

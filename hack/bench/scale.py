@@ -14,11 +14,9 @@ measured claim holds GPU 7 whole.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from driver.devices.inventory import build_inventory, parse_advertise
 from driver.devices.slices import build_slices
@@ -26,7 +24,7 @@ from driver.nvml.sim import create_state, open_simulated
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from hack.bench.claims import TIME_SLICING, Wanted, create_allocated
 from hack.bench.lab import BenchNode, Lab, plugin_pid, wait_socket
-from hack.bench.machine import rss_bytes
+from hack.bench.machine import rss_bytes, wait_idle
 from hack.bench.results import Row, ScenarioResult, median, ms, percentile
 from hack.kubeletsim.client import ClaimRequest, PluginConnection
 
@@ -81,43 +79,6 @@ def _publish_rows(lab: Lab, result: ScenarioResult) -> None:
         )
 
 
-def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
-def _machine_busy(interval_s: float) -> float:
-    """The share of every CPU's time spent busy over ``interval_s`` (``/proc/stat``)."""
-
-    def ticks() -> list[int]:
-        with open("/proc/stat") as f:
-            return [int(x) for x in f.readline().split()[1:]]
-
-    before = ticks()
-    time.sleep(interval_s)
-    spent = [b - a for a, b in zip(before, ticks(), strict=True)]
-    idle = spent[3] + spent[4]  # idle, iowait
-    return 1.0 - idle / max(1, sum(spent))
-
-
-def _wait_idle(pid: int, timeout_s: float = 120.0) -> None:
-    """Until the plugin used under 5 % of a core over half a second (its background status
-    writes after a burst are done), then until the machine is under 25 % busy for a second
-    (the API server and etcd settle for a few seconds after a burst; measured at 80-90 % for
-    3 s after 1,000 claims), so each level measures prepares, not the backlog. A machine that
-    stays busy (other work) is measured as it is once ``timeout_s`` has passed."""
-    hz = os.sysconf("SC_CLK_TCK")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        before = _cpu_ticks(pid)
-        time.sleep(0.5)
-        if (_cpu_ticks(pid) - before) / hz < 0.025:
-            break
-    quiet_by = time.monotonic() + 60.0
-    while time.monotonic() < min(deadline, quiet_by) and _machine_busy(1.0) > 0.25:
-        pass
-
-
 def _prepare_all(conn: PluginConnection, claims: Sequence[ClaimRequest]) -> None:
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         answers = list(pool.map(lambda c: conn.prepare([c])[c.uid].error, claims))
@@ -166,12 +127,12 @@ def _level_rows(lab: Lab, result: ScenarioResult) -> None:
         wanted = [Wanted(f"s-{i:05d}", gpus[i % 7], TIME_SLICING) for i in range(prepared, level)]
         _prepare_all(conn, create_allocated(lab.api, namespace, bench.name, wanted))
         prepared = level
-        _wait_idle(plugin_pid(bench.node))
+        wait_idle(plugin_pid(bench.node))
         prep, unprep = _cycles(conn, probe)
         rss = rss_bytes(plugin_pid(bench.node))
         start_s, conn = _restart(bench)
         lab.wait_slices(bench.name, 1)
-        _wait_idle(plugin_pid(bench.node))
+        wait_idle(plugin_pid(bench.node))
         result.add(
             Row(
                 f"{level} claims prepared: prepare one whole-GPU claim",
