@@ -5,8 +5,8 @@ holds it in memory or backs it with a file, so the simulated GPUs outlive a
 plugin process that is killed, and another process (a test, ``tranche sim``)
 can change them under a running plugin. Every change happens under an
 exclusive ``fcntl`` lock on ``<file>.lock`` and is written atomically
-(temporary file, ``fsync``, ``os.replace``); readers re-read the file when its
-inode, size or modification time changed.
+(temporary file, ``fsync``, ``os.replace``); readers take no lock and re-read the
+file when its inode, size or modification time changed.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class SimStore:
         self._stamp: tuple[int, int, int] | None = None
         if path is not None and state is not None:
             self._state = state
-            with self._file_lock(exclusive=True):
+            with self._file_lock():
                 self._write(state)
         elif path is not None:
             self._state = self._load()
@@ -156,11 +156,16 @@ class SimStore:
         return self._path
 
     def read(self, fn: Callable[[SimState], T]) -> T:
-        """Run ``fn`` on the current state (re-read from the file if it changed)."""
+        """Run ``fn`` on the current state (re-read from the file if it changed).
+
+        Without the file lock: every write replaces the file whole (rename), so a reader
+        sees the old or the new state. One ``stat`` per call, where taking the shared lock
+        cost an open, a ``flock`` and a close on top: the real library answers in
+        microseconds, and each prepare makes several such calls.
+        """
         with self._lock:
             if self._path is not None:
-                with self._file_lock(exclusive=False):
-                    self._refresh()
+                self._refresh()
             return fn(self._state)
 
     def update(self, fn: Callable[[SimState], T]) -> T:
@@ -174,7 +179,7 @@ class SimStore:
                 result = fn(working)
                 self._state = working
                 return result
-            with self._file_lock(exclusive=True):
+            with self._file_lock():
                 self._refresh()
                 working = self._state.model_copy(deep=True)
                 result = fn(working)
@@ -182,12 +187,12 @@ class SimStore:
                 return result
 
     @contextlib.contextmanager
-    def _file_lock(self, *, exclusive: bool) -> Iterator[None]:
+    def _file_lock(self) -> Iterator[None]:
         assert self._path is not None
         lock_path = self._path.with_name(self._path.name + ".lock")
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)

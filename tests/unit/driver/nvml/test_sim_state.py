@@ -72,6 +72,34 @@ def test_fault_injected_by_another_store_reaches_a_running_waiter(tmp_path: Path
     assert event is not None and (event.gpu_uuid, event.code) == (l4.uuid, 94)
 
 
+def test_a_reader_without_the_lock_sees_whole_states_while_another_process_writes(
+    tmp_path: Path,
+) -> None:
+    """Readers take no file lock (each write replaces the file whole): while another
+    process changes the time slice of a GPU 200 times, every read answers, with one of the
+    values written, and the last read sees the last write."""
+    state = tmp_path / "sim.json"
+    create_state("dgx-h100", state)
+    reader = open_simulated(state)
+    uuid = reader.list_gpus()[0].uuid
+    script = textwrap.dedent(
+        f"""
+        from pathlib import Path
+        from driver.nvml.sim import open_simulated
+        n = open_simulated(Path({str(state)!r}))
+        for i in range(200):
+            n.set_timeslice({uuid!r}, i % 4)
+        """
+    )
+    writer = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    seen = set()
+    while writer.poll() is None:
+        seen.add(reader.timeslice(uuid))
+    assert writer.wait() == 0
+    assert seen <= {0, 1, 2, 3}
+    assert reader.timeslice(uuid) == 199 % 4
+
+
 def test_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     state = str(tmp_path / "sim.json")
     assert _sim("init", "--profile", "l4-x4", "--state", state) == 0
