@@ -7,7 +7,10 @@ ends a watch (its ``timeoutSeconds``), the next one resumes from the last versio
 (or, with ``resync``, the loop lists again).
 Any failure (an API error, a ``410 Gone`` ERROR event, a broken connection, an answer
 that is not JSON) calls :meth:`ListWatch._forget` and :meth:`ListWatch._failed`, and the
-loop relists after an exponential back-off, for as long as the plugin runs.
+loop relists after an exponential back-off, for as long as the plugin runs. A refusal
+(401, 403: the service account lacks ``list`` or ``watch``) is logged once, as an error
+saying what is missing (:meth:`ListWatch._refusal`), until a list succeeds again: it lasts
+until someone changes RBAC, and a warning at every retry would bury it.
 :meth:`ListWatch.stop` ends the thread, closing a watch in progress from outside.
 
 Subclasses: the namespace labels of the trust check (``namespace_cache``), this node's
@@ -61,6 +64,7 @@ class ListWatch:
         self._watch_seconds = watch_seconds
         self._resync = resync
         self._version = ""  # of the last list or event; empty: list next
+        self._refused = False  # the last failure was a refusal, already logged
         self._stop = threading.Event()
         self._watch_lock = threading.Lock()
         self._watch: Watch | None = None
@@ -79,6 +83,10 @@ class ListWatch:
 
     def _failed(self, e: Exception) -> None:
         log.warning("watch failed; relisting path=%s error=%s", self._path, describe(e))
+
+    def _refusal(self) -> str:
+        """What a refused list or watch means here (logged once with the error)."""
+        return f"watch refused: the plugin's service account needs list and watch on {self._path}"
 
     # the thread ---------------------------------------------------------------------
 
@@ -108,7 +116,12 @@ class ListWatch:
                 self._forget()
                 if self._stop.is_set():
                     return
-                self._failed(e)
+                if isinstance(e, ApiError) and e.status in (401, 403):
+                    if not self._refused:  # once: it stays refused until RBAC changes
+                        log.error("%s error=%s", self._refusal(), describe(e))
+                    self._refused = True
+                else:
+                    self._failed(e)
                 self._stop.wait(self._backoff.next())
             finally:
                 self._close_watch()
@@ -123,6 +136,7 @@ class ListWatch:
         if not isinstance(version, str) or not version:
             raise ValueError(f"the list of {self._path} has no metadata.resourceVersion")
         found = [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+        self._refused = False
         self._listed(found, version)
         self._version = version
 

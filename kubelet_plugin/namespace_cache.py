@@ -103,6 +103,12 @@ class WatchedNamespaces(ListWatch):
     def _failed(self, e: Exception) -> None:
         log.warning("namespace watch failed; relisting error=%s", describe(e))
 
+    def _refusal(self) -> str:
+        return (
+            "namespace watch refused: the plugin's service account needs list and watch on "
+            "namespaces; meanwhile each prepare reads its claim's namespace from the API server"
+        )
+
 
 def _name(obj: object) -> str | None:
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from driver.devices.inventory import AdvertiseConfig
-from driver.kube.http import ApiError, KubeClient
+from driver.kube.http import KubeClient
 from kubelet_plugin.bridge_check import check_node_when_reachable, read_node
 from kubelet_plugin.list_watch import Json, ListWatch, describe
 from kubelet_plugin.publisher import Backoff
@@ -99,14 +99,12 @@ class NodeLabelWatch(ListWatch):
         self._base = base
         self._current = current
         self._on_change = on_change
-        self._refused = False
 
     def start(self) -> None:
         if self._label:
             super().start()
 
     def _listed(self, items: list[Json], version: str) -> None:
-        self._refused = False
         for item in items:
             self._seen(item)
 
@@ -115,18 +113,14 @@ class NodeLabelWatch(ListWatch):
             self._seen(obj)
 
     def _failed(self, e: Exception) -> None:
-        if isinstance(e, ApiError) and e.status in (401, 403):
-            if not self._refused:  # once: it stays refused until RBAC changes
-                log.error(
-                    "node label watch refused: the plugin's service account needs list and "
-                    "watch on nodes for --mig-node-label (empty turns the watch off); the "
-                    "label keeps the effect read at start node=%s error=%s",
-                    self._node,
-                    describe(e),
-                )
-            self._refused = True
-            return
         log.warning("node label watch failed; relisting node=%s error=%s", self._node, describe(e))
+
+    def _refusal(self) -> str:
+        return (
+            "node label watch refused: the plugin's service account needs list and watch on "
+            "nodes for --mig-node-label (empty turns the watch off); the label keeps the "
+            f"effect read at start node={self._node}"
+        )
 
     def _seen(self, node: Json) -> None:
         chosen = advertise_for(node, self._label, self._base)

@@ -136,18 +136,24 @@ def test_rendered_daemonset_asks_for_surge_updates_gpu_nodes_and_node_critical_p
 
 
 def test_the_plugin_may_watch_nodes_only_while_it_watches_the_mig_label(helm: str) -> None:
-    def node_verbs(*args: str) -> list[str]:
+    """Namespaces stay listed and watched either way (the trust check's cache): turning the
+    label off once took those verbs away as well."""
+
+    def verbs(resource: str, *args: str) -> list[str]:
         objs = render(helm, "tranche", "tranche", *args)
         (role,) = [
             o
             for o in objs
             if o["kind"] == "ClusterRole" and "kubelet-plugin" in o["metadata"]["name"]
         ]
-        (rule,) = [r for r in role["rules"] if r.get("resources") == ["nodes"]]
+        (rule,) = [r for r in role["rules"] if r.get("resources") == [resource]]
         return list(rule["verbs"])
 
-    assert node_verbs() == ["get", "list", "watch"]
-    assert node_verbs("--set", "kubeletPlugin.migNodeLabel=") == ["get"]
+    off = ("--set", "kubeletPlugin.migNodeLabel=")
+    assert verbs("nodes") == ["get", "list", "watch"]
+    assert verbs("nodes", *off) == ["get"]
+    assert verbs("namespaces") == ["get", "list", "watch"]
+    assert verbs("namespaces", *off) == ["get", "list", "watch"]
 
 
 def test_plugin_values_reach_the_plugin_as_settings_it_accepts(

@@ -7,12 +7,16 @@ goes to the direct read (fail closed and fresh); a broken watch relists.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from driver.errors import ApiUnavailable, ClaimError
 from driver.kube.http import KubeClient
+from driver.kube.kubeconfig import Credentials, from_file
 from driver.trust.policy import LABEL_LEVEL, LABEL_TENANT
 from kubelet_plugin.namespace_cache import WatchedNamespaces
 from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels
@@ -22,6 +26,8 @@ from tests.e2e.tcp_relay import TcpRelay
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
+
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 
 class CountingReader:
@@ -116,3 +122,72 @@ def test_a_broken_watch_falls_back_to_direct_reads_and_relists(
         finally:
             cache.stop()
             relay.down()
+
+
+def test_a_service_account_that_may_only_get_namespaces_is_named_once_and_still_served(
+    cluster: Cluster, kube: KubeClient, namespace: str, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The chart once granted only ``get`` on namespaces with the MIG label turned off: the
+    watch was refused at every relist. The refusal is one error naming what is missing, and
+    the trust check is still answered, from direct reads."""
+    admin = from_file(Path(cluster.kubeconfig))
+    ca = tmp_path / "ca.crt"
+    ca.write_text(admin.ca_data or "")
+    token = tmp_path / "token"
+    role = f"tranche-ns-get-{namespace}"
+    kube.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts",
+        body={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "plugin"}},
+    )
+    kube.request(
+        "POST",
+        f"{RBAC}/clusterroles",
+        body={
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": role},
+            "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}],
+        },
+    )
+    kube.request(
+        "POST",
+        f"{RBAC}/clusterrolebindings",
+        body={
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "plugin", "namespace": namespace}],
+        },
+    )  # fmt: skip
+    try:
+        token.write_text(
+            kube.request(
+                "POST",
+                f"/api/v1/namespaces/{namespace}/serviceaccounts/plugin/token",
+                body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest"},
+            )["status"]["token"]
+        )
+        _label(kube, namespace, {LABEL_LEVEL: "dedicated"})
+        caplog.set_level(logging.WARNING)
+        creds = Credentials(cluster.server, ca_file=str(ca), token_file=str(token))
+        with KubeClient(creds) as plugin:
+            cache = WatchedNamespaces(plugin, backoff=Backoff(0.05, 0.1))
+            cache.start()
+            try:
+                time.sleep(1.0)  # about ten refused lists
+                assert not cache.synced
+                labels = cache.tenant_labels(namespace)[namespace]
+            finally:
+                cache.stop()
+    finally:
+        kube.request("DELETE", f"{RBAC}/clusterrolebindings/{role}")
+        kube.request("DELETE", f"{RBAC}/clusterroles/{role}")
+    assert labels.get(LABEL_LEVEL) == "dedicated"
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(logged) == 1, logged
+    assert "needs list and watch on namespaces" in logged[0]
+    assert "HTTP 403" in logged[0]
