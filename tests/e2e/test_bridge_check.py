@@ -49,8 +49,9 @@ def test_a_device_plugin_advertising_after_start_stops_new_prepares(
             assert watch.check_once() is None
             patch = {"status": {"allocatable": {"nvidia.com/gpu": "4"}}}
             kube.request("PATCH", status, body=patch, content_type="application/merge-patch+json")
-            conflict = watch.check_once()
-            assert conflict is not None and "status.allocatable[nvidia.com/gpu]=4" in conflict
+            # The watch reads from the API server's cache, a moment behind the write.
+            conflict = wait_for("the watch to see the device plugin", watch.check_once)
+            assert "status.allocatable[nvidia.com/gpu]=4" in conflict
 
             ref = ClaimRef("uid-1", "default", "train")
             error = driver.prepare([ref])["uid-1"].error
@@ -70,7 +71,7 @@ def test_a_device_plugin_advertising_after_start_stops_new_prepares(
 
             gone = {"status": {"allocatable": {"nvidia.com/gpu": None}}}
             kube.request("PATCH", status, body=gone, content_type="application/merge-patch+json")
-            assert watch.check_once() is None
+            wait_for("the watch to see the device plugin gone", lambda: watch.check_once() is None)
         finally:
             driver.close()
             events.close()

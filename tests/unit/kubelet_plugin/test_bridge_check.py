@@ -14,7 +14,12 @@ from driver.kube.http import KubeClient, RawAnswer
 from driver.kube.kubeconfig import Credentials
 from driver.metrics import Metrics
 from driver.nvml.sim import create_state
-from kubelet_plugin.bridge_check import CONFLICT_REASON, RESOLVED_REASON, DevicePluginWatch
+from kubelet_plugin.bridge_check import (
+    CONFLICT_REASON,
+    RESOLVED_REASON,
+    DevicePluginWatch,
+    check_node,
+)
 from kubelet_plugin.dra_driver import PluginDriver
 from kubelet_plugin.event_recorder import EventType, ObjectRef
 from tests.unit.claim_values import claim, ref_of, result
@@ -29,8 +34,10 @@ class NodeKube(KubeClient):
         super().__init__(Credentials("https://127.0.0.1:9"))
         self.allocatable: dict[str, str] = {"cpu": "8"}
         self.down = False
+        self.queries: list[dict[str, str]] = []
 
-    def send(self, method: str, path: str, **_: object) -> RawAnswer:
+    def send(self, method: str, path: str, **kw: object) -> RawAnswer:
+        self.queries.append(dict(kw.get("query") or {}))  # type: ignore[call-overload]
         if self.down:
             return RawAnswer(503, "Service Unavailable", b'{"message": "etcd down"}')
         node = {"metadata": {"name": "node-a"}, "status": {"allocatable": self.allocatable}}
@@ -111,3 +118,18 @@ def test_the_watch_thread_checks_until_stopped() -> None:
         watch.stop()
         kube.close()
     assert watch.refusal() is not None and events.seen[0][2] == CONFLICT_REASON
+
+
+def test_the_repeated_reads_come_from_the_api_servers_cache_the_start_up_check_from_etcd() -> None:
+    """Every node re-reads its Node every 15 s: from the API server's watch cache
+    (``resourceVersion=0``), not as a quorum read of etcd. The start-up check, which decides
+    whether the plugin serves at all, reads fresh."""
+    kube = NodeKube()
+    try:
+        check_node(kube, "node-a")
+        watch = DevicePluginWatch(kube, "node-a")
+        watch.check_once()
+        watch.check_once()
+    finally:
+        kube.close()
+    assert kube.queries == [{}, {"resourceVersion": "0"}, {"resourceVersion": "0"}]
