@@ -32,6 +32,7 @@ from driver.nvml.driver_root import DriverRoot, load_nvml
 from driver.nvml.facade import Nvml
 from driver.nvml.host import NvidiaSmiTimeslice, SysfsHost
 from kubelet_plugin.liveness import HealthEndpoint, probe_sockets
+from kubelet_plugin.memory import limit_arenas
 from kubelet_plugin.node import NodePlugin
 from kubelet_plugin.node_labels import NodeLabelWatch, node_advertise
 from kubelet_plugin.settings import (
@@ -154,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         print(settings.model_dump_json(indent=2))
         return 0
     configure(settings.log_format, settings.log_level)
+    limit_arenas()  # before any thread starts
     stop = threading.Event()
     restart = threading.Event()  # set by the node label watch
     signalled = threading.Event()

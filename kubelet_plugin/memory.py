@@ -1,10 +1,17 @@
-"""Giving freed heap memory back to the system.
+"""Giving freed heap memory back to the system, and holding less of it.
 
 Building and publishing the ResourceSlices at start (about 5 MiB of short-lived dicts
 for a 208-device node) and a burst of prepares leave glibc's heap holding freed pages:
 the process's RSS stays at its high-water mark although Python freed the objects.
 ``malloc_trim(0)`` returns them. The plugin calls it once its first publish is done and
 after each usage sample (every ``--sample-interval``); it costs about a millisecond.
+
+glibc also gives each new thread a heap (an arena) of its own, up to eight per core, and
+each keeps the pages it freed: after a burst of prepares on the gRPC and claim-read threads
+the plugin held 5.3-5.4 MiB more than idle, 4.7-4.9 MiB with two arenas (three runs each).
+Python allocates small objects under the GIL from its own pools, so the threads hardly
+contend for ``malloc``. :func:`limit_arenas` sets two, at start, unless the operator chose
+with ``MALLOC_ARENA_MAX``.
 """
 
 from __future__ import annotations
@@ -12,18 +19,30 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
+M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
+ARENAS = 2
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
+
+def _libc_function(name: str) -> Any:
+    path = ctypes.util.find_library("c")
+    if path is None:
         return None
     try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        found = getattr(ctypes.CDLL(path), name)
+    except (OSError, AttributeError):  # not glibc (musl has neither function)
+        return None
+    return found
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    trim = _libc_function("malloc_trim")
+    if trim is None:
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
@@ -32,6 +51,20 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 _TRIM = _malloc_trim()
+
+
+def limit_arenas(environ: Mapping[str, str] = os.environ, arenas: int = ARENAS) -> bool:
+    """At most ``arenas`` malloc heaps for the threads started from now on; False where the
+    C library cannot, or ``MALLOC_ARENA_MAX`` already says how many (glibc read it at start).
+    Call it before starting threads."""
+    if "MALLOC_ARENA_MAX" in environ:
+        return False
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_ARENA_MAX, arenas))
 
 
 def release_freed_memory() -> bool:
