@@ -17,7 +17,6 @@ with ``MALLOC_ARENA_MAX``.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -30,14 +29,12 @@ ARENAS = 2
 
 
 def _libc_function(name: str) -> Any:
-    path = ctypes.util.find_library("c")
-    if path is None:
-        return None
+    """``name`` from the C library the interpreter runs on (no search of the library path,
+    which costs 1.4 ms per lookup); None where it has no such function."""
     try:
-        found = getattr(ctypes.CDLL(path), name)
-    except (OSError, AttributeError):  # not glibc (musl has neither function)
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
         return None
-    return found
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
