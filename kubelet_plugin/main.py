@@ -107,16 +107,17 @@ def serve(settings: PluginSettings, stop: threading.Event, restart: threading.Ev
             endpoint.start()
             stoppers.append(endpoint.stop)
         # What the node advertises depends on its dynamic-MIG label: read before the inventory.
-        advertise = node_advertise(
+        read = node_advertise(
             kube, settings.node_name, settings.mig_node_label, settings.advertise, stop
         )
-        if advertise is None:
+        if read is None:
             return 0  # stopped while waiting for the API server
+        advertise, node = read
         plugin = NodePlugin(
             settings.model_copy(update={"advertise": advertise}), kube, nvml, registry, metrics
         )
         plugins.append(plugin)
-        if not plugin.start(stop):
+        if not plugin.start(stop, node=node):
             return 0  # stopped while waiting for the API server
         started.set()
         stoppers.append(lambda: plugin.stop(STOP_GRACE_S))

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from driver.checkpoint.records import ClaimRecord
 from driver.checkpoint.store import Checkpoint, CheckpointData
+from driver.devices.bridge import check_no_device_plugin
 from driver.devices.inventory import build_inventory
 from driver.devices.slices import build_slices
 from driver.errors import ApiUnavailable, error_reason
@@ -389,13 +390,20 @@ class NodePlugin:
 
     # ----- lifecycle ------------------------------------------------------------------------
 
-    def start(self, stop: threading.Event | None = None) -> bool:
+    def start(
+        self, stop: threading.Event | None = None, *, node: Mapping[str, Any] | None = None
+    ) -> bool:
         """Recover, publish, serve. False when ``stop`` was set while waiting for the API
-        server (the device plugin check needs it before any socket opens)."""
-        if self.settings.device_plugin_check and not check_node_when_reachable(
-            lambda: check_node(self._kube, self.settings.node_name), stop or threading.Event()
-        ):
-            return False
+        server (the device plugin check needs it before any socket opens). ``node``: the
+        Node, when the caller has just read it (the dynamic-MIG label), so it is not read
+        twice."""
+        if self.settings.device_plugin_check:
+            if node is not None:
+                check_no_device_plugin(node)
+            elif not check_node_when_reachable(
+                lambda: check_node(self._kube, self.settings.node_name), stop or threading.Event()
+            ):
+                return False
         if not self._discover_when_reachable(stop or threading.Event()):
             return False
         if self._missing_api is not None:

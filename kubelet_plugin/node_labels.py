@@ -39,11 +39,12 @@ def advertise_for(node: dict[str, Any], label: str, advertise: AdvertiseConfig) 
 
 def node_advertise(
     kube: KubeClient, node_name: str, label: str, advertise: AdvertiseConfig, stop: threading.Event
-) -> AdvertiseConfig | None:
-    """What this node advertises; None when ``stop`` was set while waiting for the API server.
-    Without a label key the Node is not read."""
+) -> tuple[AdvertiseConfig, dict[str, Any] | None] | None:
+    """What this node advertises, and the Node as read (for the start's other checks, so it
+    is read once); None when ``stop`` was set while waiting for the API server. Without a
+    label key the Node is not read."""
     if not label:
-        return advertise
+        return advertise, None
     found: dict[str, Any] = {}
 
     def read() -> None:
@@ -60,7 +61,7 @@ def node_advertise(
             chosen.to_json(),
             extra={"node": node_name},
         )
-    return chosen
+    return chosen, found
 
 
 class NodeLabelWatch(ListWatch):

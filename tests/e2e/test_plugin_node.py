@@ -247,9 +247,13 @@ def test_plugin_sigkilled_from_outside_mid_prepare_recovers_and_the_retry_succee
     wait_for("no checkpoint entry left", lambda: checkpoint.load()[0].claims == {})
 
 
+@pytest.mark.parametrize("label", ["default", "off"])
 def test_plugin_refuses_to_start_where_a_device_plugin_serves_nvidia_gpu(
-    cluster: Cluster, sim_node: Callable[..., PluginNode]
+    cluster: Cluster, sim_node: Callable[..., PluginNode], label: str
 ) -> None:
+    """With the dynamic-MIG label watched, the Node read for the label is the one checked
+    (read once at start); without it, the check reads the Node itself."""
+
     def advertise_device_plugin_gpus(node: str) -> None:
         with cluster.api_client() as api:
             client.CoreV1Api(api).patch_node_status(
@@ -262,8 +266,9 @@ def test_plugin_refuses_to_start_where_a_device_plugin_serves_nvidia_gpu(
                 },
             )
 
+    args = ("--mig-node-label", "") if label == "off" else ()
     with pytest.raises(SimNodeError) as failure:
-        sim_node(before_start=advertise_device_plugin_gpus)
+        sim_node(before_start=advertise_device_plugin_gpus, extra_args=args)
     message = str(failure.value)
     assert "nvidia.com/gpu" in message and "device plugin" in message
 
