@@ -16,12 +16,12 @@ import pytest
 
 from driver.errors import ApiUnavailable, ClaimError
 from driver.kube.http import KubeClient
-from driver.kube.kubeconfig import Credentials, from_file
 from driver.trust.policy import LABEL_LEVEL, LABEL_TENANT
 from kubelet_plugin.namespace_cache import WatchedNamespaces
 from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels
 from kubelet_plugin.publisher import Backoff
 from tests.e2e.conftest import Cluster
+from tests.e2e.service_accounts import service_account_credentials
 from tests.e2e.tcp_relay import TcpRelay
 from tests.waiting import wait_for
 
@@ -131,16 +131,8 @@ def test_a_service_account_that_may_only_get_namespaces_is_named_once_and_still_
     """The chart once granted only ``get`` on namespaces with the MIG label turned off: the
     watch was refused at every relist. The refusal is one error naming what is missing, and
     the trust check is still answered, from direct reads."""
-    admin = from_file(Path(cluster.kubeconfig))
-    ca = tmp_path / "ca.crt"
-    ca.write_text(admin.ca_data or "")
-    token = tmp_path / "token"
     role = f"tranche-ns-get-{namespace}"
-    kube.request(
-        "POST",
-        f"/api/v1/namespaces/{namespace}/serviceaccounts",
-        body={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "plugin"}},
-    )
+    creds = service_account_credentials(cluster, kube, namespace, tmp_path)
     kube.request(
         "POST",
         f"{RBAC}/clusterroles",
@@ -164,16 +156,8 @@ def test_a_service_account_that_may_only_get_namespaces_is_named_once_and_still_
         },
     )  # fmt: skip
     try:
-        token.write_text(
-            kube.request(
-                "POST",
-                f"/api/v1/namespaces/{namespace}/serviceaccounts/plugin/token",
-                body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest"},
-            )["status"]["token"]
-        )
         _label(kube, namespace, {LABEL_LEVEL: "dedicated"})
         caplog.set_level(logging.WARNING)
-        creds = Credentials(cluster.server, ca_file=str(ca), token_file=str(token))
         with KubeClient(creds) as plugin:
             cache = WatchedNamespaces(plugin, backoff=Backoff(0.05, 0.1))
             cache.start()

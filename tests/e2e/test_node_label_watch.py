@@ -14,11 +14,12 @@ from kubernetes import client
 
 from driver.devices.inventory import DYNAMIC_MIG, AdvertiseConfig
 from driver.kube.http import KubeClient
-from driver.kube.kubeconfig import Credentials, from_file
+from driver.kube.kubeconfig import from_file
 from hack.devcluster.nodes import add_node
 from kubelet_plugin.node_labels import NodeLabelWatch
 from kubelet_plugin.publisher import Backoff
 from tests.e2e.conftest import Cluster
+from tests.e2e.service_accounts import service_account_credentials
 from tests.e2e.sim_nodes import fresh_node_name, kubectl
 from tests.e2e.tcp_relay import TcpRelay
 from tests.waiting import wait_for
@@ -77,29 +78,13 @@ def test_a_service_account_without_watch_on_nodes_is_named_once_and_changes_noth
     cluster: Cluster, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     name = fresh_node_name("labels")
-    admin = from_file(Path(cluster.kubeconfig))
-    ca = tmp_path / "ca.crt"
-    ca.write_text(admin.ca_data or "")
-    token = tmp_path / "token"
     with cluster.kube() as kube:
-        kube.request(
-            "POST",
-            f"/api/v1/namespaces/{namespace}/serviceaccounts",
-            body={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "plugin"}},
-        )
-        token.write_text(
-            kube.request(
-                "POST",
-                f"/api/v1/namespaces/{namespace}/serviceaccounts/plugin/token",
-                body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest"},
-            )["status"]["token"]
-        )
+        creds = service_account_credentials(cluster, kube, namespace, tmp_path)
     changes: list[AdvertiseConfig] = []
     caplog.set_level(logging.WARNING, logger="kubelet_plugin.node_labels")
     with cluster.api_client() as api:
         add_node(api, name, labels={LABEL: "true"})
         try:
-            creds = Credentials(cluster.server, ca_file=str(ca), token_file=str(token))
             with KubeClient(creds) as kube:
                 watch = _label_watch(kube, name, changes, Backoff(0.05, 0.1))
                 watch.start()
