@@ -12,6 +12,11 @@ ever renamed away or deleted, never read as a claim (its name starts with a dot)
 start-up removes every spare (:func:`sweep`), as it removes half-written temporaries. A
 spare that another process removed meanwhile (a second plugin pod's start-up during a
 rolling update) is skipped.
+
+A spare is filled only once its rename is on disk (a later ``fsync`` of the directory,
+:meth:`SpareFiles.settled`): were the machine to crash while a spare whose rename was lost
+is being filled, the ended claim's old name would hold the new claim's bytes, and the next
+start would report it as corrupt.
 """
 
 from __future__ import annotations
@@ -42,21 +47,28 @@ class SpareFiles:
         # Two plugin pods without the host's PID namespace may both be PID 1.
         self._prefix = f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
         self._names = itertools.count()
-        self._spares: list[Path] = []
+        self._settling: list[Path] = []  # renamed since the directory's last fsync
+        self._spares: list[Path] = []  # renames on disk: ready to fill
 
     def __len__(self) -> int:
-        return len(self._spares)
+        return len(self._settling) + len(self._spares)
 
     def forget(self) -> None:
         """The spares were deleted (a sweep of temporaries): use none of them."""
+        self._settling.clear()
         self._spares.clear()
+
+    def settled(self) -> None:
+        """The directory was fsynced: every spare renamed before is ready to fill."""
+        self._spares.extend(self._settling)
+        self._settling.clear()
 
     def keep(self, path: Path) -> None:
         """Take ``path`` out of the way: renamed to a spare, or deleted when there are enough.
 
         Neither is fsynced; the caller's durable record says the file's claim ended.
         """
-        if len(self._spares) >= self.limit:
+        if len(self) >= self.limit:
             path.unlink(missing_ok=True)
             return
         spare = self.directory / f"{self._prefix}{next(self._names)}"
@@ -64,7 +76,7 @@ class SpareFiles:
             path.rename(spare)
         except FileNotFoundError:
             return
-        self._spares.append(spare)
+        self._settling.append(spare)
 
     def write(
         self,
@@ -73,10 +85,9 @@ class SpareFiles:
         fault_point: str = "",
         faults: FaultPoints = NO_FAULTS,
     ) -> bool:
-        """Replace ``path`` with ``data`` durably through a spare; False when there is none.
-
-        As :func:`driver.files.write_atomic`: the data is on disk before the rename, and the
-        directory is fsynced after it.
+        """Replace ``path`` with ``data`` durably through a ready spare; False when there is
+        none. As :func:`driver.files.write_atomic`: the data is on disk before the rename, and
+        the directory is fsynced after it (the caller then calls :meth:`settled`).
         """
         while self._spares:
             spare = self._spares.pop()

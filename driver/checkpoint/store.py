@@ -438,6 +438,7 @@ class Checkpoint:
                     path, point = files.claim_path(self.directory, uid), REPLACE_POINT
                     if not self._spares.write(path, encoded, point, self._faults):
                         write_atomic(path, encoded, fault_point=point, faults=self._faults)
+                    self._spares.settled()  # both fsynced the directory
                     if uid in view.started:
                         self._faults.reached("checkpoint:before-started-cleared")
                         self._clear_started(view, uid)

@@ -35,20 +35,27 @@ def completed(uid: str) -> ClaimRecord:
     return record(uid, prepared_at=2.0)
 
 
-def test_an_ended_claims_file_is_written_again_for_the_next_claim(tmp_path: Path) -> None:
+def test_an_ended_claims_file_is_written_again_once_its_rename_is_on_disk(
+    tmp_path: Path,
+) -> None:
+    """The next claim written after an unprepare gets a new file (the spare's rename is not
+    yet on disk: a crash while filling it could leave the new bytes under the old name); the
+    one after it, once that write fsynced the directory, gets the spare's inode."""
     cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
     cp.put(completed("u0"))
     inode = claim_file(tmp_path, "u0").stat().st_ino
     cp.remove("u0", ended("u0", 2.0))
     (spare,) = spares_in(tmp_path)
     assert spare.stat().st_ino == inode
-    cp.put(started("u1"))
     cp.put(completed("u1"))
-    assert claim_file(tmp_path, "u1").stat().st_ino == inode
+    assert claim_file(tmp_path, "u1").stat().st_ino != inode
+    cp.put(started("u2"))
+    cp.put(completed("u2"))
+    assert claim_file(tmp_path, "u2").stat().st_ino == inode
     assert spares_in(tmp_path) == []
-    assert states(tmp_path) == {"u1": "PrepareCompleted"}  # whole, checksum and all
-    reread = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load()[0].claims["u1"]
-    assert reread == completed("u1")
+    assert states(tmp_path) == {"u1": "PrepareCompleted", "u2": "PrepareCompleted"}
+    reread = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load()[0].claims["u2"]
+    assert reread == completed("u2")  # whole, checksum and all
 
 
 def test_a_crash_while_a_spare_is_written_loses_nothing(tmp_path: Path) -> None:
@@ -64,16 +71,20 @@ def test_a_crash_while_a_spare_is_written_loses_nothing(tmp_path: Path) -> None:
     cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b", faults=faults)
     cp.put(completed("u0"))
     cp.remove("u0", ended("u0", 2.0))
+    cp.put(completed("u9"))  # the spare's rename is on disk from here
     cp.put(started("u1"))
     armed[0] = True
     with pytest.raises(Crash):
         cp.put(completed("u1"))
     assert not claim_file(tmp_path, "u1").exists()
+    (filled,) = spares_in(tmp_path)  # the crash came while u0's old file held u1's record
+    assert b'"uid":"u1"' in filled.read_bytes()
     restarted = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
     restarted.remove_temporaries()
     data, status = restarted.load(locked=True)
     assert status.kind == "ok"
-    assert {uid: c.state for uid, c in data.claims.items()} == {"u1": "PrepareStarted"}
+    states_now = {uid: c.state for uid, c in data.claims.items()}
+    assert states_now == {"u1": "PrepareStarted", "u9": "PrepareCompleted"}
     assert [a.claim_uid for a in data.history] == ["u0"]
     assert spares_in(tmp_path) == []
 
