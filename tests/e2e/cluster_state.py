@@ -14,6 +14,8 @@ from kubernetes import client
 from driver.kube.client import send
 
 _MAX_EVENTS = 60
+_LOG_LINES = 60
+_OWN_PODS = "app.kubernetes.io/part-of=tranche"
 
 Obj = dict[str, Any]
 
@@ -132,4 +134,37 @@ def dump(api: client.ApiClient) -> str:
         lines = [f"(could not list: {e})"]
     out.append(f"--- events (last {len(lines)})")
     out.extend(lines)
+    out.extend(_own_logs(api))
     return "\n".join(out)
+
+
+def _own_logs(api: client.ApiClient) -> list[str]:
+    """The last lines of every container of Tranche's own pods (an installed chart's plugin
+    and controller), and of the run before a restart: what a failed chart test needs."""
+    out: list[str] = []
+    core = client.CoreV1Api(api)
+    try:
+        pods = core.list_pod_for_all_namespaces(label_selector=_OWN_PODS).items
+    except Exception as e:  # a dump must never hide the test's own failure
+        return [f"--- tranche pod logs (could not list: {e})"]
+    for pod in pods:
+        meta, status = pod.metadata, pod.status
+        if meta is None or status is None or not meta.name or not meta.namespace:
+            continue
+        for container in status.container_statuses or []:
+            for previous in [False] + ([True] if container.restart_count else []):
+                title = f"{meta.namespace}/{meta.name}/{container.name}"
+                title += " (before its restart)" if previous else ""
+                try:
+                    text = core.read_namespaced_pod_log(
+                        meta.name,
+                        meta.namespace,
+                        container=container.name,
+                        previous=previous,
+                        tail_lines=_LOG_LINES,
+                    )
+                except Exception as e:
+                    text = f"(could not read: {e})"
+                out.append(f"--- logs of {title}, last {_LOG_LINES} lines")
+                out.extend(str(text).splitlines())
+    return out
