@@ -101,19 +101,30 @@ class DaemonSpec:
         )
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, process group) of a process; None when it does not exist."""
+@dataclass(frozen=True)
+class _Stat:
+    """The fields of ``/proc/<pid>/stat`` this module reads."""
+
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+
+
+def _proc_stat(pid: int) -> _Stat | None:
+    """A process's state, parent, group and session; None when it does not exist (or its
+    stat line does not parse)."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        state, ppid, pgid, sid = raw[raw.rindex(")") + 2 :].split()[:4]
+        return _Stat(state, int(ppid), int(pgid), int(sid))
+    except (OSError, ValueError):
         return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return fields[0], int(fields[2])
 
 
 def _alive(pid: int) -> bool:
     stat = _proc_stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
+    return stat is not None and stat.state not in ("Z", "X")
 
 
 def _reap_orphans() -> None:
@@ -130,12 +141,8 @@ def _reap_orphans() -> None:
     """
     me, session = os.getpid(), os.getsid(0)
     for pid in _pids():
-        try:
-            raw = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        state, ppid, _, sid = raw[raw.rindex(")") + 2 :].split()[:4]
-        if state != "Z" or int(ppid) != me or int(sid) == session:
+        stat = _proc_stat(pid)
+        if stat is None or stat.state != "Z" or stat.ppid != me or stat.sid == session:
             continue
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
@@ -186,6 +193,7 @@ class MpsDaemons:
         self._environ = dict(os.environ if environ is None else environ)
         self._lock = threading.RLock()
         self._known: set[str] = set()  # keys this process started or adopted
+        self._started_any = False  # only then can daemon processes be orphaned to it
         self.restarts = 0
 
     # paths ----------------------------------------------------------------------------------
@@ -354,6 +362,7 @@ class MpsDaemons:
         except OSError as e:
             self._cleanup(spec)
             raise ClaimError(f"MPS control daemon {self.binary!r} cannot start: {e}") from e
+        self._started_any = True
         self._write_record(spec, proc.pid)
         self._faults.reached("mps:after-spawn")
         try:
@@ -481,7 +490,7 @@ class MpsDaemons:
         process of ``key``."""
         marked = set(self.processes(key))
         if pgid is not None:
-            group = [p for p in _pids() if (s := _proc_stat(p)) is not None and s[1] == pgid]
+            group = [p for p in _pids() if (s := _proc_stat(p)) is not None and s.pgid == pgid]
             if group and all(p in marked for p in group if _alive(p)):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
@@ -491,7 +500,13 @@ class MpsDaemons:
         deadline = time.monotonic() + 5.0
         while self.running(key) and time.monotonic() < deadline:
             time.sleep(0.02)
-        _reap_orphans()
+        self._reap()
+
+    def _reap(self) -> None:
+        """:func:`_reap_orphans`, in a process that started a daemon: a node that never ran
+        one does not scan ``/proc`` (the host's, with ``hostPID``) every supervisor round."""
+        if self._started_any:
+            _reap_orphans()
 
     def _cleanup(self, spec: DaemonSpec) -> None:
         if spec.whole_gpu:
@@ -539,7 +554,7 @@ class MpsDaemons:
                     continue
                 self.restarts += 1
                 restarted.append(key)
-            _reap_orphans()  # the intermediate processes of this round's and earlier starts
+            self._reap()  # the intermediate processes of this round's and earlier starts
         return restarted
 
 
