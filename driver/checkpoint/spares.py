@@ -26,6 +26,7 @@ import os
 import secrets
 from pathlib import Path
 
+from driver.checkpoint.files import fsync_directory
 from driver.faults import NO_FAULTS, FaultPoints
 
 DEFAULT_LIMIT = 64
@@ -107,10 +108,6 @@ class SpareFiles:
             if fault_point:
                 faults.reached(fault_point)
             spare.replace(path)
-            dir_fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            fsync_directory(self.directory)
             return True
         return False
