@@ -73,10 +73,20 @@ class ListWatch:
     # what a subclass does with what it sees -----------------------------------------
 
     def _listed(self, items: list[Json], version: str) -> None:
-        """The whole collection at ``version``, at the start and after each failure."""
+        """The whole collection at ``version``, at the start and after each failure; by
+        default each item goes to :meth:`_seen`."""
+        for item in items:
+            self._seen(item)
 
     def _changed(self, kind: str, obj: Json) -> None:
-        """One ADDED, MODIFIED or DELETED object."""
+        """One ADDED, MODIFIED or DELETED object; by default an object that is still there
+        goes to :meth:`_seen`."""
+        if kind != "DELETED":
+            self._seen(obj)
+
+    def _seen(self, obj: Json) -> None:
+        """One object as it is now (listed, added or modified), for a subclass that judges
+        each object alone."""
 
     def _forget(self) -> None:
         """After a failure, before the relist (also when stopping)."""

@@ -105,14 +105,6 @@ class NodeLabelWatch(ListWatch):
         if self._label:
             super().start()
 
-    def _listed(self, items: list[Json], version: str) -> None:
-        for item in items:
-            self._seen(item)
-
-    def _changed(self, kind: str, obj: Json) -> None:
-        if kind != "DELETED":
-            self._seen(obj)
-
     def _failed(self, e: Exception) -> None:
         log.warning("node label watch failed; relisting node=%s error=%s", self._node, describe(e))
 

@@ -192,13 +192,8 @@ class RuntimeErrorWatcher(ListWatch):
             posted += 1
         return posted
 
-    def _listed(self, items: list[Json], version: str) -> None:
-        for pod in items:
-            self.check(pod)
-
-    def _changed(self, kind: str, obj: Json) -> None:
-        if kind != "DELETED":
-            self.check(obj)
+    def _seen(self, obj: Json) -> None:
+        self.check(obj)
 
     def _failed(self, e: Exception) -> None:
         log.warning("pod watch failed; relisting node=%s error=%s", self._node, describe(e))
