@@ -13,9 +13,13 @@ socket likewise (:func:`dra_socket_name`; the kubelet learns its path from the
 registration).
 
 ``start()`` replaces stale sockets, serves DRA, then opens the registration
-socket. ``stop(grace)`` removes the registration socket first (the kubelet
-deregisters), ends health streams, lets in-flight calls finish within
-``grace`` seconds, then removes the DRA socket.
+socket. ``stop(grace, drain)`` removes the registration socket first, then keeps
+serving DRA until the kubelet has closed its connection to it, for at most
+``drain`` seconds. The kubelet notices the removal in its plugin manager's next
+round (once a second), deregisters the instance and closes the connection; until
+then it may still send this instance a prepare, which a server already shutting
+down would refuse (a failed prepare, retried a minute later). Then health streams
+end, in-flight calls finish within ``grace`` seconds, and the DRA socket goes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import hashlib
 import logging
 import stat
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
@@ -36,12 +41,17 @@ from kubelet_plugin.grpc_dra import add_dra_services
 from kubelet_plugin.health_service import RESEND_SECONDS, add_health_services
 from kubelet_plugin.registration import RegistrationServicer, RegistrationState
 from kubelet_plugin.settings import DRA_WORKERS
+from kubelet_plugin.unix_peers import connected_peers
 from proto.gen.pluginregistration import api_pb2_grpc as reg_grpc
 
 log = logging.getLogger(__name__)
 
 # gRPC needs the path plus a terminating NUL in sockaddr_un.sun_path (108 bytes).
 UNIX_PATH_MAX = 107
+# How long a stopping plugin waits, at most, for the kubelet to drop its connection after the
+# registration socket is gone: the kubelet's plugin manager looks once a second.
+DRAIN_S = 3.0
+DRAIN_POLL_S = 0.05
 
 
 def _b64(data: bytes) -> str:
@@ -219,12 +229,34 @@ class PluginServer:
                 ",".join(self.supported_versions),
             )
 
-    def stop(self, grace: float = 5.0) -> None:
-        """Deregister, then finish in-flight calls within ``grace`` seconds and remove sockets."""
+    def stop(self, grace: float = 5.0, drain: float = 0.0) -> None:
+        """Deregister; serve on while the kubelet keeps its connection, at most ``drain``
+        seconds; then finish in-flight calls within ``grace`` seconds and remove sockets."""
         with self._lock:
+            registered = [s for s in self._sockets if s.path == self._reg_path]
+            for sock in registered:
+                sock.stop(0)
+            if registered and drain > 0:
+                self._wait_for_the_kubelet_to_let_go(drain)
             self._stopping.set()
             for sock in reversed(self._sockets):
-                sock.stop(0 if sock.path == self._reg_path else grace)
+                if sock not in registered:
+                    sock.stop(grace)
             if self._sockets:
                 log.info("plugin stopped driver=%s endpoint=%s", self.driver_name, self.endpoint)
             self._sockets.clear()
+
+    def _wait_for_the_kubelet_to_let_go(self, limit: float) -> None:
+        started = time.monotonic()
+        peers = connected_peers(str(self._dra_path))
+        # Without /proc/net/unix nothing shows when the kubelet let go: serve the whole time.
+        while (peers is None or peers > 0) and time.monotonic() - started < limit:
+            time.sleep(DRAIN_POLL_S)
+            peers = connected_peers(str(self._dra_path))
+        log.info(
+            "deregistered, draining done driver=%s endpoint=%s waited_s=%.2f open_connections=%s",
+            self.driver_name,
+            self.endpoint,
+            time.monotonic() - started,
+            "unknown" if peers is None else peers,
+        )

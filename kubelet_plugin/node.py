@@ -49,7 +49,7 @@ from kubelet_plugin.bridge_check import DevicePluginWatch, check_node, check_nod
 from kubelet_plugin.claim_status import ClaimStatusWriter, StatusWritingDriver
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
-from kubelet_plugin.grpc_server import PluginServer
+from kubelet_plugin.grpc_server import DRAIN_S, PluginServer
 from kubelet_plugin.health_events import HealthEvents
 from kubelet_plugin.measured_driver import MeasuredDriver
 from kubelet_plugin.memory import release_freed_memory
@@ -441,9 +441,9 @@ class NodePlugin:
         )
         return True
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = 10.0, drain: float = DRAIN_S) -> None:
         self._stop.set()
-        self.server.stop(grace)
+        self.server.stop(grace, drain)
         self.watcher.stop()
         self.sharing.stop()
         if self.device_plugins is not None:

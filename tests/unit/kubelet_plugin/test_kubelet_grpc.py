@@ -300,6 +300,54 @@ def test_stop_deregisters_first_finishes_in_flight_calls_then_removes_sockets(
     assert not Path(server.endpoint).exists()
 
 
+def _prepare_one(channel: grpc.Channel, uid: str) -> dra_v1.NodePrepareResourcesResponse:
+    request = dra_v1.NodePrepareResourcesRequest(
+        claims=[dra_v1.Claim(namespace="ns", uid=uid, name="c")]
+    )
+    response: dra_v1.NodePrepareResourcesResponse = dra_v1_grpc.DRAPluginStub(
+        channel
+    ).NodePrepareResources(request, timeout=10)
+    return response
+
+
+def test_stop_serves_until_the_kubelet_drops_its_connection(server: PluginServer) -> None:
+    """The kubelet deregisters an instance in its plugin manager's next round after the
+    registration socket goes, and sends it prepares until then (a rolling update's old pod):
+    those must succeed, not meet a server that is already shutting down."""
+    kubelet = grpc.insecure_channel(f"unix:{server.endpoint}")
+    grpc.channel_ready_future(kubelet).result(timeout=10)
+    stopper = threading.Thread(target=server.stop, kwargs={"grace": 5, "drain": 30})
+    stopper.start()
+    deadline = time.monotonic() + 10
+    while Path(server.registration_socket).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not Path(server.registration_socket).exists()
+
+    time.sleep(0.3)  # the kubelet has not looked yet
+    assert _prepare_one(kubelet, "u1").claims["u1"].devices[0].device_name == "gpu-c"
+    assert stopper.is_alive()
+    assert Path(server.endpoint).exists()
+
+    kubelet.close()  # deregistered: the kubelet closes its connection
+    stopper.join(10)  # well before the 30 s the drain may last
+    assert not stopper.is_alive()
+    assert not Path(server.endpoint).exists()
+
+
+def test_stop_drains_at_most_the_time_given(server: PluginServer) -> None:
+    """A kubelet that never lets go (or a client that is not the kubelet) holds the stop
+    for the drain time, not forever."""
+    kubelet = grpc.insecure_channel(f"unix:{server.endpoint}")
+    try:
+        grpc.channel_ready_future(kubelet).result(timeout=10)
+        started = time.monotonic()
+        server.stop(grace=0, drain=0.5)
+        assert 0.5 <= time.monotonic() - started < 10
+        assert not Path(server.endpoint).exists()
+    finally:
+        kubelet.close()
+
+
 def test_rolling_update_two_instances_of_one_driver_serve_at_once(
     root: Path, sims: list[KubeletSimulator]
 ) -> None:
