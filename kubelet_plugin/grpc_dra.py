@@ -26,6 +26,7 @@ import grpc
 
 from driver.api import ClaimRef, DraDriver, PreparedDevice, PrepareResult, UnprepareResult
 from driver.errors import PermanentError, RetryableError
+from kubelet_plugin.in_flight import InFlight
 from proto.gen.dra.v1 import api_pb2 as v1
 from proto.gen.dra.v1 import api_pb2_grpc as v1_grpc
 from proto.gen.dra.v1beta1 import api_pb2 as v1beta1
@@ -118,12 +119,23 @@ def _fill_device(message: Any, device: PreparedDevice, with_share_id: bool) -> N
 class _DraCalls:
     """The version-independent part of both servicers."""
 
-    def __init__(self, driver: DraDriver, pb: Any, with_share_id: bool) -> None:
+    def __init__(
+        self, driver: DraDriver, pb: Any, with_share_id: bool, in_flight: InFlight
+    ) -> None:
         self._driver = driver
         self._pb = pb
         self._with_share_id = with_share_id
+        self.in_flight = in_flight
 
     def prepare(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.in_flight:
+            return self._prepare(request, context)
+
+    def unprepare(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.in_flight:
+            return self._unprepare(request, context)
+
+    def _prepare(self, request: Any, context: grpc.ServicerContext) -> Any:
         refs = claim_refs(request.claims, context)
         try:
             results: dict[str, PrepareResult] = self._driver.prepare(refs) if refs else {}
@@ -144,7 +156,7 @@ class _DraCalls:
         _log_unrequested("NodePrepareResources", refs, results)
         return response
 
-    def unprepare(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def _unprepare(self, request: Any, context: grpc.ServicerContext) -> Any:
         refs = claim_refs(request.claims, context)
         try:
             results: dict[str, UnprepareResult] = self._driver.unprepare(refs) if refs else {}
@@ -192,8 +204,8 @@ def _log_unrequested(method: str, refs: Sequence[ClaimRef], results: dict[str, A
 class DraServicerV1(v1_grpc.DRAPluginServicer):
     """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` (advertised as ``v1.DRAPlugin``)."""
 
-    def __init__(self, driver: DraDriver) -> None:
-        self._calls = _DraCalls(driver, v1, with_share_id=True)
+    def __init__(self, driver: DraDriver, in_flight: InFlight) -> None:
+        self._calls = _DraCalls(driver, v1, with_share_id=True, in_flight=in_flight)
 
     def NodePrepareResources(  # noqa: N802 (gRPC method name)
         self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext
@@ -211,8 +223,8 @@ class DraServicerV1(v1_grpc.DRAPluginServicer):
 class DraServicerV1beta1(v1beta1_grpc.DRAPluginServicer):
     """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (advertised as ``v1beta1.DRAPlugin``)."""
 
-    def __init__(self, driver: DraDriver) -> None:
-        self._calls = _DraCalls(driver, v1beta1, with_share_id=False)
+    def __init__(self, driver: DraDriver, in_flight: InFlight) -> None:
+        self._calls = _DraCalls(driver, v1beta1, with_share_id=False, in_flight=in_flight)
 
     def NodePrepareResources(  # noqa: N802 (gRPC method name)
         self, request: v1beta1.NodePrepareResourcesRequest, context: grpc.ServicerContext
@@ -227,8 +239,9 @@ class DraServicerV1beta1(v1beta1_grpc.DRAPluginServicer):
         return response
 
 
-def add_dra_services(server: grpc.Server, driver: DraDriver) -> list[str]:
-    """Register both versions on ``server``; returns their ``supported_versions`` strings."""
-    v1_grpc.add_DRAPluginServicer_to_server(DraServicerV1(driver), server)
-    v1beta1_grpc.add_DRAPluginServicer_to_server(DraServicerV1beta1(driver), server)
+def add_dra_services(server: grpc.Server, driver: DraDriver, in_flight: InFlight) -> list[str]:
+    """Register both versions on ``server``, each call counted in ``in_flight``; returns
+    their ``supported_versions`` strings."""
+    v1_grpc.add_DRAPluginServicer_to_server(DraServicerV1(driver, in_flight), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(DraServicerV1beta1(driver, in_flight), server)
     return [DRA_SERVICE_V1, DRA_SERVICE_V1BETA1]

@@ -13,13 +13,15 @@ socket likewise (:func:`dra_socket_name`; the kubelet learns its path from the
 registration).
 
 ``start()`` replaces stale sockets, serves DRA, then opens the registration
-socket. ``stop(grace, drain)`` removes the registration socket first, then keeps
-serving DRA until the kubelet has closed its connection to it, for at most
-``drain`` seconds. The kubelet notices the removal in its plugin manager's next
-round (once a second), deregisters the instance and closes the connection; until
-then it may still send this instance a prepare, which a server already shutting
-down would refuse (a failed prepare, retried a minute later). Then health streams
-end, in-flight calls finish within ``grace`` seconds, and the DRA socket goes.
+socket. ``stop(grace, drain)`` first lets the DRA calls in progress finish (within
+``grace`` seconds) while the instance is still registered: the kubelet closes its
+connection when it deregisters an instance, and a call still running on it fails.
+Then the registration socket goes, and DRA keeps serving until the kubelet has
+closed its connection, for at most ``drain`` seconds: the kubelet notices the
+removal in its plugin manager's next round (once a second), and until then may
+still send this instance a call, which a server already shutting down would refuse
+(a failed prepare, retried a minute later). Then health streams end, calls that
+came meanwhile finish within ``grace`` seconds, and the DRA socket goes.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from driver.api import DraDriver, HealthSource
 from driver.errors import ConfigError
 from kubelet_plugin.grpc_dra import add_dra_services
 from kubelet_plugin.health_service import RESEND_SECONDS, add_health_services
+from kubelet_plugin.in_flight import InFlight
 from kubelet_plugin.registration import RegistrationServicer, RegistrationState
 from kubelet_plugin.settings import DRA_WORKERS
 from kubelet_plugin.unix_peers import connected_peers
@@ -167,6 +170,7 @@ class PluginServer:
         self._max_workers = max_workers
         self._health_resend = health_resend_seconds
         self._stopping = threading.Event()
+        self._in_flight = InFlight()
         self._lock = threading.Lock()
         self._sockets: list[_Socket] = []
         self.registration = RegistrationState()
@@ -191,7 +195,7 @@ class PluginServer:
             dra_server = grpc.server(
                 futures.ThreadPoolExecutor(self._max_workers, thread_name_prefix="dra-grpc")
             )
-            versions = add_dra_services(dra_server, self._dra)
+            versions = add_dra_services(dra_server, self._dra, self._in_flight)
             if self._health is not None:
                 versions += add_health_services(
                     dra_server,
@@ -230,10 +234,18 @@ class PluginServer:
             )
 
     def stop(self, grace: float = 5.0, drain: float = 0.0) -> None:
-        """Deregister; serve on while the kubelet keeps its connection, at most ``drain``
-        seconds; then finish in-flight calls within ``grace`` seconds and remove sockets."""
+        """Finish the calls in progress within ``grace`` seconds; deregister; serve on while
+        the kubelet keeps its connection, at most ``drain`` seconds; finish the calls that
+        came meanwhile within ``grace`` seconds; remove the sockets."""
         with self._lock:
             registered = [s for s in self._sockets if s.path == self._reg_path]
+            if registered and not self._in_flight.wait_idle(grace):
+                log.warning(
+                    "deregistering with calls in progress driver=%s calls=%d grace_s=%s",
+                    self.driver_name,
+                    self._in_flight.count,
+                    grace,
+                )
             for sock in registered:
                 sock.stop(0)
             if registered and drain > 0:
@@ -249,7 +261,7 @@ class PluginServer:
     def _wait_for_the_kubelet_to_let_go(self, limit: float) -> None:
         started = time.monotonic()
         peers = connected_peers(str(self._dra_path))
-        # Without /proc/net/unix nothing shows when the kubelet let go: serve the whole time.
+        # Without /proc/self/fd nothing shows when the kubelet let go: serve the whole time.
         while (peers is None or peers > 0) and time.monotonic() - started < limit:
             time.sleep(DRAIN_POLL_S)
             peers = connected_peers(str(self._dra_path))

@@ -60,6 +60,11 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used so far, all its threads."""
+    return _cpu_ticks(pid) / os.sysconf("SC_CLK_TCK")
+
+
 def _machine_busy(interval_s: float) -> float:
     """The share of every CPU's time spent busy over ``interval_s`` (``/proc/stat``)."""
 

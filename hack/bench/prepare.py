@@ -16,7 +16,7 @@ from driver.nvml.sim import open_simulated
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from hack.bench.claims import TIME_SLICING, Wanted, create_allocated
 from hack.bench.lab import RESOURCE_V1, Lab, plugin_pid, request_json
-from hack.bench.machine import rss_bytes, wait_idle
+from hack.bench.machine import cpu_seconds, rss_bytes, wait_idle
 from hack.bench.results import Row, ScenarioResult, median, ms, percentile, timing
 from hack.kubeletsim.client import ClaimRequest, PluginConnection
 
@@ -74,12 +74,15 @@ def run(lab: Lab | None) -> ScenarioResult:
     wait_idle(pid)
     prep, unprep = [], []
     for i in range(WARMUP + SINGLE_RUNS):
+        if i == WARMUP:
+            cpu_single = cpu_seconds(pid)
         p, perr = _prepare(conn, single)
         u, uerr = _unprepare(conn, single)
         _check({single.uid: perr or uerr}, "single claim")
         if i >= WARMUP:
             prep.append(p)
             unprep.append(u)
+    cpu_single = cpu_seconds(pid) - cpu_single
     p99 = percentile(prep, 99)
     result.add(
         Row(
@@ -95,6 +98,7 @@ def run(lab: Lab | None) -> ScenarioResult:
     wanted = [Wanted(f"b-{i:03d}", gpus[i % len(gpus)], TIME_SLICING) for i in range(BURST)]
     claims = create_allocated(lab.api, namespace, bench.name, wanted)
     wait_idle(pid)  # the single claim's status writes done, the 240 claims' creation digested
+    cpu_burst = cpu_seconds(pid)
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         t0 = time.perf_counter()
         prepared = list(pool.map(lambda c: _prepare(conn, c), claims))
@@ -108,6 +112,7 @@ def run(lab: Lab | None) -> ScenarioResult:
         unprepared = list(pool.map(lambda c: _unprepare(conn, c), claims))
         unburst_s = time.perf_counter() - t0
     _check({c.uid: err for c, (_, err) in zip(claims, unprepared, strict=True)}, "burst unprepare")
+    cpu_burst = cpu_seconds(pid) - cpu_burst
     rss_after = rss_bytes(pid)
 
     result.add(
@@ -121,6 +126,16 @@ def run(lab: Lab | None) -> ScenarioResult:
     )
     result.add(timing("Burst: latency of each prepare call", [p for p, _ in prepared]))
     result.add(Row(f"Burst: {BURST} claims unprepared (wall)", ms(unburst_s), BURST))
+    result.add(
+        Row(
+            "Plugin CPU per claim, prepared and unprepared one at a time",
+            ms(cpu_single / SINGLE_RUNS),
+            SINGLE_RUNS,
+        )
+    )
+    result.add(
+        Row(f"Plugin CPU for the {BURST}-claim burst and its unprepares", ms(cpu_burst), BURST)
+    )
     result.add(
         Row(
             f"Checkpoint with {BURST} claims prepared (one file per claim)",
@@ -165,6 +180,8 @@ def run(lab: Lab | None) -> ScenarioResult:
         f"{BURST // len(gpus)} per GPU with a `TimeSlicing` GpuConfig (time-slice sharing of "
         f"one GPU by many claims), one `NodePrepareResources` call per claim (one pod each), "
         f"{CONCURRENCY} calls in flight on one channel, as the kubelet prepares pods in parallel. "
-        "RSS is `VmRSS` of `/proc/<pid>/status`."
+        "RSS is `VmRSS` of `/proc/<pid>/status`; CPU is the plugin process's user and system "
+        "time (`/proc/<pid>/stat`, all threads, 10 ms ticks), which the machine's other work "
+        "changes less than it changes wall time."
     )
     return result

@@ -265,31 +265,26 @@ def test_a_directory_in_the_socket_path_is_a_clear_error(
         srv.start()
 
 
-def test_stop_deregisters_first_finishes_in_flight_calls_then_removes_sockets(
+def test_stop_finishes_calls_in_progress_while_registered_then_deregisters(
     server: PluginServer, driver: RecordingDriver
 ) -> None:
+    """The kubelet closes its connection when it deregisters an instance, failing a call
+    still in progress on it: a stopping plugin deregisters only once its calls are done."""
     driver.block.clear()
     result: dict[str, object] = {}
 
     def call() -> None:
         with grpc.insecure_channel(f"unix:{server.endpoint}") as channel:
-            request = dra_v1.NodePrepareResourcesRequest(
-                claims=[dra_v1.Claim(namespace="ns", uid="u1", name="c")]
-            )
-            result["response"] = dra_v1_grpc.DRAPluginStub(channel).NodePrepareResources(
-                request, timeout=30
-            )
+            result["response"] = _prepare_one(channel, "u1")
 
     caller = threading.Thread(target=call)
     caller.start()
     assert driver.entered.wait(10)
     stopper = threading.Thread(target=server.stop, kwargs={"grace": 20})
     stopper.start()
-    deadline = time.monotonic() + 10
-    while Path(server.registration_socket).exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not Path(server.registration_socket).exists()
-    assert stopper.is_alive()  # stop() waits for the in-flight call
+    time.sleep(0.5)
+    assert stopper.is_alive()  # stop() waits for the call in progress...
+    assert Path(server.registration_socket).exists()  # ...with the kubelet still knowing it
 
     driver.block.set()
     caller.join(10)
@@ -297,7 +292,32 @@ def test_stop_deregisters_first_finishes_in_flight_calls_then_removes_sockets(
     response = result["response"]
     assert isinstance(response, dra_v1.NodePrepareResourcesResponse)
     assert response.claims["u1"].devices[0].device_name == "gpu-c"
+    assert not Path(server.registration_socket).exists()
     assert not Path(server.endpoint).exists()
+
+
+def test_stop_deregisters_after_the_grace_even_if_a_call_hangs(
+    server: PluginServer, driver: RecordingDriver
+) -> None:
+    driver.block.clear()
+    channel = grpc.insecure_channel(f"unix:{server.endpoint}")
+    call = dra_v1_grpc.DRAPluginStub(channel).NodePrepareResources.future(
+        dra_v1.NodePrepareResourcesRequest(
+            claims=[dra_v1.Claim(namespace="ns", uid="u", name="c")]
+        ),
+        timeout=30,
+    )
+    try:
+        assert driver.entered.wait(10)
+        started = time.monotonic()
+        server.stop(grace=0.3)
+        assert time.monotonic() - started < 10
+        assert not Path(server.registration_socket).exists()
+        assert not Path(server.endpoint).exists()
+    finally:
+        driver.block.set()
+        channel.close()  # cancels the call, if it still runs
+        del call
 
 
 def _prepare_one(channel: grpc.Channel, uid: str) -> dra_v1.NodePrepareResourcesResponse:
