@@ -37,6 +37,7 @@ from driver.kube.client import send
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
 from hack.devcluster.pki import Pki
 from kubelet_plugin import settings as plugin_settings
+from kubelet_plugin.liveness import PROBE_TIMEOUT_S
 from tests.conftest import unavailable
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
@@ -133,6 +134,17 @@ def test_rendered_daemonset_asks_for_surge_updates_gpu_nodes_and_node_critical_p
     paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi",
             "/dev", "/"} <= paths  # fmt: skip
+
+
+def test_the_plugin_probes_wait_as_long_as_the_plugin_checks_its_sockets(helm: str) -> None:
+    """``/healthz`` makes two gRPC calls of up to ``PROBE_TIMEOUT_S`` each; a kubelet that
+    gives up sooner (its default is 1 s) counts a busy moment as a failure and restarts the
+    plugin after three, prepares in progress included."""
+    objs = render(helm, "tranche", "tranche")
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe].get("timeoutSeconds", 1) > 2 * PROBE_TIMEOUT_S, probe
 
 
 def test_the_plugin_may_watch_nodes_only_while_it_watches_the_mig_label(helm: str) -> None:
