@@ -365,6 +365,17 @@ def _failed_prepares(inst: Install, since: dt.datetime | None = None) -> list[st
     ]
 
 
+# The kubelet's own read of the claim, refused by the node authorizer whose graph has not
+# caught up with the pod's binding yet (kubelet v1.37.2, docs/performance.md, "Real nodes"):
+# it fails before the kubelet calls any plugin, rolling or not.
+KUBELET_READ_REFUSED = ("fetch ResourceClaim", "no relationship found between node")
+
+
+def _plugin_failures(failures: list[str]) -> list[str]:
+    """The failed prepares that reached a plugin: not the kubelet's refused claim read."""
+    return [f for f in failures if not all(part in f for part in KUBELET_READ_REFUSED)]
+
+
 def _seen(event: Any) -> dt.datetime:
     when = event.last_timestamp or event.event_time or event.metadata.creation_timestamp
     assert isinstance(when, dt.datetime), event
@@ -583,7 +594,8 @@ def test_helm_upgrade_rolls_the_plugin_while_claims_keep_working(install: Instal
     wait_rolled(install, new_image)
     install.timings["rolling_update_s"] = time.monotonic() - t0
     wait_for("pod during-roll to run", lambda: _running(install, "during-roll"), timeout_s=120)
-    failed = _failed_prepares(install, since=roll_start)
+    during = _failed_prepares(install, since=roll_start)
+    failed = _plugin_failures(during)
     log.info(
         "bench rolling_update_s=%.1f failed_prepares=%d failed_prepares_before_roll=%d",
         install.timings["rolling_update_s"],
@@ -592,6 +604,8 @@ def test_helm_upgrade_rolls_the_plugin_while_claims_keep_working(install: Instal
     )
     if failed_before:  # not the roll's: the kubelet retried them and the pod runs
         log.warning("prepares failed before the roll: %s", failed_before)
+    if len(during) > len(failed):  # the kubelet's, before any plugin saw the claim
+        log.warning("claim reads refused to the kubelet during the roll: %s", during)
     assert failed == []
     before = _running(install, "before-roll")
     assert before is not None, "the pod prepared before the roll stopped running"
