@@ -506,7 +506,7 @@ def test_the_plugin_registers_with_the_real_kubelet_and_publishes_the_nodes_slic
 def test_a_pod_with_a_claim_starts_on_the_node(install: Install) -> None:
     _workload(install, "first")
     wait_for("pod first to run with its claim", lambda: _running(install, "first"), timeout_s=120)
-    assert _failed_prepares(install) == []
+    assert _plugin_failures(_failed_prepares(install)) == []
     cdi = list(install.node.cdi_root.glob("*.json")) + list(install.node.cdi_root.glob("*.yaml"))
     assert cdi, f"no CDI spec in {install.node.cdi_root}"
 
