@@ -155,8 +155,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(settings.model_dump_json(indent=2))
         return 0
-    configure(settings.log_format, settings.log_level)
     limit_arenas()  # before any thread starts
+    # Log lines are formatted and written by a thread of their own, off the kubelet's calls.
+    write_out_logs = configure(settings.log_format, settings.log_level, background=True)
     stop = threading.Event()
     restart = threading.Event()  # set by the node label watch
     signalled = threading.Event()
@@ -175,23 +176,26 @@ def run(args: argparse.Namespace) -> int:
         code = serve(settings, stop, restart)
     except TrancheError as e:
         log.error("kubelet plugin failed to start: %s", e)
+        write_out_logs()
         return 1
     if restart.is_set():
         # A stop signal before this line wins over the restart; one after it waits, pending,
         # for the new start, which stops at once.
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         if not signalled.is_set():
-            restart_in_place()
+            restart_in_place(write_out_logs)
+    write_out_logs()
     return code
 
 
-def restart_in_place() -> NoReturn:
+def restart_in_place(write_out_logs: Callable[[], None]) -> NoReturn:
     """Run this command again in this process, after a clean stop: the same PID and
     container, so no container restart is counted and no back-off applies. Every file
     descriptor the plugin opened is closed by the exec (Python opens them non-inheritable);
     child processes (MPS control daemons) stay and the new start adopts them as after any
     restart."""
     log.info("restarting in place for the node label")
+    write_out_logs()  # the exec ends the writer thread with whatever it still holds
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stdout.flush()

@@ -1,0 +1,88 @@
+"""Log set-up: the background writer keeps the callers off the stream, and loses nothing
+that was queued before it is written out."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from driver.logs import configure
+
+log = logging.getLogger("tranche.test")
+
+
+class _GatedStream(io.StringIO):
+    """stderr whose writes wait until the gate opens (a slow or full pipe)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.gate.wait(30)
+        return super().write(text)
+
+
+@pytest.fixture
+def stream() -> Iterator[_GatedStream]:
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    gated = _GatedStream()
+    yield gated
+    gated.gate.set()
+    root.handlers[:], root.level = saved
+
+
+def _lines(stream: io.StringIO) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_a_caller_does_not_wait_for_the_stream(stream: _GatedStream) -> None:
+    write_out = configure("json", "INFO", background=True, stream=stream)
+    logged = threading.Thread(target=lambda: log.info("prepare done claim_uid=%s", "u1"))
+    logged.start()
+    logged.join(10)
+    assert not logged.is_alive()  # returned while stderr still blocks
+    assert stream.getvalue() == ""
+    stream.gate.set()
+    write_out()
+    assert [line["msg"] for line in _lines(stream)] == ["prepare done claim_uid=u1"]
+
+
+def test_writing_out_keeps_every_record_in_order_then_logs_directly(
+    stream: _GatedStream,
+) -> None:
+    stream.gate.set()
+    write_out = configure("json", "INFO", background=True, stream=stream)
+    for i in range(500):
+        log.info("record %d", i)
+    write_out()
+    assert [line["msg"] for line in _lines(stream)] == [f"record {i}" for i in range(500)]
+    log.info("after")  # written by the caller now
+    assert _lines(stream)[-1]["msg"] == "after"
+    write_out()  # a second call is harmless
+
+
+def test_a_record_keeps_its_arguments_as_logged_and_its_exception_as_a_field(
+    stream: _GatedStream,
+) -> None:
+    write_out = configure("json", "INFO", background=True, stream=stream)
+    devices = ["gpu-0"]
+    log.info("devices=%s", devices)
+    devices.append("gpu-1")  # changed before the writer formats the line
+    try:
+        raise ValueError("corrupt checkpoint")
+    except ValueError:
+        log.exception("recovery failed claim_uid=%s", "u2")
+    stream.gate.set()
+    write_out()
+    first, second = _lines(stream)
+    assert first["msg"] == "devices=['gpu-0']"
+    assert second["msg"] == "recovery failed claim_uid=u2"  # not the traceback
+    assert "ValueError: corrupt checkpoint" in str(second["error"])
+    assert second["level"] == "error"
