@@ -13,7 +13,8 @@
 #   driver/ proto/ kubelet_plugin/ controller/, as they are on disk) and this recipe. The archive
 #   is copied to dist/tranche-image.tar; its path is the last line of stdout.
 #
-# Concurrent callers are serialised with an exclusive flock on <cache root>/.image.lock.
+# Concurrent callers are serialised with an exclusive flock on <cache root>/.image.lock. A new
+# build leaves the TRANCHE_IMAGE_CACHE_KEEP (3) most recently used images in the cache.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -47,9 +48,14 @@ publish() {
   echo "$dist"
 }
 
+# shellcheck source=hack/cache-lib.sh
+. "$here/cache-lib.sh"
+keep=${TRANCHE_IMAGE_CACHE_KEEP:-3}  # images kept in the cache, the most recently used
+
 complete() { [ -f "$out/.stamp" ] && [ -f "$archive" ]; }
 if complete; then
   say "cached in $out ($(cat "$out/.stamp"))"
+  touch "$out/.stamp"  # recently used: kept by the next build's pruning
   publish
   exit 0
 fi
@@ -141,4 +147,5 @@ mv "$archive.tmp" "$archive"
 size=$(b images --noheading --format '{{.Size}}' "$image" 2>/dev/null | head -n1 | tr -d ' ')
 echo "image=$image base=$base built=$(date -u +%FT%TZ) seconds=$(( $(date +%s) - start )) archive_bytes=$(stat -c %s "$archive") image_bytes=$size" >"$out/.stamp"
 say "built $image in $(( $(date +%s) - start ))s: $(cat "$out/.stamp")"
+prune_cache "$cache_root" "image-" "$keep"
 publish

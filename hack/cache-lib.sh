@@ -72,3 +72,20 @@ step() {
   beat=
   echo "$build_name: [$name] done in $(( $(date +%s) - t0 ))s" >&2
 }
+
+# prune_cache ROOT PREFIX KEEP
+#   Removes the directories ROOT/PREFIX* but the KEEP most recently used: a finished entry's
+#   .stamp is touched by every cache hit, and an entry without one is a build that did not
+#   finish. Entries keyed by content (the image's) would otherwise pile up, one per change of
+#   the sources. The caller holds the lock that guards the entries.
+prune_cache() {
+  local root=$1 prefix=$2 keep=$3 dir
+  for dir in "$root/$prefix"*/; do
+    [ -d "$dir" ] && [ ! -f "$dir/.stamp" ] && rm -rf "$dir"
+  done
+  { ls -1dt "$root/$prefix"*/.stamp 2>/dev/null || true; } | tail -n +"$((keep + 1))" |
+  while read -r stamp; do
+    rm -rf "$(dirname "$stamp")"
+  done
+  return 0
+}

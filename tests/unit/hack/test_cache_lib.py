@@ -3,7 +3,9 @@ output goes to the build log, and a failed step names itself and shows the log's
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from pathlib import Path
 
 LIB = Path(__file__).resolve().parents[3] / "hack" / "cache-lib.sh"
@@ -44,3 +46,46 @@ def test_a_failed_step_names_itself_shows_the_log_and_stops_the_build(tmp_path: 
     assert "build-thing: step 'compile' failed: (cd " in out.stderr
     assert "undefined: foo" in out.stderr  # the log's last lines
     assert "[never]" not in out.stderr
+
+
+def _entry(root: Path, name: str, used: float | None) -> Path:
+    entry = root / name
+    entry.mkdir(parents=True)
+    (entry / "tranche-image.tar").write_text("x")
+    if used is not None:
+        stamp = entry / ".stamp"
+        stamp.write_text("image=...")
+        os.utime(stamp, (used, used))
+    return entry
+
+
+def _prune(root: Path, keep: int) -> subprocess.CompletedProcess[str]:
+    script = f'. "{LIB}"\nprune_cache "{root}" image- {keep}\necho pruned\n'
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_pruning_keeps_the_most_recently_used_images_and_nothing_else_of_theirs(
+    tmp_path: Path,
+) -> None:
+    now = time.time()
+    images = [_entry(tmp_path, f"image-0.1.0-{i}", now - 100 * i) for i in range(5)]
+    unfinished = _entry(tmp_path, "image-0.1.0-partial", None)
+    control_plane = _entry(tmp_path, "k8s-v1.37.2-etcd-v3.7.3-abc", now - 10_000)
+    out = _prune(tmp_path, 3)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "pruned\n"
+    assert [i.exists() for i in images] == [True, True, True, False, False]
+    assert not unfinished.exists()
+    assert control_plane.exists()  # another prefix, another owner
+
+
+def test_pruning_an_empty_cache_is_not_an_error(tmp_path: Path) -> None:
+    out = _prune(tmp_path, 3)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "pruned\n"
