@@ -11,17 +11,21 @@ from pathlib import Path
 LIB = Path(__file__).resolve().parents[3] / "hack" / "cache-lib.sh"
 
 
-def _build(tmp_path: Path, steps: str) -> subprocess.CompletedProcess[str]:
-    bin_dir = tmp_path / "cache" / "thing-1" / "bin"
-    bin_dir.mkdir(parents=True)
-    script = f'. "{LIB}"\nbegin_build build-thing "{bin_dir}"\n{steps}\necho finished\n'
+def _bash(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` after sourcing the library, under the build scripts' shell options."""
     return subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
+        ["bash", "-euo", "pipefail", "-c", f'. "{LIB}"\n{script}'],
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
+
+
+def _build(tmp_path: Path, steps: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "cache" / "thing-1" / "bin"
+    bin_dir.mkdir(parents=True)
+    return _bash(f'begin_build build-thing "{bin_dir}"\n{steps}\necho finished\n')
 
 
 def test_a_step_logs_its_output_and_says_when_it_is_done(tmp_path: Path) -> None:
@@ -60,14 +64,7 @@ def _entry(root: Path, name: str, used: float | None) -> Path:
 
 
 def _prune(root: Path, keep: int) -> subprocess.CompletedProcess[str]:
-    script = f'. "{LIB}"\nprune_cache "{root}" image- {keep}\necho pruned\n'
-    return subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    return _bash(f'prune_cache "{root}" image- {keep}\necho pruned\n')
 
 
 def test_pruning_keeps_the_most_recently_used_images_and_nothing_else_of_theirs(
