@@ -4,12 +4,12 @@ Modules log with ``logging.getLogger(__name__)`` and pass context through
 ``extra={...}``; only entry points call :func:`configure`.
 
 With ``background=True`` (the kubelet plugin) a record is only put on a queue by the
-thread that logs it; one thread formats and writes the records, in order. Formatting a
-line and writing it to stderr took about a tenth of the Python time of a prepare and a
-sixth of an unprepare, on the kubelet's critical path. The price: records still queued
+thread that logs it; one thread formats and writes the records, in order. A kubelet call
+then never waits for stderr (a stalled container log pipe used to stall every prepare),
+and a line costs the caller about 7 µs instead of 23 µs. The price: records still queued
 when the process is killed (SIGKILL, not SIGTERM) are lost, a few milliseconds' worth
-(the Go helper's klog buffers up to five seconds). The function :func:`configure`
-returns writes out what is queued and logs directly from then on.
+(the Go helper's klog buffers up to five seconds). :func:`configure` returns the function
+that writes out what is queued and logs directly from then on.
 """
 
 from __future__ import annotations
@@ -105,12 +105,13 @@ def configure(
     root.handlers[:] = [_Enqueue(records)]
     listener.start()
     lock = threading.Lock()
-    running = [True]
+    queued = True
 
     def write_out() -> None:
+        nonlocal queued
         with lock:
-            if running[0]:
-                running[0] = False
+            if queued:
+                queued = False
                 root.handlers[:] = [handler]
                 listener.stop()  # after every record queued before the switch
 
