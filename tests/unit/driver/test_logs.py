@@ -86,3 +86,24 @@ def test_a_record_keeps_its_arguments_as_logged_and_its_exception_as_a_field(
     assert second["msg"] == "recovery failed claim_uid=u2"  # not the traceback
     assert "ValueError: corrupt checkpoint" in str(second["error"])
     assert second["level"] == "error"
+
+
+def test_a_stalled_stream_holds_at_most_the_queue_limit_and_the_drop_is_written_later(
+    stream: _GatedStream,
+) -> None:
+    write_out = configure("json", "INFO", background=True, stream=stream, queue_limit=50)
+    for i in range(500):  # stderr stalled: the queue must not grow with what is logged
+        log.info("record %d", i)
+    stream.gate.set()
+    write_out()
+    lines = _lines(stream)
+    records = [line["msg"] for line in lines if line["msg"] != "log records dropped"]
+    notices = [line for line in lines if line["msg"] == "log records dropped"]
+    assert 50 <= len(records) <= 51  # the limit, and the one the writer held when it stalled
+    assert records == sorted(records, key=lambda m: int(str(m).split()[1]))  # in order
+    # One warning per gap (two when the writer took its first record after drops began),
+    # and every record either written or counted.
+    assert 1 <= len(notices) <= 2
+    assert {str(n["level"]) for n in notices} == {"warning"}
+    assert sum(int(str(n["dropped"])) for n in notices) == 500 - len(records)
+    assert lines[-1]["msg"] == "log records dropped"  # the last gap, after what was kept
