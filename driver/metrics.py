@@ -9,7 +9,9 @@ Usage (billing) series are counters kept in a :class:`UsageCollector`:
   never dropped (bounded by the namespaces and tenants seen on the node). These
   are what a bill should read: a claim's final value is in them for good;
 * per device ``tranche_device_{held,idle,unattributed}_seconds_total`` and the
-  gauge ``tranche_device_idle_ratio`` (label ``uuid``).
+  gauge ``tranche_device_idle_ratio`` (label ``uuid``): a GPU's for the life of the
+  process, a MIG device's (``MIG-`` UUID) dropped ``claim_retention_s`` after its last
+  increment, since every MIG device created at prepare has a UUID of its own.
 
 Operational series: prepare and unprepare latency by mode, errors by reason,
 prepared claims, published devices, NVML call latency by call and prepares
@@ -59,6 +61,10 @@ class _DeviceSeries:
     idle_s: float = 0.0
     unattributed_s: float = 0.0
     idle_ratio: float = 0.0
+    last_seen: float = 0.0
+
+
+MIG_UUID_PREFIX = "MIG-"  # NVML's MIG device UUIDs; a GPU's start with "GPU-"
 
 
 _CLAIM_LABELS = ["namespace", "claim", "tenant"]
@@ -95,9 +101,16 @@ class UsageCollector(Collector):
                 d.idle_s += dev.idle_s
                 d.unattributed_s += dev.unattributed_s
                 d.idle_ratio = dev.idle_ratio
+                d.last_seen = usage.end
             horizon = usage.end - self._retention
             for uid in [u for u, s in self._claims.items() if s.last_seen < horizon]:
                 del self._claims[uid]
+            for uuid in [
+                u
+                for u, d in self._devices.items()
+                if d.last_seen < horizon and u.startswith(MIG_UUID_PREFIX)
+            ]:
+                del self._devices[uuid]
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:

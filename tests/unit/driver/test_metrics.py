@@ -89,6 +89,25 @@ def test_ended_claim_series_leave_after_retention_but_tenant_totals_stay() -> No
     assert got[tenant_key] == 10.0
 
 
+def test_a_destroyed_mig_device_leaves_after_retention_but_a_gpu_stays() -> None:
+    """Every MIG device made at prepare has a UUID of its own: its series must not stay for
+    the life of the plugin (a node of short MIG claims would export more every hour)."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, claim_retention_s=60.0)
+    mig = "MIG-0f4f3b5e-8c1d-5a7e-9b2a-111111111111"
+    held = (DeviceIncrement(GPU, 10.0, 1.0, 0.0, 0.1), DeviceIncrement(mig, 10.0, 2.0, 0.0, 0.2))
+    metrics.add_usage(IntervalUsage(0.0, 10.0, (), held))
+    metrics.add_usage(IntervalUsage(10.0, 70.0))
+    assert samples(registry)[("tranche_device_held_seconds_total", (("uuid", mig),))] == 10.0
+    metrics.add_usage(IntervalUsage(70.0, 71.0))  # past the window: the MIG device is gone
+    got = samples(registry)
+    names = ("held_seconds_total", "idle_seconds_total", "unattributed_seconds_total")
+    assert not [k for k in got if ("uuid", mig) in k[1]]
+    for name in names:
+        assert (f"tranche_device_{name}", (("uuid", GPU),)) in got
+    assert got[("tranche_device_held_seconds_total", (("uuid", GPU),))] == 10.0
+
+
 def test_operational_metrics_and_bounded_error_reasons() -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
