@@ -86,6 +86,21 @@ def test_prepare_is_idempotent_and_unprepare_cleans_up(node: Path) -> None:
     ]
 
 
+def test_the_lock_files_directory_is_made_when_it_is_missing(node: Path) -> None:
+    """The node lock's directory may be missing at the first prepare or removed later (the
+    kubelet's plugin directory cleaned up): the lock file is made again, never an error."""
+    gpu = gpus(node)[0]
+    obj = new_claim(node, "u1", [gpu])
+    ds = device_state(node, NO_FAULTS)
+    ds.lock_path = node / "plugin-dir" / "node.lock"
+    assert ds.prepare(obj, ref_of(obj)).error == ""
+    assert ds.lock_path.is_file()
+    ds.lock_path.unlink()
+    ds.lock_path.parent.rmdir()
+    assert ds.unprepare(ref_of(obj)).error == ""
+    assert ds.lock_path.is_file()
+
+
 def test_exclusive_gpu_is_refused_to_a_second_claim(node: Path) -> None:
     gpu, other = gpus(node)[:2]
     ds = device_state(node, NO_FAULTS)
