@@ -527,8 +527,11 @@ class Checkpoint:
     def _begin_change(self) -> tuple[_View, int | None, int]:
         """Bring the view up to date, then bump the generation before touching a file."""
         view, _ = self._fresh(locked=True)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        before, after = self._bump_generation()
+        try:
+            before, after = self._bump_generation()
+        except FileNotFoundError:  # the first change of a node: no directory yet
+            self.directory.mkdir(parents=True, exist_ok=True)
+            before, after = self._bump_generation()
         return view, before, after
 
     def _end_change(self, view: _View, before: int | None, after: int) -> None:
