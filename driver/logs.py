@@ -12,8 +12,8 @@ when the process is killed (SIGKILL, not SIGTERM) are lost, a few milliseconds' 
 ``QUEUE_LIMIT`` records: while stderr takes nothing (a stalled pipe for minutes) newer
 records are dropped and counted, not held without bound, and a warning
 ``log records dropped`` with their number stands where they would have been.
-:func:`configure` returns the function that writes out what is queued and logs directly
-from then on.
+:func:`configure` returns what writes out the queued records (and logs directly from then
+on) and counts the dropped ones (``tranche_log_records_dropped_total``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ class _Enqueue(QueueHandler):
         super().__init__(records)
         self._records = records
         self._limit = limit
-        self._dropped = 0
+        self._dropped = 0  # since the last warning
+        self.dropped_total = 0  # since the start
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         record.msg = record.getMessage()
@@ -102,6 +103,7 @@ class _Enqueue(QueueHandler):
     def enqueue(self, record: logging.LogRecord) -> None:
         if self._records.qsize() >= self._limit:
             self._dropped += 1
+            self.dropped_total += 1
             return
         self.put_dropped()
         self._records.put_nowait(record)
@@ -124,6 +126,26 @@ class _Enqueue(QueueHandler):
             )
 
 
+class LogOutput:
+    """What :func:`configure` set up. Calling it writes out the queued records and logs
+    directly from then on (safe to call more than once; nothing to do without a queue);
+    :meth:`dropped` counts the records a full queue dropped since the start."""
+
+    def __init__(
+        self,
+        write_out: Callable[[], None] | None = None,
+        dropped: Callable[[], int] | None = None,
+    ) -> None:
+        self._write_out = write_out or (lambda: None)
+        self._dropped = dropped or (lambda: 0)
+
+    def __call__(self) -> None:
+        self._write_out()
+
+    def dropped(self) -> int:
+        return self._dropped()
+
+
 def configure(
     fmt: str = "text",
     level: str = "INFO",
@@ -131,19 +153,16 @@ def configure(
     background: bool = False,
     stream: TextIO | None = None,
     queue_limit: int = QUEUE_LIMIT,
-) -> Callable[[], None]:
+) -> LogOutput:
     """Send every log record to ``stream`` (stderr) in ``fmt`` ("text" or "json"), written
-    by a thread of its own with ``background`` (at most ``queue_limit`` records waiting).
-    Returns what writes out the queued records
-    and then logs directly (safe to call more than once; nothing to do without
-    ``background``)."""
+    by a thread of its own with ``background`` (at most ``queue_limit`` records waiting)."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
     root = logging.getLogger()
     root.setLevel(level)
     if not background:
         root.handlers[:] = [handler]
-        return lambda: None
+        return LogOutput()
     records: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
     listener = QueueListener(records, handler)
     enqueue = _Enqueue(records, queue_limit)
@@ -163,4 +182,4 @@ def configure(
                 listener.stop()  # after every record queued before the switch
 
     atexit.register(write_out)  # an exit that did not call it (an uncaught error)
-    return write_out
+    return LogOutput(write_out, lambda: enqueue.dropped_total)

@@ -209,16 +209,35 @@ _LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 _NVML_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 
 
+class _LogDrops(Collector):
+    """``tranche_log_records_dropped_total``, read from the log queue at each scrape: the
+    one sign of a stalled log pipe that does not go through the log."""
+
+    def __init__(self, dropped: Callable[[], int]) -> None:
+        self._dropped = dropped
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "tranche_log_records_dropped",
+            "Log records dropped because stderr took nothing while the queue was full.",
+            value=self._dropped(),
+        )
+
+
 class Metrics:
-    """Every metric of the kubelet plugin, registered on ``registry``."""
+    """Every metric of the kubelet plugin, registered on ``registry``; ``log_dropped``: the
+    log queue's count of dropped records (``driver.logs.LogOutput.dropped``)."""
 
     def __init__(
         self,
         registry: CollectorRegistry,
         claim_retention_s: float = DEFAULT_CLAIM_RETENTION_S,
+        log_dropped: Callable[[], int] | None = None,
     ) -> None:
         self.usage = UsageCollector(claim_retention_s)
         registry.register(self.usage)
+        if log_dropped is not None:
+            registry.register(_LogDrops(log_dropped))
         self._prepare = Histogram(
             "tranche_prepare_seconds",
             "Time to prepare one claim, by sharing mode.",

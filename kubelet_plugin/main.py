@@ -26,7 +26,7 @@ from driver.devices.inventory import AdvertiseConfig
 from driver.errors import ConfigError, TrancheError
 from driver.flags import parse_address
 from driver.kube.http import KubeClient
-from driver.logs import configure
+from driver.logs import LogOutput, configure
 from driver.metrics import Metrics
 from driver.nvml.driver_root import DriverRoot, load_nvml
 from driver.nvml.facade import Nvml
@@ -74,11 +74,17 @@ def open_nvml(
     return open_simulated(store, on_call=on_call)
 
 
-def serve(settings: PluginSettings, stop: threading.Event, restart: threading.Event) -> int:
+def serve(
+    settings: PluginSettings,
+    stop: threading.Event,
+    restart: threading.Event,
+    logs: LogOutput | None = None,
+) -> int:
     """Run the plugin until ``stop``. A change of the node's dynamic-MIG label sets
-    ``restart`` and stops the plugin, for the caller to start again."""
+    ``restart`` and stops the plugin, for the caller to start again. ``logs``: the log
+    output, whose dropped records the metrics count."""
     registry = CollectorRegistry()
-    metrics = Metrics(registry)
+    metrics = Metrics(registry, log_dropped=logs.dropped if logs is not None else None)
     nvml = open_nvml(settings, metrics.nvml_call)
     kube = KubeClient.connect(settings.kubeconfig)
     plugins: list[NodePlugin] = []  # the plugin, once built (after the node label is read)
@@ -173,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     # pending, and arrives here.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
-        code = serve(settings, stop, restart)
+        code = serve(settings, stop, restart, write_out_logs)
     except TrancheError as e:
         log.error("kubelet plugin failed to start: %s", e)
         write_out_logs()

@@ -435,6 +435,7 @@ def test_metrics_count_prepares_by_mode_and_refusals_by_reason(
     assert metrics['tranche_prepare_seconds_count{mode="gpu"}'] >= 1
     assert metrics["tranche_prepared_claims"] == 1
     assert 'tranche_prepare_seconds_count{mode="mig"}' not in metrics
+    assert metrics["tranche_log_records_dropped_total"] == 0  # the plugin's log queue, wired
 
 
 def _down_relay(

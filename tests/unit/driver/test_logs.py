@@ -94,6 +94,8 @@ def test_a_stalled_stream_holds_at_most_the_queue_limit_and_the_drop_is_written_
     write_out = configure("json", "INFO", background=True, stream=stream, queue_limit=50)
     for i in range(500):  # stderr stalled: the queue must not grow with what is logged
         log.info("record %d", i)
+    dropped = write_out.dropped()  # what the metric reads while stderr is still stalled
+    assert 500 - 51 <= dropped <= 500 - 50
     stream.gate.set()
     write_out()
     lines = _lines(stream)
@@ -105,5 +107,5 @@ def test_a_stalled_stream_holds_at_most_the_queue_limit_and_the_drop_is_written_
     # and every record either written or counted.
     assert 1 <= len(notices) <= 2
     assert {str(n["level"]) for n in notices} == {"warning"}
-    assert sum(int(str(n["dropped"])) for n in notices) == 500 - len(records)
+    assert sum(int(str(n["dropped"])) for n in notices) == 500 - len(records) == dropped
     assert lines[-1]["msg"] == "log records dropped"  # the last gap, after what was kept

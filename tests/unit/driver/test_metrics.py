@@ -108,6 +108,18 @@ def test_a_destroyed_mig_device_leaves_after_retention_but_a_gpu_stays() -> None
     assert got[("tranche_device_held_seconds_total", (("uuid", GPU),))] == 10.0
 
 
+def test_dropped_log_records_are_counted_at_each_scrape() -> None:
+    registry = CollectorRegistry()
+    dropped = [0]
+    Metrics(registry, log_dropped=lambda: dropped[0])
+    assert samples(registry)[("tranche_log_records_dropped_total", ())] == 0
+    dropped[0] = 17  # the log queue dropped records since the last scrape
+    assert samples(registry)[("tranche_log_records_dropped_total", ())] == 17
+    plain = CollectorRegistry()
+    Metrics(plain)  # no log queue (a command that logs directly): no such series
+    assert ("tranche_log_records_dropped_total", ()) not in samples(plain)
+
+
 def test_operational_metrics_and_bounded_error_reasons() -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
