@@ -33,6 +33,7 @@ from driver.errors import (
     ERROR_REASONS,
     error_reason,
 )
+from driver.nvml.types import is_mig_uuid
 from driver.usage.attribution import IntervalUsage
 
 DEFAULT_CLAIM_RETENTION_S = 3600.0
@@ -62,9 +63,6 @@ class _DeviceSeries:
     unattributed_s: float = 0.0
     idle_ratio: float = 0.0
     last_seen: float = 0.0
-
-
-MIG_UUID_PREFIX = "MIG-"  # NVML's MIG device UUIDs; a GPU's start with "GPU-"
 
 
 _CLAIM_LABELS = ["namespace", "claim", "tenant"]
@@ -106,9 +104,7 @@ class UsageCollector(Collector):
             for uid in [u for u, s in self._claims.items() if s.last_seen < horizon]:
                 del self._claims[uid]
             for uuid in [
-                u
-                for u, d in self._devices.items()
-                if d.last_seen < horizon and u.startswith(MIG_UUID_PREFIX)
+                u for u, d in self._devices.items() if d.last_seen < horizon and is_mig_uuid(u)
             ]:
                 del self._devices[uuid]
 

@@ -39,6 +39,7 @@ from driver.nvml.types import (
     ProcessUsage,
     SystemInfo,
     XidEvent,
+    is_mig_uuid,
 )
 
 log = logging.getLogger(__name__)
@@ -602,7 +603,7 @@ class Nvml:
         """
         h = self.handle(uuid)
         memory = self.call("nvmlDeviceGetMemoryInfo", h, gpu=uuid)
-        is_mig = uuid.startswith("MIG-")
+        is_mig = is_mig_uuid(uuid)
         util = 0.0
         samples: dict[int, int] = {}
         if not is_mig:

@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MIG_UUID_PREFIX = "MIG-"  # NVML's MIG device UUIDs; a GPU's start with "GPU-"
+
+
+def is_mig_uuid(uuid: str) -> bool:
+    """Whether ``uuid`` names a MIG device (each one made gets a UUID of its own)."""
+    return uuid.startswith(MIG_UUID_PREFIX)
+
 
 @dataclass(frozen=True)
 class MigProfile:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from driver.errors import TrancheError
-from driver.nvml.types import DeviceUsage
+from driver.nvml.types import DeviceUsage, is_mig_uuid
 from driver.pod_cgroup import parse_cgroup
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def _pods_by_claim(consumers: Sequence[ClaimAllocation]) -> dict[str, frozenset[
 
 def reports_utilisation(uuid: str) -> bool:
     """Whether NVML reports utilisation for the device: not for MIG devices."""
-    return not uuid.startswith("MIG-")
+    return not is_mig_uuid(uuid)
 
 
 def split_device(usage: DeviceUsage, consumers: Sequence[ClaimAllocation]) -> DeviceSplit:
