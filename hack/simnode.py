@@ -41,6 +41,9 @@ class SimNodeConfig:
     # default ``root/kubelet`` and ``root/cdi``, for the kubelet simulator.
     kubelet_root: Path | None = None
     cdi_root: Path | None = None
+    # What runs ``tranche``: by default this checkout under the current interpreter; the
+    # benchmarks pass the image's (``hack/image_rootfs.py``), whose environment is the image's.
+    program: Sequence[str] = ()
 
 
 class SimNode:
@@ -71,8 +74,9 @@ class SimNode:
         return SimControl(SimStore(path=self.sim_state))
 
     def command(self) -> list[str]:
+        program = self.config.program or (sys.executable, "-m", "driver.cli")
         return [
-            sys.executable, "-m", "driver.cli", "kubelet-plugin",
+            *program, "kubelet-plugin",
             "--node-name", self.config.node_name,
             "--driver-name", self.config.driver_name,
             "--kubelet-root-dir", str(self.kubelet_root),

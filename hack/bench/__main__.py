@@ -21,6 +21,7 @@ from hack.bench import (
     explain,
     fleet,
     health,
+    installed,
     modes,
     prepare,
     realnode,
@@ -39,6 +40,7 @@ SCENARIOS: dict[str, ModuleType] = {
     for m in (
         discovery,
         prepare,
+        installed,
         scale,
         modes,
         health,

@@ -131,6 +131,7 @@ class Lab:
         profile: str = "dgx-h100",
         extra_args: Sequence[str] = (),
         start: bool = True,
+        program: Sequence[str] = (),
     ) -> BenchNode:
         """A fresh Node object and its simulated plugin (started unless ``start=False``)."""
         name = f"{prefix}-{secrets.token_hex(3)}"
@@ -144,6 +145,7 @@ class Lab:
                 cdi_root=Path(tempfile.mkdtemp(prefix=f"cdi-{name}-", dir=self.tmpfs)),
                 profile=profile,
                 extra_args=tuple(extra_args),
+                program=tuple(program),
             )
         )
         bench_node = BenchNode(name, sim)

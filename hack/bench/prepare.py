@@ -15,7 +15,7 @@ from driver.devices.inventory import build_inventory
 from driver.nvml.sim import open_simulated
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from hack.bench.claims import TIME_SLICING, Wanted, create_allocated
-from hack.bench.lab import RESOURCE_V1, Lab, plugin_pid, request_json
+from hack.bench.lab import RESOURCE_V1, BenchNode, Lab, plugin_pid, request_json
 from hack.bench.machine import cpu_seconds, rss_bytes, wait_idle
 from hack.bench.results import Row, ScenarioResult, median, ms, percentile, timing
 from hack.kubeletsim.client import ClaimRequest, PluginConnection
@@ -56,7 +56,17 @@ def _unprepare(conn: PluginConnection, claim: ClaimRequest) -> tuple[float, str]
 def run(lab: Lab | None) -> ScenarioResult:
     assert lab is not None
     result = ScenarioResult(NAME, TITLE)
-    bench = lab.node("prep")
+    measure(lab, lab.node("prep"), "bench-prepare", result)
+    result.setup.append(
+        f"One simulated `dgx-h100` node running the real plugin process from this checkout "
+        f"(its virtual environment's interpreter; the scenario `installed` runs the image). "
+        f"{SETUP}"
+    )
+    return result
+
+
+def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioResult) -> None:
+    """The rows of this scenario, measured on ``bench``'s plugin (started, not yet connected)."""
     conn = bench.connect()
     nvml = open_simulated(bench.node.sim_state)
     gpus = [g.name for g in build_inventory(nvml.list_gpus(), nvml.system_info()).gpus]
@@ -65,9 +75,7 @@ def run(lab: Lab | None) -> ScenarioResult:
     time.sleep(2)  # let start-up work (first publish, watch) settle
     rss_idle = rss_bytes(pid)
 
-    namespace = lab.namespace(
-        "bench-prepare", {LABEL_LEVEL: "shared", LABEL_SHARING_GROUP: "bench"}
-    )
+    namespace = lab.namespace(namespace_name, {LABEL_LEVEL: "shared", LABEL_SHARING_GROUP: "bench"})
     (single,) = create_allocated(lab.api, namespace, bench.name, [Wanted("single", gpus[0])])
     # Measured once the machine is quiet again: the controllers act on the new namespace and
     # claim for a second or two, which the first rounds measured as the plugin's time.
@@ -171,18 +179,18 @@ def run(lab: Lab | None) -> ScenarioResult:
             rss_after <= rss_idle + 5 * MIB,
         )
     )
-    result.setup.append(
-        f"One simulated `dgx-h100` node running the real plugin process; the benchmark plays a "
-        f"1.37 kubelet on the plugin's gRPC socket (`v1.DRAPlugin`). Claims are created by the "
-        f"admin client and allocated by writing `status.allocation` through the status "
-        f"subresource (no scheduler), in a namespace labelled trust level `shared`. "
-        f"Single claim: one whole GPU, no config, prepared then unprepared {SINGLE_RUNS} times "
-        f"after {WARMUP} warm-up rounds, one call at a time. Burst: {BURST} claims, "
-        f"{BURST // len(gpus)} per GPU with a `TimeSlicing` GpuConfig (time-slice sharing of "
-        f"one GPU by many claims), one `NodePrepareResources` call per claim (one pod each), "
-        f"{CONCURRENCY} calls in flight on one channel, as the kubelet prepares pods in parallel. "
-        "RSS is `VmRSS` of `/proc/<pid>/status`; CPU is the plugin process's user and system "
-        "time (`/proc/<pid>/stat`, all threads, 10 ms ticks), which the machine's other work "
-        "changes less than it changes wall time."
-    )
-    return result
+
+
+SETUP = (
+    "The benchmark plays a 1.37 kubelet on the plugin's gRPC socket (`v1.DRAPlugin`). Claims are "
+    "created by the admin client and allocated by writing `status.allocation` through the "
+    "status subresource (no scheduler), in a namespace labelled trust level `shared`. Single "
+    f"claim: one whole GPU, no config, prepared then unprepared {SINGLE_RUNS} times after "
+    f"{WARMUP} warm-up rounds, one call at a time. Burst: {BURST} claims, 30 per GPU of 8 with "
+    "a `TimeSlicing` GpuConfig (time-slice sharing of one GPU by many claims), one "
+    f"`NodePrepareResources` call per claim (one pod each), {CONCURRENCY} calls in flight on "
+    "one channel, as the kubelet prepares pods in parallel. RSS is `VmRSS` of "
+    "`/proc/<pid>/status`; CPU is the plugin process's user and system time "
+    "(`/proc/<pid>/stat`, all threads, 10 ms ticks), which the machine's other work changes "
+    "less than it changes wall time."
+)

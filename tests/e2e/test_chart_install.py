@@ -463,7 +463,8 @@ def test_plugin_and_controller_run_from_the_image_under_their_own_service_accoun
 
 
 # Modules a process imports whose source has no bytecode beside it (it would compile them at
-# every start: the image runs with PYTHONDONTWRITEBYTECODE, so nothing is cached later).
+# every start: the image runs with PYTHONDONTWRITEBYTECODE, so nothing is cached later). The
+# image's PYTHONOPTIMIZE=2 applies here too, so the bytecode looked for is the .opt-2.pyc.
 UNCOMPILED = r"""
 import importlib, importlib.util, json, os, sys
 importlib.import_module(sys.argv[1])
@@ -490,6 +491,13 @@ def test_the_image_ships_bytecode_so_neither_process_compiles_its_modules_at_sta
         )  # fmt: skip
         uncompiled = json.loads(out.strip().splitlines()[-1])
         assert not uncompiled, f"{container}: no bytecode for {uncompiled[:8]} ({len(uncompiled)})"
+        # The container's processes run optimised, as the bytecode was compiled (install.md).
+        # (The container's environment, which its first process has too: that process's own
+        # /proc/1/environ is closed to an exec'd process with fewer capabilities.)
+        environ = install.kubectl(
+            "exec", "-n", NAMESPACE, pod.metadata.name, "-c", container, "--", "env",
+        )  # fmt: skip
+        assert {"PYTHONOPTIMIZE=2", "PYTHONNODEBUGRANGES=1"} <= set(environ.splitlines())
 
 
 def test_the_plugin_registers_with_the_real_kubelet_and_publishes_the_nodes_slices(

@@ -17,6 +17,7 @@ def test_every_scenario_is_selectable_by_name() -> None:
         "explain",
         "fleet",
         "health",
+        "installed",
         "modes",
         "prepare",
         "realnode",

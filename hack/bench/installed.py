@@ -1,0 +1,43 @@
+"""Issue 16: the prepare scenario's rows, measured on the plugin as installed.
+
+The plugin runs from the image that ``deploy/Containerfile`` builds (``hack/build-image.sh``),
+unpacked and entered with ``hack/run-in-rootfs.sh``: the image's interpreter (Debian's
+python3), its bytecode and its environment (``PYTHONOPTIMIZE=2`` among it), the same paths
+and network as the scenario ``prepare``, without a container runtime in between. Everything
+else (claims, client, rows) is the scenario ``prepare``'s.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hack.bench import prepare
+from hack.bench.lab import Lab
+from hack.bench.results import ScenarioResult
+from hack.image_rootfs import ImageError, installed
+
+NAME = "installed"
+TITLE = "Prepare and unprepare, the plugin as installed (issue 16)"
+NEEDS_CLUSTER = True
+
+
+def run(lab: Lab | None) -> ScenarioResult:
+    assert lab is not None
+    result = ScenarioResult(NAME, TITLE)
+    if os.geteuid() != 0:
+        result.notes.append("Not run: entering the image's root filesystem needs root.")
+        return result
+    try:
+        image = installed()
+    except ImageError as e:
+        result.notes.append(f"Not run: {e}")
+        return result
+    bench = lab.node("inst", program=image.command())
+    prepare.measure(lab, bench, "bench-installed", result)
+    env = " ".join(f"`{e}`" for e in image.env if not e.startswith("PATH="))
+    result.setup.append(
+        "One simulated `dgx-h100` node running the plugin of the image built from this "
+        "checkout (`hack/build-image.sh`), unpacked and entered with `hack/run-in-rootfs.sh`: "
+        f"the image's interpreter, bytecode and environment ({env}). {prepare.SETUP}"
+    )
+    return result
