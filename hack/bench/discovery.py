@@ -52,11 +52,29 @@ def run(lab: Lab | None) -> ScenarioResult:
     result.add(timing("Slice build (`build_slices`)", build))
     result.add(Row("Slices / devices published", f"{len(slices)} / {devices}"))
 
+    measure_start(lab, result, slices, [sys.executable, "-m", "driver.cli"])
+    return result
+
+
+def expected_slices() -> list[dict[str, Any]]:
+    """The slices a plugin on ``PROFILE`` with ``MIG_ARGS`` publishes."""
+    nvml = open_simulated(create_state(PROFILE))
+    return build_slices(
+        build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG), "bench-node"
+    )
+
+
+def measure_start(
+    lab: Lab, result: ScenarioResult, slices: list[dict[str, Any]], program: list[str]
+) -> None:
+    """Rows for ``program`` (what runs ``tranche``): a dry run, then plugin start to the
+    registration socket and to every slice of ``slices`` published, over ``PLUGIN_STARTS``."""
+    devices = sum(len(s["spec"].get("devices") or []) for s in slices)
     dry = []
     for _ in range(PLUGIN_STARTS):
         t0 = time.monotonic()
         subprocess.run(
-            [sys.executable, "-m", "driver.cli", "kubelet-plugin", "--node-name", "n", "--dry-run"],
+            [*program, "kubelet-plugin", "--node-name", "n", "--dry-run"],
             check=True,
             capture_output=True,
         )
@@ -71,7 +89,7 @@ def run(lab: Lab | None) -> ScenarioResult:
 
     to_socket, to_published = [], []
     for _ in range(PLUGIN_STARTS):
-        bench = lab.node("disc", profile=PROFILE, extra_args=MIG_ARGS, start=False)
+        bench = lab.node("disc", profile=PROFILE, extra_args=MIG_ARGS, start=False, program=program)
         t0 = time.monotonic()
         bench.node.start(wait=False)
         to_socket.append(wait_socket(bench.node.registration_socket) - t0)
@@ -99,4 +117,3 @@ def run(lab: Lab | None) -> ScenarioResult:
             median(to_published) < 0.6,
         )
     )
-    return result

@@ -4,14 +4,14 @@ The plugin runs from the image that ``deploy/Containerfile`` builds (``hack/buil
 unpacked and entered with ``hack/run-in-rootfs.sh``: the image's interpreter (Debian's
 python3), its bytecode and its environment (``PYTHONOPTIMIZE=2`` among it), the same paths
 and network as the scenario ``prepare``, without a container runtime in between. Everything
-else (claims, client, rows) is the scenario ``prepare``'s.
+else (claims, client, rows) is the scenarios ``discovery`` (start-up) and ``prepare``'s.
 """
 
 from __future__ import annotations
 
 import os
 
-from hack.bench import prepare
+from hack.bench import discovery, prepare
 from hack.bench.lab import Lab
 from hack.bench.results import ScenarioResult
 from hack.image_rootfs import ImageError, installed
@@ -32,12 +32,16 @@ def run(lab: Lab | None) -> ScenarioResult:
     except ImageError as e:
         result.notes.append(f"Not run: {e}")
         return result
+    discovery.measure_start(lab, result, discovery.expected_slices(), image.command())
     bench = lab.node("inst", program=image.command())
     prepare.measure(lab, bench, "bench-installed", result)
     env = " ".join(f"`{e}`" for e in image.env if not e.startswith("PATH="))
     result.setup.append(
-        "One simulated `dgx-h100` node running the plugin of the image built from this "
-        "checkout (`hack/build-image.sh`), unpacked and entered with `hack/run-in-rootfs.sh`: "
-        f"the image's interpreter, bytecode and environment ({env}). {prepare.SETUP}"
+        "Simulated `dgx-h100` nodes running the plugin of the image built from this checkout "
+        "(`hack/build-image.sh`), unpacked and entered with `hack/run-in-rootfs.sh`: the "
+        f"image's interpreter, bytecode and environment ({env}); the start-up rows include "
+        "that script's `unshare`, mounts and `chroot` (a few milliseconds), not a container "
+        f"runtime's start. Start-up: as the scenario `discovery` ({discovery.PLUGIN_STARTS} "
+        f"starts, dynamic MIG advertised). Prepare: {prepare.SETUP}"
     )
     return result
