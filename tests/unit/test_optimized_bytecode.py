@@ -1,8 +1,8 @@
 """The image runs both processes optimised (``PYTHONOPTIMIZE=2``: no docstrings, no asserts;
-``PYTHONNODEBUGRANGES``), which saves the plugin 2.5 MiB at idle (docs/performance.md). Every
-module must import that way, and the commands must still work and explain themselves: a
-module that reads or extends a docstring, or an option whose help came from one, would break
-only in the image."""
+``PYTHONNODEBUGRANGES``), which saves the plugin about 2.3 MiB at idle (docs/performance.md).
+Every module must import that way, and the commands must still work and explain themselves:
+a module that reads or extends a docstring, or an option whose help came from one, would
+break only in the image."""
 
 from __future__ import annotations
 
