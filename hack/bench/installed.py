@@ -40,7 +40,7 @@ def run(lab: Lab | None) -> ScenarioResult:
         "Simulated `dgx-h100` nodes running the plugin of the image built from this checkout "
         "(`hack/build-image.sh`), unpacked and entered with `hack/run-in-rootfs.sh`: the "
         f"image's interpreter, bytecode and environment ({env}); the start-up rows include "
-        "that script's `unshare`, mounts and `chroot` (a few milliseconds), not a container "
+        "that script's `unshare`, mounts and `chroot` (10-30 ms here), not a container "
         f"runtime's start. Start-up: as the scenario `discovery` ({discovery.PLUGIN_STARTS} "
         f"starts, dynamic MIG advertised). Prepare: {prepare.SETUP}"
     )
