@@ -238,12 +238,7 @@ def service_address(cluster: Cluster, real_node: RealNodeInfo) -> Iterator[None]
     ipam = json.loads(conflist.read_text())["plugins"][0]["ipam"]
     gateway = ipam["ranges"][0][0]["gateway"]
     prefix = ipam["ranges"][0][0]["subnet"].split("/")[1]
-    shown = subprocess.run(
-        ["ip", "link", "show", real_node.bridge], capture_output=True, check=False
-    )
-    if shown.returncode:
-        _ip("link", "add", "name", real_node.bridge, "type", "bridge")  # removed with the node
-    _ip("link", "set", real_node.bridge, "up")
+    # The node made its bridge, with a MAC of its own (hack/devcluster/realnode/host.py).
     _ip("addr", "add", f"{gateway}/{prefix}", "dev", real_node.bridge)
     _ip("addr", "add", f"{SERVICE_IP}/32", "dev", "lo")
     bridge_gateway[real_node.name] = (gateway, prefix)

@@ -289,3 +289,24 @@ def test_second_real_node_runs_pods_and_leaves_nothing(
     # The first node keeps working next to it.
     text = _run_to_completion(core, namespace, _pod("on-first", real_node.name, "echo first-ok"))
     assert "first-ok" in text
+
+
+NET_ADDR_SET = "3"  # /sys/class/net/<link>/addr_assign_type: the MAC was set, never taken
+
+
+def test_the_nodes_bridge_keeps_its_own_mac_while_pods_come_and_go(
+    real_node: RealNodeInfo, namespace: str, api: client.ApiClient
+) -> None:
+    """A bridge whose MAC was never set takes its lowest port's MAC and another when that
+    pod goes; pods that still name the old one lose their gateway (the chart tests' plugin
+    pod lost its API server and its probes for up to 40 s so)."""
+    link = Path("/sys/class/net") / real_node.bridge
+    before = (link / "address").read_text().strip()
+    assert (link / "addr_assign_type").read_text().strip() == NET_ADDR_SET
+    core = client.CoreV1Api(api)
+    for i in range(3):
+        name = f"mac-{i}"
+        _run_to_completion(core, namespace, _pod(name, real_node.name, "true"))
+        _delete_pod_and_wait(core, namespace, name)
+        assert (link / "address").read_text().strip() == before
+    assert before.startswith("02:"), "not a locally administered address"

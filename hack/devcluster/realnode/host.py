@@ -31,6 +31,8 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from hack.devcluster.errors import ClusterError
+
 log = logging.getLogger(__name__)
 
 # Set by the kubelet's container manager (setupKernelTunables) unless protectKernelDefaults;
@@ -339,6 +341,26 @@ def kill_marked(marker: str, *, timeout_s: float = 10.0) -> list[int]:
 
 def link_exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
+
+
+def create_bridge(name: str, mac: str) -> None:
+    """The bridge ``name`` (up), its MAC set to ``mac`` before any pod's link joins it.
+
+    A Linux bridge whose MAC was never set takes the lowest MAC of its ports, and takes
+    another when that port leaves. A pod's neighbour entry for the gateway (the bridge's
+    address) then names a MAC that is nowhere: the pod's packets to the gateway, and its
+    answers to the kubelet's probes, are lost until the entry expires, up to about a minute.
+    The CNI bridge plugin (1.1.1) does not set one; it adopts a bridge that exists."""
+    if not link_exists(name):
+        _ip_link("add", "name", name, "type", "bridge")
+    _ip_link("set", "dev", name, "address", mac)
+    _ip_link("set", "dev", name, "up")
+
+
+def _ip_link(*args: str) -> None:
+    done = subprocess.run(["ip", "link", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ClusterError(f"ip link {' '.join(args)}", done.stderr.strip())
 
 
 def delete_bridge(name: str) -> list[str]:

@@ -254,6 +254,7 @@ class RealNodes:
             )
         )
         host.create_cgroup(settings.cgroup_root)
+        host.create_bridge(settings.bridge, settings.bridge_mac)
 
         ctd = self._spec(settings, layout, "containerd")
         proc = start(ctd, die_with_parent=die_with_parent)

@@ -72,6 +72,14 @@ class NodeSettings:
         return "trbr-" + hashlib.sha256(self.name.encode()).hexdigest()[:10]
 
     @property
+    def bridge_mac(self) -> str:
+        """The bridge's own MAC (locally administered, unique per node name): without one a
+        Linux bridge takes the lowest MAC of its ports and changes it as pods come and go (see
+        :func:`hack.devcluster.realnode.host.create_bridge`)."""
+        digest = hashlib.sha256(("mac:" + self.name).encode()).digest()
+        return ":".join(f"{b:02x}" for b in (0x02, *digest[:5]))
+
+    @property
     def pod_subnet(self) -> str:
         return f"10.88.{self.index}.0/24"
 

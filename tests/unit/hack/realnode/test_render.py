@@ -159,3 +159,16 @@ def test_kubelet_kubeconfig_uses_the_node_identity() -> None:
     assert user["name"] == "system:node:rn1"
     assert doc["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:6443"
     assert doc["contexts"][0]["context"]["user"] == "system:node:rn1"
+
+
+def test_each_nodes_bridge_has_a_stable_locally_administered_mac_of_its_own() -> None:
+    macs = {n: NodeSettings(name=n, index=1, kubelet_port=1, healthz_port=2).bridge_mac
+            for n in ("rn1", "rn2", "bench1")}  # fmt: skip
+    assert len(set(macs.values())) == 3
+    for mac in macs.values():
+        octets = [int(o, 16) for o in mac.split(":")]
+        assert len(octets) == 6
+        assert octets[0] & 0b10, "locally administered"
+        assert not octets[0] & 0b1, "unicast"
+    again = NodeSettings(name="rn1", index=2, kubelet_port=3, healthz_port=4)
+    assert again.bridge_mac == macs["rn1"], "the MAC follows the name, not the slot"
