@@ -25,13 +25,11 @@ def run(lab: Lab | None) -> ScenarioResult:
     assert lab is not None
     result = ScenarioResult(NAME, TITLE)
     if os.geteuid() != 0:
-        result.notes.append("Not run: entering the image's root filesystem needs root.")
-        return result
+        return result.not_run("entering the image's root filesystem needs root.")
     try:
         image = installed()
     except ImageError as e:
-        result.notes.append(f"Not run: {e}")
-        return result
+        return result.not_run(str(e))
     discovery.measure_start(lab, result, discovery.expected_slices(), image.command())
     bench = lab.node("inst", program=image.command())
     prepare.measure(lab, bench, "bench-installed", result)

@@ -124,13 +124,11 @@ def run(lab: Lab | None) -> ScenarioResult:
     assert lab is not None
     result = ScenarioResult(NAME, TITLE)
     if os.geteuid() != 0:
-        result.notes.append("Not run: a real node needs root (cgroups, mounts, network links).")
-        return result
+        return result.not_run("a real node needs root (cgroups, mounts, network links).")
     try:
         bin_dir = build_or_find_node()
     except ClusterError as e:
-        result.notes.append(f"Not run: no node binaries ({e}); run `make node-bins`.")
-        return result
+        return result.not_run(f"no node binaries ({e}); run `make node-bins`.")
     nodes = RealNodes(lab.work / "cluster", bin_dir)
     name = f"bench{secrets.token_hex(2)}"
     ups = []
@@ -138,8 +136,7 @@ def run(lab: Lab | None) -> ScenarioResult:
         try:
             held.enter_context(machine_lock(LOCK_WAIT_S))
         except ClusterError as e:
-            result.notes.append(f"Not run: {e}")
-            return result
+            return result.not_run(str(e))
         try:
             for _ in range(NODE_UPS - 1):
                 _, seconds = _node_up(lab, nodes, name)

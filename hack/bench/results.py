@@ -27,6 +27,11 @@ class ScenarioResult:
     def add(self, row: Row) -> None:
         self.rows.append(row)
 
+    def not_run(self, why: str) -> ScenarioResult:
+        """This result, saying why the scenario did not run (reported, not failed)."""
+        self.notes.append(f"Not run: {why}")
+        return self
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in 0..100) of a non-empty sequence."""

@@ -96,3 +96,10 @@ def test_a_slowdown_beyond_noise_is_reported_and_jitter_is_not(tmp_path: Path) -
     regression.update(path, before | {"discovery": {"x": {"value": 1.0, "unit": "ms"}}})
     regression.update(path, after)
     assert set(json.loads(path.read_text())) == {"prepare", "discovery"}
+
+
+def test_a_scenario_that_cannot_run_says_why_and_reports_no_rows() -> None:
+    result = ScenarioResult("installed", "t")
+    assert result.not_run("entering the image needs root.") is result
+    assert result.notes == ["Not run: entering the image needs root."]
+    assert result.rows == []
