@@ -10,6 +10,7 @@ recently used root filesystems are kept.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -81,7 +82,15 @@ def _json(archive: tarfile.TarFile, digest: str) -> Any:
 
 
 def unpack(archive_path: Path, root: Path) -> ImageRoot:
-    """The image's root filesystem under ``root`` (unpacked once per manifest) and its config."""
+    """The image's root filesystem under ``root`` (unpacked once per manifest) and its config.
+    Concurrent callers take turns (an exclusive ``flock`` on ``root/.rootfs.lock``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".rootfs.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _unpack(archive_path, root)
+
+
+def _unpack(archive_path: Path, root: Path) -> ImageRoot:
     with tarfile.open(archive_path) as archive:
         index = json.loads(_read(archive, "index.json"))
         manifests = index.get("manifests") or []

@@ -88,7 +88,7 @@ def test_an_image_is_unpacked_once_and_only_the_two_last_used_are_kept(tmp_path:
     assert again.rootfs == first.rootfs
     assert (again.rootfs / "marker").exists(), "unpacked a second time"
     second, third = unpack(archives[1], cache), unpack(archives[2], cache)
-    kept = sorted(p.name for p in cache.iterdir())
+    kept = sorted(p.name for p in cache.glob("rootfs-*"))
     assert kept == sorted([second.rootfs.name, third.rootfs.name])
 
 
