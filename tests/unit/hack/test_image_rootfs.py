@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tarfile
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,14 @@ def test_the_runner_refuses_a_command_line_without_its_separator(tmp_path: Path)
     )
     assert done.returncode == 2
     assert "usage:" in done.stderr
+
+
+def test_concurrent_unpacks_of_one_image_all_get_it_whole(tmp_path: Path) -> None:
+    files: Files = {"d": None, **{f"d/f{i}": bytes([i]) * 4096 for i in range(200)}}
+    archive = _archive(tmp_path / "img.tar", [files], CONFIG)
+    with ThreadPoolExecutor(4) as pool:
+        images = list(pool.map(lambda _: unpack(archive, tmp_path / "cache"), range(4)))
+    assert len({i.rootfs for i in images}) == 1
+    root = images[0].rootfs
+    assert sorted(p.name for p in (root / "d").iterdir()) == sorted(f"f{i}" for i in range(200))
+    assert not list((tmp_path / "cache").glob("*.partial"))
