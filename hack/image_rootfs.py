@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hack.cache_dir import cache_root
+
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "hack" / "run-in-rootfs.sh"
 KEEP = 2
@@ -41,11 +43,6 @@ class ImageRoot:
     def command(self) -> list[str]:
         """The argv prefix that runs the image's entrypoint in its root filesystem."""
         return [str(RUNNER), str(self.rootfs), *self.env, "--", *self.entrypoint]
-
-
-def cache_root() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tranche"
-    return Path(os.environ.get("TRANCHE_CACHE_DIR") or default)
 
 
 def build_image() -> Path:

@@ -11,8 +11,9 @@
 # (hack/image_rootfs.py).
 set -eu
 usage="usage: $0 ROOTFS [NAME=VALUE ...] -- COMMAND [ARG ...]"
-case " $* " in *" -- "*) ;; *) echo "$usage" >&2; exit 2 ;; esac
-[ "$#" -ge 3 ] || { echo "$usage" >&2; exit 2; }
+found=0
+for arg in "$@"; do [ "$arg" = -- ] && found=1; done
+[ "$found" = 1 ] && [ "$#" -ge 3 ] || { echo "$usage" >&2; exit 2; }
 if [ "${TRANCHE_IN_ROOTFS_NS:-}" != 1 ]; then
   TRANCHE_IN_ROOTFS_NS=1 exec unshare --mount --propagation private -- "$0" "$@"
 fi
@@ -22,7 +23,7 @@ for dir in tmp dev proc sys; do
 done
 chroot_bin=$(command -v chroot)
 # "NAME=VALUE ... -- COMMAND ARG ..." becomes "NAME=VALUE ... chroot ROOTFS COMMAND ARG ...".
-count=$#; i=0; found=0
+count=$#; i=0; found=0  # checked above: there is a "--"
 while [ "$i" -lt "$count" ]; do
   arg=$1; shift; i=$((i + 1))
   if [ "$found" = 0 ] && [ "$arg" = -- ]; then
@@ -31,7 +32,6 @@ while [ "$i" -lt "$count" ]; do
     set -- "$@" "$arg"
   fi
 done
-[ "$found" = 1 ] || { echo "$usage" >&2; exit 2; }
 mount --rbind /tmp "$root/tmp"
 mount --rbind /dev "$root/dev"
 mount -t proc proc "$root/proc"

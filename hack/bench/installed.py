@@ -30,9 +30,6 @@ def run(lab: Lab | None) -> ScenarioResult:
         image = installed()
     except ImageError as e:
         return result.not_run(str(e))
-    discovery.measure_start(lab, result, discovery.expected_slices(), image.command())
-    bench = lab.node("inst", program=image.command())
-    prepare.measure(lab, bench, "bench-installed", result)
     env = " ".join(f"`{e}`" for e in image.env if not e.startswith("PATH="))
     result.setup.append(
         "Simulated `dgx-h100` nodes running the plugin of the image built from this checkout "
@@ -40,6 +37,8 @@ def run(lab: Lab | None) -> ScenarioResult:
         f"image's interpreter, bytecode and environment ({env}); the start-up rows include "
         "that script's `unshare`, mounts and `chroot` (10-30 ms here), not a container "
         f"runtime's start. Start-up: as the scenario `discovery` ({discovery.PLUGIN_STARTS} "
-        f"starts, dynamic MIG advertised). Prepare: {prepare.SETUP}"
+        "starts, dynamic MIG advertised). Prepare and unprepare: as the scenario `prepare`."
     )
+    discovery.measure_start(lab, result, discovery.expected_slices(), image.command())
+    prepare.measure(lab, lab.node("inst", program=image.command()), "bench-installed", result)
     return result

@@ -56,17 +56,17 @@ def _unprepare(conn: PluginConnection, claim: ClaimRequest) -> tuple[float, str]
 def run(lab: Lab | None) -> ScenarioResult:
     assert lab is not None
     result = ScenarioResult(NAME, TITLE)
-    measure(lab, lab.node("prep"), "bench-prepare", result)
     result.setup.append(
-        f"One simulated `dgx-h100` node running the real plugin process from this checkout "
-        f"(its virtual environment's interpreter; the scenario `installed` runs the image). "
-        f"{SETUP}"
+        "One simulated `dgx-h100` node running the real plugin process from this checkout (its "
+        "virtual environment's interpreter; the scenario `installed` runs the image)."
     )
+    measure(lab, lab.node("prep"), "bench-prepare", result)
     return result
 
 
 def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioResult) -> None:
-    """The rows of this scenario, measured on ``bench``'s plugin (started, not yet connected)."""
+    """The rows of this scenario, measured on ``bench``'s plugin (started, not yet connected),
+    and how they were measured (``result.setup``)."""
     conn = bench.connect()
     nvml = open_simulated(bench.node.sim_state)
     gpus = [g.name for g in build_inventory(nvml.list_gpus(), nvml.system_info()).gpus]
@@ -179,18 +179,16 @@ def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioRes
             rss_after <= rss_idle + 5 * MIB,
         )
     )
-
-
-SETUP = (
-    "The benchmark plays a 1.37 kubelet on the plugin's gRPC socket (`v1.DRAPlugin`). Claims are "
-    "created by the admin client and allocated by writing `status.allocation` through the "
-    "status subresource (no scheduler), in a namespace labelled trust level `shared`. Single "
-    f"claim: one whole GPU, no config, prepared then unprepared {SINGLE_RUNS} times after "
-    f"{WARMUP} warm-up rounds, one call at a time. Burst: {BURST} claims, 30 per GPU of 8 with "
-    "a `TimeSlicing` GpuConfig (time-slice sharing of one GPU by many claims), one "
-    f"`NodePrepareResources` call per claim (one pod each), {CONCURRENCY} calls in flight on "
-    "one channel, as the kubelet prepares pods in parallel. RSS is `VmRSS` of "
-    "`/proc/<pid>/status`; CPU is the plugin process's user and system time "
-    "(`/proc/<pid>/stat`, all threads, 10 ms ticks), which the machine's other work changes "
-    "less than it changes wall time."
-)
+    result.setup.append(
+        f"The benchmark plays a 1.37 kubelet on the plugin's gRPC socket (`v1.DRAPlugin`). "
+        f"Claims are created by the admin client and allocated by writing `status.allocation` "
+        f"through the status subresource (no scheduler), in a namespace labelled trust level "
+        f"`shared`. Single claim: one whole GPU, no config, prepared then unprepared "
+        f"{SINGLE_RUNS} times after {WARMUP} warm-up rounds, one call at a time. Burst: {BURST} "
+        f"claims, {BURST // len(gpus)} per GPU with a `TimeSlicing` GpuConfig (time-slice "
+        f"sharing of one GPU by many claims), one `NodePrepareResources` call per claim (one pod "
+        f"each), {CONCURRENCY} calls in flight on one channel, as the kubelet prepares pods in "
+        "parallel. RSS is `VmRSS` of `/proc/<pid>/status`; CPU is the plugin process's user and "
+        "system time (`/proc/<pid>/stat`, all threads, 10 ms ticks), which the machine's other "
+        "work changes less than it changes wall time."
+    )

@@ -2,7 +2,7 @@
 
 The synthetic fleet of :mod:`hack.bench.showback_fleet` is written as OpenMetrics and loaded
 into a real Prometheus TSDB with ``promtool tsdb create-blocks-from openmetrics`` (cached
-under ``$TRANCHE_CACHE_DIR``/``~/.cache/tranche`` for :data:`MAX_AGE_S`, keyed by the
+under the build scripts' cache root (:mod:`hack.cache_dir`) for :data:`MAX_AGE_S`, keyed by the
 generator's source and the Prometheus build). A real Prometheus serves it; the real CLI runs in
 a subprocess :data:`RUNS` times; wall time and the child's maximum resident set
 (``wait4``'s ``ru_maxrss``) are measured, and Prometheus's CPU time (``/proc``) is shown. The
@@ -29,6 +29,7 @@ from hack.bench import showback_fleet
 from hack.bench.machine import REPO
 from hack.bench.results import Row, ScenarioResult, median
 from hack.bench.showback_fleet import Fleet, build, exact_increase, write_file
+from hack.cache_dir import cache_root
 
 NAME = "showback"
 TITLE = "Showback: `tranche report --prometheus --since 30d`, 500 nodes, 2,000 claims (issue 18)"
@@ -56,7 +57,7 @@ def _prometheus_bins() -> Path:
 def _cache(bins: Path) -> Path:
     source = Path(showback_fleet.__file__).read_bytes()
     key = hashlib.sha256(source + str(bins).encode()).hexdigest()[:12]
-    root = Path(os.environ.get("TRANCHE_CACHE_DIR", Path.home() / ".cache" / "tranche"))
+    root = cache_root()
     return root / f"bench-showback-{key}"
 
 

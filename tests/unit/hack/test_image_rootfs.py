@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -140,7 +141,8 @@ def test_the_command_runs_in_the_image_with_its_environment_only(tmp_path: Path)
     assert cat is not None
     root = _rootfs_with(tmp_path, cat)
     image = ImageRoot(rootfs=root, env=("ONLY=this", "PYTHONOPTIMIZE=2"), entrypoint=(cat,))
-    seen = tmp_path / "from-the-host"  # under /tmp, bound into the image
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))  # /tmp is bound into the image
+    seen = shared / "from-the-host"
     seen.write_text("host file\n")
     mounts = Path("/proc/self/mountinfo").read_text()
     env = subprocess.run(
@@ -151,9 +153,11 @@ def test_the_command_runs_in_the_image_with_its_environment_only(tmp_path: Path)
         timeout=30,
     ).stdout
     assert sorted(env.decode().strip("\0").split("\0")) == ["ONLY=this", "PYTHONOPTIMIZE=2"]
-    if str(tmp_path).startswith("/tmp/"):
+    try:
         out = subprocess.run([*image.command(), str(seen)], capture_output=True, check=True)
-        assert out.stdout == b"host file\n"
+    finally:
+        shutil.rmtree(shared)
+    assert out.stdout == b"host file\n"
     assert Path("/proc/self/mountinfo").read_text() == mounts, "mounts leaked to the host"
 
 
