@@ -17,7 +17,6 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
 
-import prometheus_client
 import pynvml
 from prometheus_client import CollectorRegistry
 
@@ -31,7 +30,8 @@ from driver.metrics import Metrics
 from driver.nvml.driver_root import DriverRoot, load_nvml
 from driver.nvml.facade import Nvml
 from driver.nvml.host import NvidiaSmiTimeslice, SysfsHost
-from kubelet_plugin.liveness import HealthEndpoint, probe_sockets
+from kubelet_plugin.http_endpoint import HttpEndpoint, metrics_route
+from kubelet_plugin.liveness import health_routes, probe_sockets
 from kubelet_plugin.memory import limit_arenas
 from kubelet_plugin.node import NodePlugin
 from kubelet_plugin.node_labels import NodeLabelWatch, node_advertise
@@ -92,17 +92,18 @@ def serve(
     try:
         if settings.metrics_address:
             host, port = parse_address(settings.metrics_address, "--metrics-address")
-            server, _ = prometheus_client.start_http_server(port, host, registry)
-            stoppers.append(server.shutdown)
+            metrics_endpoint = HttpEndpoint(
+                host, port, {"/metrics": metrics_route(registry)}, "metrics-endpoint"
+            )
+            metrics_endpoint.start()
+            stoppers.append(metrics_endpoint.stop)
         # The probes answer from the first moment: while the start waits for the API server
         # (an outage, a slow control plane) the plugin is alive and not ready, so a liveness
         # probe does not restart it into the same wait.
         started = threading.Event()
         if settings.health_address:
             host, port = parse_address(settings.health_address, "--health-address")
-            endpoint = HealthEndpoint(
-                host,
-                port,
+            routes = health_routes(
                 live=lambda: (
                     probe_sockets(*plugins[0].probe_paths(), settings.driver_name)
                     if started.is_set()
@@ -110,6 +111,7 @@ def serve(
                 ),
                 ready=lambda: plugins[0].ready() if started.is_set() else STARTING,
             )
+            endpoint = HttpEndpoint(host, port, routes, "health-endpoint")
             endpoint.start()
             stoppers.append(endpoint.stop)
         # What the node advertises depends on its dynamic-MIG label: read before the inventory.

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from driver.metrics import Metrics
 from driver.nvml.sim import SimControl, SimStore, open_simulated
@@ -25,6 +25,7 @@ from driver.usage.attribution import UsageSampler
 from driver.usage.records import checkpoint_records
 from hack.bench.executor import Executor, claim_json
 from hack.bench.results import Row, ScenarioResult, median, percentile, timing
+from kubelet_plugin.http_endpoint import HttpEndpoint, metrics_route
 
 NAME = "attribution"
 TITLE = "Attribution: usage sampling and metrics (issue 9)"
@@ -84,8 +85,9 @@ def run(lab: object) -> ScenarioResult:
             in_nvml.append(nvml_seconds[0])
             assert interval is not None and len(interval.claims) == len(claims)
 
-        server, _ = start_http_server(0, "127.0.0.1", registry)
-        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        server = HttpEndpoint("127.0.0.1", 0, {"/metrics": metrics_route(registry)}, "metrics")
+        server.start()
+        url = f"http://127.0.0.1:{server.port}/metrics"
         scrape, body = [], b""
         for _ in range(SCRAPES):
             t0 = time.perf_counter()
@@ -116,7 +118,7 @@ def run(lab: object) -> ScenarioResult:
         result.add(Row("Scrape size", f"{len(body) / 1024:.0f} KiB"))
     finally:
         if server is not None:
-            server.shutdown()
+            server.stop()
         ex.close()
         shutil.rmtree(work, ignore_errors=True)
     result.setup.append(
@@ -126,6 +128,6 @@ def run(lab: object) -> ScenarioResult:
         "file at each sample (as in the plugin) and the usage from the simulated NVML; "
         f"{SAMPLES} samples 10 ms apart, CPU by `time.process_time` around `sample_once` (the "
         f"process runs nothing else meanwhile). Then {SCRAPES} scrapes of the registry served "
-        "by `prometheus_client.start_http_server`, as `--metrics-address` serves it."
+        "by `kubelet_plugin.http_endpoint`, as `--metrics-address` serves it."
     )
     return result

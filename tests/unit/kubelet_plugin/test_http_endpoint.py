@@ -1,0 +1,103 @@
+"""The plugin's ``/metrics`` and probe endpoints, served over real sockets."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
+
+from kubelet_plugin.http_endpoint import HttpEndpoint, metrics_route
+from kubelet_plugin.liveness import health_routes
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    Counter("tranche_test_calls", "calls", ["claim"], registry=registry).labels("c1").inc(3)
+    return registry
+
+
+@pytest.fixture
+def metrics(registry: CollectorRegistry) -> Iterator[HttpEndpoint]:
+    endpoint = HttpEndpoint("127.0.0.1", 0, {"/metrics": metrics_route(registry)}, "m")
+    endpoint.start()
+    yield endpoint
+    endpoint.stop()
+
+
+def _get(url: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def test_a_scrape_that_accepts_gzip_gets_the_plain_page(metrics: HttpEndpoint) -> None:
+    status, headers, body = _get(
+        f"http://127.0.0.1:{metrics.port}/metrics", **{"Accept-Encoding": "gzip"}
+    )
+    assert status == 200
+    assert "Content-Encoding" not in headers
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    (family,) = [
+        f for f in text_string_to_metric_families(body.decode()) if f.name.endswith("calls")
+    ]
+    assert (family.samples[0].name, family.samples[0].labels, family.samples[0].value) == (
+        "tranche_test_calls_total",
+        {"claim": "c1"},
+        3.0,
+    )
+
+
+def test_openmetrics_when_the_scraper_asks_for_it(metrics: HttpEndpoint) -> None:
+    status, headers, body = _get(
+        f"http://127.0.0.1:{metrics.port}/metrics",
+        Accept="application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+    )
+    assert status == 200
+    assert headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert body.endswith(b"# EOF\n")
+
+
+def test_a_query_string_does_not_hide_series(metrics: HttpEndpoint) -> None:
+    _, _, body = _get(f"http://127.0.0.1:{metrics.port}/metrics?name[]=other")
+    assert b'tranche_test_calls_total{claim="c1"} 3.0' in body
+
+
+def test_other_paths_are_not_found(metrics: HttpEndpoint) -> None:
+    assert _get(f"http://127.0.0.1:{metrics.port}/")[0] == 404
+    assert _get(f"http://127.0.0.1:{metrics.port}/healthz")[0] == 404
+
+
+def test_an_ipv6_address_is_served(registry: CollectorRegistry) -> None:
+    endpoint = HttpEndpoint("::1", 0, {"/metrics": metrics_route(registry)}, "m6")
+    endpoint.start()
+    try:
+        status, _, body = _get(f"http://[::1]:{endpoint.port}/metrics")
+    finally:
+        endpoint.stop()
+    assert status == 200 and b"tranche_test_calls_total" in body
+
+
+def test_probes_answer_each_check() -> None:
+    state: dict[str, str | None] = {"live": None, "ready": "slices not published yet"}
+    routes = health_routes(live=lambda: state["live"], ready=lambda: state["ready"])
+    endpoint = HttpEndpoint("127.0.0.1", 0, routes, "h")
+    endpoint.start()
+    try:
+        url = f"http://127.0.0.1:{endpoint.port}"
+        assert _get(f"{url}/healthz")[::2] == (200, b"ok\n")
+        assert _get(f"{url}/readyz")[::2] == (503, b"slices not published yet\n")
+        state["ready"] = None
+        assert _get(f"{url}/readyz")[::2] == (200, b"ok\n")
+        state["live"] = "gRPC probe failed: no answer"
+        assert _get(f"{url}/healthz")[::2] == (503, b"gRPC probe failed: no answer\n")
+        assert _get(f"{url}/readyz")[::2] == (503, b"gRPC probe failed: no answer\n")
+    finally:
+        endpoint.stop()
