@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from hack.bench import discovery, prepare
+from hack.bench import discovery, prepare, probed
 from hack.bench.lab import Lab
 from hack.bench.results import ScenarioResult
 from hack.image_rootfs import ImageError, installed
@@ -40,5 +40,6 @@ def run(lab: Lab | None) -> ScenarioResult:
         "starts, dynamic MIG advertised). Prepare and unprepare: as the scenario `prepare`."
     )
     discovery.measure_start(lab, result, discovery.expected_slices(), image.command())
+    probed.measure(lab, result, image.command(), "instp")
     prepare.measure(lab, lab.node("inst", program=image.command()), "bench-installed", result)
     return result
