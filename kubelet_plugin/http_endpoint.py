@@ -11,6 +11,7 @@ filter) is ignored: every scrape gets every series.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from collections.abc import Callable, Mapping
@@ -21,6 +22,8 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+
+log = logging.getLogger(__name__)
 
 
 class Response(NamedTuple):
@@ -54,7 +57,11 @@ class HttpEndpoint:
                 if route is None:
                     self.send_error(404)
                     return
-                answer = route(self.headers)
+                try:
+                    answer = route(self.headers)
+                except Exception as e:  # a failing collector or check must not end the endpoint
+                    log.exception("http request failed path=%s error=%s", self.path, e)
+                    answer = Response(500, "text/plain", f"{type(e).__name__}: {e}\n".encode())
                 self.send_response(answer.status)
                 self.send_header("Content-Type", answer.content_type)
                 self.send_header("Content-Length", str(len(answer.body)))

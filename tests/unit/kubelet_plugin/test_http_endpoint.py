@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubelet_plugin.http_endpoint import HttpEndpoint, metrics_route
+from kubelet_plugin.http_endpoint import HttpEndpoint, Response, metrics_route
 from kubelet_plugin.liveness import health_routes
 
 
@@ -101,3 +101,25 @@ def test_probes_answer_each_check() -> None:
         assert _get(f"{url}/readyz")[::2] == (503, b"gRPC probe failed: no answer\n")
     finally:
         endpoint.stop()
+
+
+def test_a_failing_route_answers_500_and_the_endpoint_keeps_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls = {"n": 0}
+
+    def flaky(headers: object) -> Response:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ValueError("collector broke")
+        return Response(200, "text/plain", b"ok\n")
+
+    endpoint = HttpEndpoint("127.0.0.1", 0, {"/x": flaky}, "f")
+    endpoint.start()
+    try:
+        url = f"http://127.0.0.1:{endpoint.port}/x"
+        assert _get(url)[::2] == (500, b"ValueError: collector broke\n")
+        assert _get(url)[::2] == (200, b"ok\n")
+    finally:
+        endpoint.stop()
+    assert "http request failed path=/x error=collector broke" in caplog.text
