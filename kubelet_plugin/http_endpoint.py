@@ -23,6 +23,9 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from driver.errors import ConfigError
+from driver.flags import parse_address
+
 log = logging.getLogger(__name__)
 
 
@@ -87,3 +90,15 @@ class HttpEndpoint:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def listen(address: str, flag: str, routes: Mapping[str, Route], name: str) -> HttpEndpoint:
+    """An endpoint serving ``routes`` on ``address`` (``flag``'s ``HOST:PORT``), started. An
+    address it cannot listen on (in use, an unknown host) is a ConfigError naming the flag."""
+    host, port = parse_address(address, flag)
+    try:
+        endpoint = HttpEndpoint(host, port, routes, name)
+    except OSError as e:
+        raise ConfigError(f"{flag}: cannot listen on {address!r}: {e.strerror or e}") from e
+    endpoint.start()
+    return endpoint

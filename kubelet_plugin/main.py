@@ -23,14 +23,13 @@ from prometheus_client import CollectorRegistry
 from driver.cli import Command
 from driver.devices.inventory import AdvertiseConfig
 from driver.errors import ConfigError, TrancheError
-from driver.flags import parse_address
 from driver.kube.http import KubeClient
 from driver.logs import LogOutput, configure
 from driver.metrics import Metrics
 from driver.nvml.driver_root import DriverRoot, load_nvml
 from driver.nvml.facade import Nvml
 from driver.nvml.host import NvidiaSmiTimeslice, SysfsHost
-from kubelet_plugin.http_endpoint import HttpEndpoint, metrics_route
+from kubelet_plugin.http_endpoint import listen, metrics_route
 from kubelet_plugin.liveness import health_routes, probe_sockets
 from kubelet_plugin.memory import limit_arenas
 from kubelet_plugin.node import NodePlugin
@@ -91,18 +90,18 @@ def serve(
     stoppers: list[Callable[[], None]] = []
     try:
         if settings.metrics_address:
-            host, port = parse_address(settings.metrics_address, "--metrics-address")
-            metrics_endpoint = HttpEndpoint(
-                host, port, {"/metrics": metrics_route(registry)}, "metrics-endpoint"
+            metrics_endpoint = listen(
+                settings.metrics_address,
+                "--metrics-address",
+                {"/metrics": metrics_route(registry)},
+                "metrics-endpoint",
             )
-            metrics_endpoint.start()
             stoppers.append(metrics_endpoint.stop)
         # The probes answer from the first moment: while the start waits for the API server
         # (an outage, a slow control plane) the plugin is alive and not ready, so a liveness
         # probe does not restart it into the same wait.
         started = threading.Event()
         if settings.health_address:
-            host, port = parse_address(settings.health_address, "--health-address")
             routes = health_routes(
                 live=lambda: (
                     probe_sockets(*plugins[0].probe_paths(), settings.driver_name)
@@ -111,8 +110,9 @@ def serve(
                 ),
                 ready=lambda: plugins[0].ready() if started.is_set() else STARTING,
             )
-            endpoint = HttpEndpoint(host, port, routes, "health-endpoint")
-            endpoint.start()
+            endpoint = listen(
+                settings.health_address, "--health-address", routes, "health-endpoint"
+            )
             stoppers.append(endpoint.stop)
         # What the node advertises depends on its dynamic-MIG label: read before the inventory.
         read = node_advertise(

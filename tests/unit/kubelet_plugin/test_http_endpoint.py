@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubelet_plugin.http_endpoint import HttpEndpoint, Response, metrics_route
+from driver.errors import ConfigError
+from kubelet_plugin.http_endpoint import HttpEndpoint, Response, listen, metrics_route
 from kubelet_plugin.liveness import health_routes
 
 
@@ -123,3 +124,28 @@ def test_a_failing_route_answers_500_and_the_endpoint_keeps_serving(
     finally:
         endpoint.stop()
     assert "http request failed path=/x error=collector broke" in caplog.text
+
+
+def test_an_address_in_use_is_an_error_naming_the_flag(metrics: HttpEndpoint) -> None:
+    with pytest.raises(ConfigError) as e:
+        listen(f"127.0.0.1:{metrics.port}", "--health-address", {}, "h")
+    assert str(e.value) == (
+        f"--health-address: cannot listen on '127.0.0.1:{metrics.port}': Address already in use"
+    )
+
+
+def test_an_unknown_host_is_an_error_naming_the_flag() -> None:
+    with pytest.raises(
+        ConfigError, match=r"^--metrics-address: cannot listen on 'no-such-host\.invalid:9400': "
+    ):
+        listen("no-such-host.invalid:9400", "--metrics-address", {}, "m")
+
+
+def test_listen_serves_at_once(registry: CollectorRegistry) -> None:
+    endpoint = listen(
+        "127.0.0.1:0", "--metrics-address", {"/metrics": metrics_route(registry)}, "m"
+    )
+    try:
+        assert _get(f"http://127.0.0.1:{endpoint.port}/metrics")[0] == 200
+    finally:
+        endpoint.stop()
