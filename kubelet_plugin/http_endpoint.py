@@ -88,7 +88,8 @@ class HttpEndpoint:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():  # shutdown() waits for serve_forever, which never ran
+            self._server.shutdown()
         self._server.server_close()
 
 

@@ -20,7 +20,7 @@ import struct
 import time
 from typing import TypeVar
 
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 M = TypeVar("M", bound=Message)
 
@@ -58,7 +58,12 @@ def call(path: str, method: str, request: Message, response: type[M], timeout: f
     if len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
         raise ProbeError(f"{method} on {path}: the answer is not one uncompressed gRPC message")
     answer = response()
-    answer.ParseFromString(body[5:])
+    try:
+        answer.ParseFromString(body[5:])
+    except DecodeError as e:
+        raise ProbeError(
+            f"{method} on {path}: the answer is not a {response.__name__}: {e}"
+        ) from None
     return answer
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -149,3 +150,11 @@ def test_listen_serves_at_once(registry: CollectorRegistry) -> None:
         assert _get(f"http://127.0.0.1:{endpoint.port}/metrics")[0] == 200
     finally:
         endpoint.stop()
+
+
+def test_an_endpoint_that_never_started_stops_at_once() -> None:
+    endpoint = HttpEndpoint("127.0.0.1", 0, {}, "idle")
+    stopper = threading.Thread(target=endpoint.stop, daemon=True)
+    stopper.start()
+    stopper.join(5)
+    assert not stopper.is_alive(), "stop() waits for a server loop that never ran"

@@ -128,6 +128,26 @@ def test_a_server_that_hangs_up_fails(tmp_path: Path) -> None:
             socket_probe.call(path, GET_INFO, reg.InfoRequest(), reg.PluginInfo, 3)
 
 
+def test_an_answer_that_is_not_the_message_fails(tmp_path: Path) -> None:
+    # Another program on the socket, answering with a gRPC frame that is not a PluginInfo.
+    path = str(tmp_path / "s.sock")
+    garbage = b"\xff\xff\xff"
+    data = b"\x00" + len(garbage).to_bytes(4, "big") + garbage
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(1)
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            conn.recv(4096)
+            conn.sendall(socket_probe._frame(socket_probe.DATA, socket_probe.END_STREAM, 1, data))
+            conn.close()
+
+        threading.Thread(target=answer, daemon=True).start()
+        with pytest.raises(socket_probe.ProbeError, match="the answer is not a PluginInfo"):
+            socket_probe.call(path, GET_INFO, reg.InfoRequest(), reg.PluginInfo, 3)
+
+
 def test_hpack_integers_follow_rfc_7541() -> None:
     # RFC 7541 C.1: 10 fits the prefix; 1337 with a 5-bit prefix is 31, 154, 10 (here 7 bits).
     assert socket_probe._integer(10) == bytes([10])
