@@ -37,6 +37,7 @@ from driver.cli import Command
 from driver.errors import TrancheError
 from driver.flags import parse_address
 from driver.kube.client import api_client
+from driver.startup_gc import collect_startup_garbage
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         settings.identity, settings.namespace, settings.legacy_webhook,
     )  # fmt: skip
     controller.start()
+    collect_startup_garbage()  # what the imports left, frozen by driver.cli (startup_gc.py)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _s, _f: stop.set())

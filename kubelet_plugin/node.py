@@ -43,6 +43,7 @@ from driver.prepare.executor import DeviceState, RecoveryReport
 from driver.prepare.plan import CreateMigDevice
 from driver.sharing import SharingConfig, SharingNode
 from driver.sharing import managed_mig_uuids as sharing_mig_uuids
+from driver.startup_gc import collect_startup_garbage
 from driver.usage.attribution import UsageSampler
 from driver.usage.records import checkpoint_records
 from kubelet_plugin.bridge_check import DevicePluginWatch, check_node, check_node_when_reachable
@@ -460,9 +461,11 @@ class NodePlugin:
     def _sample_loop(self) -> None:
         # Start-up's slice building leaves freed heap pages behind: give them back once the
         # first publish is done, and after each sample (bursts of prepares do the same).
+        # The imports' cyclic garbage, frozen with them (driver/startup_gc.py), goes first.
         deadline = time.monotonic() + self.settings.sample_interval_s
         while not self._stop.is_set() and time.monotonic() < deadline:
             if self.publisher.wait_published(0.2):
+                collect_startup_garbage()
                 release_freed_memory()
                 break
         while not self._stop.wait(max(0.0, deadline - time.monotonic())):

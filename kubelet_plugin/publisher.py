@@ -106,6 +106,7 @@ class Publisher:
 
         self.generation = 0
         self._published_digest: str | None = None
+        self._desired_digest: tuple[int, str] | None = None  # (version, digest), sync thread's
         self.error: str | None = None  # the last failure, None after a successful sync
 
     # --- public interface -------------------------------------------------------------
@@ -216,6 +217,9 @@ class Publisher:
             desired, version = self._desired, self._version
         if desired is None:
             return
+        if self._desired_digest is None or self._desired_digest[0] != version:
+            self._desired_digest = (version, slice_diff.digest(desired))
+        desired_digest = self._desired_digest[1]
         node_uid = self._node_uid()
         existing = self._list()
         p = slice_diff.plan(
@@ -225,6 +229,7 @@ class Publisher:
             node_uid=node_uid,
             known_generation=self.generation,
             known_digest=self._published_digest,
+            desired_digest=desired_digest,
         )
         self._count("sync")
         if not p.empty:
@@ -242,7 +247,7 @@ class Publisher:
                 extra={"node": self.node_name, "generation": p.generation},
             )
         self.generation = p.generation
-        self._published_digest = slice_diff.digest(desired)
+        self._published_digest = desired_digest
         self.error = None
         with self._cond:
             if version == self._version:

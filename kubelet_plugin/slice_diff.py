@@ -9,11 +9,11 @@ behind a feature gate that is off is dropped silently).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from driver.quantity import parse_quantity
@@ -21,16 +21,39 @@ from driver.quantity import parse_quantity
 Json = dict[str, Any]
 
 
-def _prune(value: Any) -> Any:
+def _pruned_copy(value: Any) -> Any:
+    """A deep copy of JSON data without the members whose value is null, ``{}`` or ``[]``
+    (after pruning theirs): what the API server drops. One pass, new containers throughout,
+    so the caller may change the copy (``copy.deepcopy`` then a pruning pass took five times
+    as long on a node's slices)."""
     if isinstance(value, dict):
-        out = {k: _prune(v) for k, v in value.items()}
-        return {k: v for k, v in out.items() if v not in (None, {}, [])}
-    if isinstance(value, list):
-        return [_prune(v) for v in value]
+        out = {}
+        for k, v in value.items():
+            if isinstance(v, dict | list | tuple):
+                pruned = _pruned_copy(v)
+                if pruned:
+                    out[k] = pruned
+            elif v is not None:
+                out[k] = v
+        return out
+    if isinstance(value, list | tuple):
+        return [_pruned_copy(v) if isinstance(v, dict | list | tuple) else v for v in value]
     return value
 
 
 def _quantity(value: Any) -> Any:
+    # A node's slices repeat a few dozen values thousands of times.
+    if isinstance(value, str):
+        return _canonical_quantity(value)
+    return _canonical(value)
+
+
+@lru_cache(maxsize=1024)
+def _canonical_quantity(value: str) -> Any:
+    return _canonical(value)
+
+
+def _canonical(value: Any) -> Any:
     try:
         q = parse_quantity(value)
     except (ValueError, TypeError):
@@ -66,15 +89,16 @@ def content(spec: Mapping[str, Any], like: Mapping[str, Any] | None = None) -> J
 
     ``like`` is the desired spec when ``spec`` comes from the API server.
     """
-    out: Json = copy.deepcopy(dict(spec))
-    pool = dict(out.get("pool") or {})
-    pool.pop("generation", None)
-    out["pool"] = pool
+    out: Json = _pruned_copy(dict(spec))
+    pool = out.get("pool")
+    if pool is not None:
+        pool.pop("generation", None)
+        if not pool:
+            del out["pool"]
     if like is not None:
         _drop_server_times(out, dict(like))
     _normalize_quantities(out)
-    pruned: Json = _prune(out)
-    return pruned
+    return out
 
 
 def digest(slices: Sequence[Mapping[str, Any]]) -> str:
@@ -134,6 +158,7 @@ def plan(
     node_uid: str,
     known_generation: int,
     known_digest: str | None,
+    desired_digest: str | None = None,
 ) -> Plan:
     """The writes that make ``existing`` equal ``desired``.
 
@@ -141,14 +166,15 @@ def plan(
     at one generation (e.g. after a plugin restart). Otherwise the pool
     generation is bumped, unless the desired content is what was last
     published at ``known_generation``: slices deleted or edited behind our
-    back are then restored at that generation.
+    back are then restored at that generation. ``desired_digest``: ``digest(desired)``,
+    when the caller keeps it (it is computed otherwise).
     """
     have = {o["metadata"]["name"]: o for o in existing}
     generations = {int(o["spec"]["pool"].get("generation", 0)) for o in existing}
     top = max(generations | {known_generation})
 
     def body(s: Mapping[str, Any], gen: int) -> Json:
-        b: Json = copy.deepcopy(dict(s))
+        b: Json = json.loads(json.dumps(s))  # a deep copy; five times faster than deepcopy
         meta = b.setdefault("metadata", {})
         meta["ownerReferences"] = [
             {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid,
@@ -158,20 +184,28 @@ def plan(
         b["spec"]["pool"]["resourceSliceCount"] = len(desired)
         return b
 
-    def same(old: Mapping[str, Any], want: Json, gen: int) -> bool:
-        return (
-            content(old["spec"], like=want["spec"]) == content(want["spec"])
-            and int(old["spec"]["pool"].get("generation", 0)) == gen
-            and owner_ok(old, node_uid)
-        )
+    # content() ignores the generation, so each side's is computed once per slice.
+    wanted_content: dict[str, Json] = {}
+    held_content: dict[str, Json] = {}
+
+    def same(name: str, want: Json, gen: int) -> bool:
+        old = have[name]
+        if int(old["spec"]["pool"].get("generation", 0)) != gen or not owner_ok(old, node_uid):
+            return False
+        if name not in wanted_content:
+            wanted_content[name] = content(want["spec"])
+            held_content[name] = content(old["spec"], like=want["spec"])
+        return held_content[name] == wanted_content[name]
 
     wanted = {s["metadata"]["name"]: s for s in desired}
     if len(generations) == 1 and set(have) == set(wanted):
         (current,) = generations
-        if all(same(have[n], body(s, current), current) for n, s in wanted.items()):
+        if all(same(n, body(s, current), current) for n, s in wanted.items()):
             return Plan(generation=current)
 
-    same_desire = known_digest == digest(desired) and known_generation >= top
+    if desired_digest is None:
+        desired_digest = digest(desired)
+    same_desire = known_digest == desired_digest and known_generation >= top
     gen = known_generation if same_desire else top + 1
     result = Plan(generation=gen, bumped=not same_desire)
     for name, s in wanted.items():
@@ -179,7 +213,7 @@ def plan(
         old = have.get(name)
         if old is None:
             result.create.append(want)
-        elif not same(old, want, gen):
+        elif not same(name, want, gen):
             want["metadata"]["resourceVersion"] = old["metadata"].get("resourceVersion")
             result.replace.append(want)
     result.delete = sorted(n for n in have if n not in wanted)

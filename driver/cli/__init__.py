@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
+from driver import startup_gc
+
 
 @dataclass(frozen=True)
 class Command:
@@ -61,9 +63,22 @@ def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, process_start: bool = False) -> int:
+    """Run one ``tranche`` command. ``process_start``: this is the process's own start, so
+    the garbage collector pauses while the command loads (:mod:`driver.startup_gc`)."""
     first = next((a for a in (sys.argv[1:] if argv is None else argv) if a[:1] != "-"), None)
-    parser = build_parser(load_commands(first))
-    args = parser.parse_args(argv)
+    if process_start:
+        startup_gc.pause()  # loading the command is most of the objects the process will hold
+    try:
+        parser = build_parser(load_commands(first))
+        args = parser.parse_args(argv)
+    finally:
+        if process_start:
+            startup_gc.resume()
     run: Callable[[argparse.Namespace], int] = args._run
     return run(args)
+
+
+def process_main() -> int:
+    """The ``tranche`` executable and ``python -m driver.cli``."""
+    return main(process_start=True)

@@ -2,6 +2,6 @@
 
 import sys
 
-from driver.cli import main
+from driver.cli import process_main
 
-sys.exit(main())
+sys.exit(process_main())

@@ -124,3 +124,32 @@ def test_lost_fields_name_the_path() -> None:
     del got["devices"][1]["consumesCounters"]
     name = want["devices"][1]["name"]
     assert lost_fields(want, got) == [f"spec.devices[{name}].consumesCounters"]
+
+
+def test_comparing_leaves_both_sides_as_they_were() -> None:
+    """content() normalises a copy: the desired slices the publisher keeps, and the server's
+    answer it names lost fields from, are not changed by a comparison."""
+    want = _desired(1)[1]["spec"]
+    want["devices"][0]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
+    want["devices"][0]["capacity"]["memory"] = {"value": "80Gi"}
+    got = copy.deepcopy(want)
+    got["pool"]["generation"] = 9
+    got["devices"][0]["taints"][0]["timeAdded"] = "2026-01-01T00:00:00Z"
+    got["devices"][0]["attributes"]["empty"] = {}
+    want_before, got_before = copy.deepcopy(want), copy.deepcopy(got)
+
+    assert content(got, like=want) == content(want)
+    assert (want, got) == (want_before, got_before)
+
+
+def test_a_digest_kept_by_the_caller_plans_as_one_computed() -> None:
+    old, new = _desired(2), _desired(3)
+    stored = _stored(old, 4)
+    computed = plan(new, stored, node_name=NODE, node_uid=UID, known_generation=4,
+                    known_digest=digest(old))  # fmt: skip
+    kept = plan(new, stored, node_name=NODE, node_uid=UID, known_generation=4,
+                known_digest=digest(old), desired_digest=digest(new))  # fmt: skip
+    assert kept == computed
+    same = plan(old, [], node_name=NODE, node_uid=UID, known_generation=4,
+                known_digest=digest(old), desired_digest=digest(old))  # fmt: skip
+    assert same.generation == 4 and not same.bumped
