@@ -13,7 +13,6 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from driver.quantity import parse_quantity
@@ -41,16 +40,25 @@ def _pruned_copy(value: Any) -> Any:
     return value
 
 
-def _quantity(value: Any) -> Any:
-    # A node's slices repeat a few dozen values thousands of times.
-    if isinstance(value, str):
-        return _canonical_quantity(value)
-    return _canonical(value)
+def _copy(value: Any) -> Any:
+    """A deep copy of JSON data that shares its strings and numbers (immutable), as
+    ``copy.deepcopy`` does, at a fraction of its cost (no memo of what was copied)."""
+    if isinstance(value, dict):
+        return {k: _copy(v) if isinstance(v, dict | list) else v for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) if isinstance(v, dict | list) else v for v in value]
+    return value
 
 
-@lru_cache(maxsize=1024)
-def _canonical_quantity(value: str) -> Any:
-    return _canonical(value)
+def _quantity(value: Any, memo: dict[Any, Any]) -> Any:
+    # A node's slices repeat a few dozen values hundreds of times: each is parsed once per
+    # slice compared. The memo lives for that comparison only; nothing is kept between them.
+    if not isinstance(value, str):
+        return _canonical(value)
+    found = memo.get(value)
+    if found is None:
+        found = memo[value] = _canonical(value)
+    return found
 
 
 def _canonical(value: Any) -> Any:
@@ -62,16 +70,17 @@ def _canonical(value: Any) -> Any:
 
 
 def _normalize_quantities(spec: Json) -> None:
+    memo: dict[Any, Any] = {}
     for device in spec.get("devices") or []:
         for cap in (device.get("capacity") or {}).values():
             if "value" in cap:
-                cap["value"] = _quantity(cap["value"])
+                cap["value"] = _quantity(cap["value"], memo)
         for use in device.get("consumesCounters") or []:
             for c in (use.get("counters") or {}).values():
-                c["value"] = _quantity(c["value"])
+                c["value"] = _quantity(c["value"], memo)
     for cs in spec.get("sharedCounters") or []:
         for c in (cs.get("counters") or {}).values():
-            c["value"] = _quantity(c["value"])
+            c["value"] = _quantity(c["value"], memo)
 
 
 def _drop_server_times(got: Json, want: Json) -> None:
@@ -174,7 +183,7 @@ def plan(
     top = max(generations | {known_generation})
 
     def body(s: Mapping[str, Any], gen: int) -> Json:
-        b: Json = json.loads(json.dumps(s))  # a deep copy; five times faster than deepcopy
+        b: Json = _copy(s)
         meta = b.setdefault("metadata", {})
         meta["ownerReferences"] = [
             {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid,
