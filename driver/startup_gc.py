@@ -5,9 +5,10 @@ that live as long as the process. While they are young the collector scans them 
 again, and every full collection afterwards walks all of them: 15-40 ms each on the
 development machines, on whatever thread triggered it (a prepare, the first publish).
 
-So :func:`driver.cli.main` pauses the collector while it loads the command
-(:func:`pause`), then freezes what the imports left (:func:`resume`: ``gc.freeze`` moves
-every tracked object out of the collector's generations, so later collections skip them).
+So the ``tranche`` executable (:func:`driver.cli.process_main`) pauses the collector while
+it loads the command (:func:`pause`), then freezes what the imports left (:func:`resume`:
+``gc.freeze`` moves every tracked object out of the collector's generations, so later
+collections skip them).
 Imports also leave some cyclic garbage (about 180 KiB for the kubelet plugin's), which the
 freeze would keep for good: a long-running command calls :func:`collect_startup_garbage`
 once it has started and is quiet, which collects it and freezes what is left.

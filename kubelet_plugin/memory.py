@@ -19,8 +19,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from driver.startup_gc import collect_startup_garbage
 
 log = logging.getLogger(__name__)
 
@@ -69,4 +73,22 @@ def release_freed_memory() -> bool:
     if _TRIM is None:
         return False
     _TRIM(0)
+    return True
+
+
+def settle_after_start(
+    published: Callable[[float], bool], stop: threading.Event, within_s: float
+) -> bool:
+    """Once the first publish is done (``published(timeout)`` says so), or ``within_s`` has
+    passed without one (an API server that is down), collect the cyclic garbage that start-up
+    left frozen (driver/startup_gc.py) and return the heap's free pages. False, doing
+    neither, when ``stop`` is set first."""
+    deadline = time.monotonic() + within_s
+    while not stop.is_set() and time.monotonic() < deadline:
+        if published(0.2):
+            break
+    if stop.is_set():
+        return False
+    collect_startup_garbage()
+    release_freed_memory()
     return True

@@ -43,7 +43,6 @@ from driver.prepare.executor import DeviceState, RecoveryReport
 from driver.prepare.plan import CreateMigDevice
 from driver.sharing import SharingConfig, SharingNode
 from driver.sharing import managed_mig_uuids as sharing_mig_uuids
-from driver.startup_gc import collect_startup_garbage
 from driver.usage.attribution import UsageSampler
 from driver.usage.records import checkpoint_records
 from kubelet_plugin.bridge_check import DevicePluginWatch, check_node, check_node_when_reachable
@@ -53,7 +52,7 @@ from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import DRAIN_S, PluginServer
 from kubelet_plugin.health_events import HealthEvents
 from kubelet_plugin.measured_driver import MeasuredDriver
-from kubelet_plugin.memory import release_freed_memory
+from kubelet_plugin.memory import release_freed_memory, settle_after_start
 from kubelet_plugin.namespace_cache import WatchedNamespaces
 from kubelet_plugin.pod_groups import NOT_SERVED as POD_GROUPS_NOT_SERVED
 from kubelet_plugin.pod_groups import PodGroupResolver, join_pod
@@ -459,15 +458,13 @@ class NodePlugin:
             self._sampler_thread.join(timeout=5)
 
     def _sample_loop(self) -> None:
-        # Start-up's slice building leaves freed heap pages behind: give them back once the
-        # first publish is done, and after each sample (bursts of prepares do the same).
-        # The imports' cyclic garbage, frozen with them (driver/startup_gc.py), goes first.
+        # Start-up's slice building leaves freed heap pages behind, and its imports cyclic
+        # garbage: both go once the first publish is done (or the first sample is due), then
+        # freed pages after each sample (bursts of prepares leave them too).
         deadline = time.monotonic() + self.settings.sample_interval_s
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            if self.publisher.wait_published(0.2):
-                collect_startup_garbage()
-                release_freed_memory()
-                break
+        settle_after_start(
+            self.publisher.wait_published, self._stop, self.settings.sample_interval_s
+        )
         while not self._stop.wait(max(0.0, deadline - time.monotonic())):
             deadline = time.monotonic() + self.settings.sample_interval_s
             try:

@@ -193,18 +193,16 @@ def plan(
         b["spec"]["pool"]["resourceSliceCount"] = len(desired)
         return b
 
-    # content() ignores the generation, so each side's is computed once per slice.
-    wanted_content: dict[str, Json] = {}
-    held_content: dict[str, Json] = {}
+    # content() ignores the generation, so each slice's contents are compared once.
+    same_content: dict[str, bool] = {}
 
     def same(name: str, want: Json, gen: int) -> bool:
         old = have[name]
         if int(old["spec"]["pool"].get("generation", 0)) != gen or not owner_ok(old, node_uid):
             return False
-        if name not in wanted_content:
-            wanted_content[name] = content(want["spec"])
-            held_content[name] = content(old["spec"], like=want["spec"])
-        return held_content[name] == wanted_content[name]
+        if name not in same_content:
+            same_content[name] = content(old["spec"], like=want["spec"]) == content(want["spec"])
+        return same_content[name]
 
     wanted = {s["metadata"]["name"]: s for s in desired}
     if len(generations) == 1 and set(have) == set(wanted):

@@ -87,3 +87,42 @@ def test_the_plugins_threads_share_two_malloc_heaps() -> None:
 
 def test_an_operators_malloc_arena_max_is_left_alone() -> None:
     assert limit_arenas({"MALLOC_ARENA_MAX": "4"}) is False
+
+
+SETTLE = """
+import gc, sys, threading, weakref
+from driver import startup_gc
+from kubelet_plugin.memory import settle_after_start
+
+class Cycle:
+    def __init__(self):
+        self.me = self
+
+startup_gc.pause()
+garbage = Cycle()
+gone = weakref.ref(garbage)
+del garbage
+startup_gc.resume()  # as the executable does: the garbage is frozen with the imports
+stop = threading.Event()
+if sys.argv[1] == "stopped":
+    stop.set()
+published = {"never": lambda timeout: False, "now": lambda timeout: True}.get(sys.argv[1])
+settled = settle_after_start(published or (lambda timeout: False), stop, within_s=0.5)
+print(settled, gone() is None)
+"""
+
+
+def _settle(case: str) -> str:
+    run = subprocess.run(
+        [sys.executable, "-c", SETTLE, case], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_start_up_garbage_is_collected_once_published_or_when_the_first_sample_is_due() -> None:
+    """A plugin whose API server is down at start still lets go of what its imports left:
+    the collection waits for the first publish only until the first sample is due."""
+    assert _settle("now") == "True True"
+    assert _settle("never") == "True True"
+    assert _settle("stopped") == "False False"
