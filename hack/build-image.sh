@@ -9,7 +9,7 @@
 #   --build-arg BASE. TRANCHE_IMAGE_BASE=local|registry forces either.
 # * Output: the image localhost/tranche:<version> in buildah's storage and an OCI archive,
 #   cached in <cache root>/image-<version>-<key>/tranche-image.tar, where <key> hashes the
-#   Containerfile, pyproject.toml, README.md, the source tree (tracked and untracked files of
+#   Containerfile, pyproject.toml, README.md, LICENSE, the source tree (tracked and untracked files of
 #   driver/ proto/ kubelet_plugin/ controller/, as they are on disk) and this recipe. The archive
 #   is copied to dist/tranche-image.tar; its path is the last line of stdout.
 #
@@ -36,7 +36,7 @@ recipe="recipe=4 suite=$suite base_mode=$base_mode tag=$tag"
 sources=$(cd "$repo" && git ls-files -co --exclude-standard -- driver proto kubelet_plugin controller \
   | while read -r f; do [ -f "$f" ] && echo "$f"; done | LC_ALL=C sort)
 key=$( { echo "$recipe"; cat "$here/build-image.sh" "$repo/deploy/Containerfile" \
-          "$repo/pyproject.toml" "$repo/README.md";
+          "$repo/pyproject.toml" "$repo/README.md" "$repo/LICENSE";
         (cd "$repo" && echo "$sources" | xargs -d '\n' sha256sum); } | sha256sum | cut -c1-12)
 out="$cache_root/image-$tag-$key"
 archive="$out/tranche-image.tar"
