@@ -112,40 +112,35 @@ def test_long_header_values_are_encoded_as_the_server_decodes_them(server: Plugi
     assert reg.PluginInfo.FromString(body[5:]).name == DRIVER
 
 
-def test_a_server_that_hangs_up_fails(tmp_path: Path) -> None:
-    path = str(tmp_path / "s.sock")
+def _probe_one_shot_server(path: str, answer: bytes, match: str) -> None:
+    """Probe a socket whose server reads the request, sends ``answer`` (maybe nothing) and
+    hangs up; the probe must fail with a message matching ``match``."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(path)
         listener.listen(1)
 
-        def hang_up() -> None:
+        def serve_once() -> None:
             conn, _ = listener.accept()
-            conn.recv(1024)
+            conn.recv(4096)
+            if answer:
+                conn.sendall(answer)
             conn.close()
 
-        threading.Thread(target=hang_up, daemon=True).start()
-        with pytest.raises(socket_probe.ProbeError, match="closed the connection before"):
+        threading.Thread(target=serve_once, daemon=True).start()
+        with pytest.raises(socket_probe.ProbeError, match=match):
             socket_probe.call(path, GET_INFO, reg.InfoRequest(), reg.PluginInfo, 3)
+
+
+def test_a_server_that_hangs_up_fails(tmp_path: Path) -> None:
+    _probe_one_shot_server(str(tmp_path / "s.sock"), b"", "closed the connection before")
 
 
 def test_an_answer_that_is_not_the_message_fails(tmp_path: Path) -> None:
     # Another program on the socket, answering with a gRPC frame that is not a PluginInfo.
-    path = str(tmp_path / "s.sock")
     garbage = b"\xff\xff\xff"
     data = b"\x00" + len(garbage).to_bytes(4, "big") + garbage
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-        listener.bind(path)
-        listener.listen(1)
-
-        def answer() -> None:
-            conn, _ = listener.accept()
-            conn.recv(4096)
-            conn.sendall(socket_probe._frame(socket_probe.DATA, socket_probe.END_STREAM, 1, data))
-            conn.close()
-
-        threading.Thread(target=answer, daemon=True).start()
-        with pytest.raises(socket_probe.ProbeError, match="the answer is not a PluginInfo"):
-            socket_probe.call(path, GET_INFO, reg.InfoRequest(), reg.PluginInfo, 3)
+    answer = socket_probe._frame(socket_probe.DATA, socket_probe.END_STREAM, 1, data)
+    _probe_one_shot_server(str(tmp_path / "s.sock"), answer, "the answer is not a PluginInfo")
 
 
 def test_hpack_integers_follow_rfc_7541() -> None:
