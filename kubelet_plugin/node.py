@@ -246,14 +246,19 @@ class NodePlugin:
             refusal=self.device_plugins.refusal if self.device_plugins else None,
             pod_groups=PodGroupResolver(kube, settings.node_name, self._pod_group_version),
         )
-        self.driver = StatusWritingDriver(
-            MeasuredDriver(self.plugin_driver, metrics),
-            ClaimStatusWriter(
-                kube,
-                settings.driver_name,
-                on_error=lambda _reason: metrics.count_error("claim-status"),
-            ),
-            lambda: self.checkpoint.load()[0],
+        measured = MeasuredDriver(self.plugin_driver, metrics)
+        self.driver: StatusWritingDriver | MeasuredDriver = (
+            StatusWritingDriver(
+                measured,
+                ClaimStatusWriter(
+                    kube,
+                    settings.driver_name,
+                    on_error=lambda _reason: metrics.count_error("claim-status"),
+                ),
+                lambda: self.checkpoint.load()[0],
+            )
+            if settings.claim_status
+            else measured
         )
         self.server = PluginServer(
             settings.driver_name,
@@ -451,7 +456,8 @@ class NodePlugin:
         self.publisher.stop()
         self.namespaces.stop()
         self.runtime_errors.stop()
-        self.driver.close()
+        if isinstance(self.driver, StatusWritingDriver):
+            self.driver.close()
         self.plugin_driver.close()
         self.events.close()
         if self._sampler_thread.is_alive():

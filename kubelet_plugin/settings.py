@@ -77,6 +77,7 @@ class PluginSettings(BaseModel):
     grpc_workers: int = Field(default=DRA_WORKERS, ge=2, le=64)
     health_policy: HealthPolicy = HealthPolicy()
     device_plugin_check: bool = True
+    claim_status: bool = True
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -251,6 +252,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "on this node: both would hand out the same GPUs (default on)",
         default=True,
     )
+    add_switch(
+        p,
+        "--claim-status",
+        "write status.devices of each prepared claim: device, mode, limits, a Ready condition "
+        "(default on); off, the plugin writes no ResourceClaim",
+        default=True,
+    )
     add_switch(p, "--dry-run", "validate the configuration and print it, then exit")
 
 
@@ -307,6 +315,7 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             grpc_workers=_integer(args.grpc_workers, "--grpc-workers"),
             health_policy=parse_health_policy(args.health_policy),
             device_plugin_check=args.device_plugin_check,
+            claim_status=args.claim_status,
             log_format=args.log_format,
             log_level=args.log_level,
         )

@@ -168,6 +168,37 @@ def test_the_plugin_may_watch_nodes_only_while_it_watches_the_mig_label(helm: st
     assert verbs("namespaces", *off) == ["get", "list", "watch"]
 
 
+def test_without_claim_status_the_plugin_may_write_no_claim(
+    helm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kubeletPlugin.claimStatus: false`` turns the plugin's status writes off and takes
+    away the grant they needed, with the policy that narrowed it; on by default."""
+
+    def rendered(*args: str) -> tuple[set[str], set[str], Any]:
+        objs = render(helm, "tranche", "tranche", *args)
+        (role,) = [
+            o
+            for o in objs
+            if o["kind"] == "ClusterRole" and "kubelet-plugin" in o["metadata"]["name"]
+        ]
+        resources = {r for rule in role["rules"] for r in rule.get("resources", [])}
+        policies = {
+            o["metadata"]["name"] for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")
+        }
+        return resources, policies, _plugin_settings(objs, monkeypatch)
+
+    writes = {"resourceclaims/status", "resourceclaims/driver"}
+    status_policy = "tranche-resourceclaim-status-own-node"
+    resources, policies, settings = rendered()
+    assert writes <= resources and status_policy in policies and settings.claim_status is True
+    resources, policies, settings = rendered("--set", "kubeletPlugin.claimStatus=false")
+    assert resources & writes == set()
+    assert "resourceclaims" in resources, "claims are still read"
+    assert status_policy not in policies
+    assert "tranche-resourceslices-own-node" in policies
+    assert settings.claim_status is False
+
+
 def test_plugin_values_reach_the_plugin_as_settings_it_accepts(
     helm: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -195,6 +195,32 @@ def test_demo_examples_land_where_their_selectors_say(
     assert len(domains) == 1 and None not in domains, "both GPUs share one NVLink domain"
 
 
+def test_claim_status_is_written_unless_the_plugin_is_told_not_to(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
+) -> None:
+    quiet = sim_node(extra_args=("--no-claim-status",))
+    writing = sim_node()
+    apply_example(cluster, "one-gpu.yaml", namespace, quiet.name)
+    _prepared(quiet, namespace, "one-gpu", "gpu")
+    docs = [d for d in yaml.safe_load_all((REPO / "docs/examples/one-gpu.yaml").read_text()) if d]
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    pod["metadata"]["name"] = "one-gpu-written"
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": writing.name}
+    kubectl(cluster, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(pod))
+    _prepared(writing, namespace, "one-gpu-written", "gpu")
+
+    def status_devices(pn: PluginNode, pod_name: str) -> list[dict[str, Any]]:
+        claim = pn.claim(namespace, pn.pod_claim_name(namespace, pod_name, "gpu") or "")
+        return list(claim.get("status", {}).get("devices") or [])
+
+    (entry,) = wait_for(
+        "status.devices written", lambda: status_devices(writing, "one-gpu-written")
+    )
+    assert entry["pool"] == writing.name
+    # Prepared before the other claim, whose status has come since: none will come.
+    assert status_devices(quiet, "one-gpu") == []
+
+
 @pytest.mark.parametrize("style", ["1.33", "1.37"])
 def test_kubelets_of_old_and_new_protocol_versions_both_prepare(
     cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode], style: str
