@@ -17,6 +17,7 @@ from types import ModuleType
 
 from hack.bench import (
     attribution,
+    calibration,
     discovery,
     explain,
     fleet,
@@ -91,12 +92,15 @@ def main(argv: list[str] | None = None) -> int:
                 print("starting the control plane", flush=True)
                 lab = Lab()
             print(f"running {scenario.NAME}", flush=True)
+            speed = calibration.measure()
             try:
                 result = scenario.run(lab if scenario.NEEDS_CLUSTER else None)
             except Exception:
                 traceback.print_exc()
                 failed.append(scenario.NAME)
                 continue
+            if result.rows:  # the machine's speed before and after, next to the figures
+                result.add(calibration.row(speed + calibration.measure()))
             print(report.console(result), flush=True)
             results.append(result)
             blocks[scenario.NAME] = report.markdown(result, command, machine)
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         if lab is not None:
             lab.close()
     fresh = regression.summarize(results)
-    print(regression.report(*regression.compare(regression.committed(args.summary, REPO), fresh)))
+    print(regression.report(regression.compare(regression.committed(args.summary, REPO), fresh)))
     if blocks and not args.no_doc:
         report.update_document(args.doc, blocks)
         regression.update(args.summary, fresh)

@@ -7,6 +7,12 @@ value worse by more than :data:`TOLERANCE` (and by more than the row's absolute 
 so a 0.2 ms jitter on a 1 ms figure is not news) is reported as a regression, a value
 better by as much as an improvement. It never fails the run: this machine is shared and
 noisy, and a reading is a reason to look, not a verdict (docs/performance.md).
+
+Each scenario also records the machine's speed while it ran (:mod:`hack.bench.calibration`).
+Where both runs have it and it differs by more than the tolerance, the scenario's times
+(ms, s) are not compared, and the report says how much faster or slower the machine was:
+on a machine running at half speed every time row would read as a regression, and the
+code would not be the cause. Sizes (MiB, KiB) are compared whatever the machine's speed.
 """
 
 from __future__ import annotations
@@ -15,13 +21,15 @@ import json
 import re
 import subprocess
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from hack.bench import calibration
 from hack.bench.results import ScenarioResult
 
 TOLERANCE = 0.25  # relative change that counts as beyond noise on this machine
 FLOORS = {"ms": 0.5, "s": 0.05, "MiB": 2.0, "KiB": 16.0}  # absolute changes below: noise
+TIMES = ("ms", "s")  # units that move with the machine's speed
 _HEADLINE = re.compile(r"(?:p50\s+)?(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<u>ms|s|MiB|KiB)\b")
 
 Summary = dict[str, dict[str, dict[str, float | str | int | None]]]
@@ -67,24 +75,64 @@ class Change:
         )
 
 
-def compare(before: Summary, after: Summary) -> tuple[list[Change], list[Change]]:
-    """(regressions, improvements) beyond noise; lower is better for every headline."""
-    worse: list[Change] = []
-    better: list[Change] = []
+@dataclass
+class Comparison:
+    worse: list[Change] = field(default_factory=list)
+    better: list[Change] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # scenarios whose times were set aside
+
+
+def _value(entry: dict[str, float | str | int | None] | None) -> float | None:
+    if entry is None or entry.get("unit") != "ms":
+        return None
+    value = float(str(entry["value"]))
+    return value if value > 0 else None
+
+
+def machine_factor(
+    before: dict[str, dict[str, float | str | int | None]],
+    after: dict[str, dict[str, float | str | int | None]],
+) -> float | None:
+    """How many times slower the machine ran this scenario than at the committed run (from
+    the calibration rows); None when either run has none."""
+    then, now = _value(before.get(calibration.METRIC)), _value(after.get(calibration.METRIC))
+    if then is None or now is None:
+        return None
+    return now / then
+
+
+def compare(before: Summary, after: Summary) -> Comparison:
+    """Regressions and improvements beyond noise; lower is better for every headline. A
+    scenario whose machine ran at another speed has its times set aside (a note says so)."""
+    out = Comparison()
     for scenario, rows in after.items():
+        factor = machine_factor(before.get(scenario, {}), rows)
+        other_speed = factor is not None and not 1 / (1 + TOLERANCE) <= factor <= 1 + TOLERANCE
+        set_aside = 0
         for metric, now in rows.items():
             then = before.get(scenario, {}).get(metric)
-            if then is None or then.get("unit") != now.get("unit"):
+            if metric == calibration.METRIC or then is None or then.get("unit") != now.get("unit"):
                 continue
             old, new, unit = float(str(then["value"])), float(str(now["value"])), str(now["unit"])
+            if other_speed and unit in TIMES:
+                set_aside += 1
+                continue
             if abs(new - old) < FLOORS.get(unit, 0.0) or old <= 0:
                 continue
             change = Change(scenario, metric, old, new, unit)
             if new > old * (1 + TOLERANCE):
-                worse.append(change)
+                out.worse.append(change)
             elif new < old * (1 - TOLERANCE):
-                better.append(change)
-    return worse, better
+                out.better.append(change)
+        if other_speed and factor is not None:
+            speed = f"{factor:.2f}x slower" if factor > 1 else f"{1 / factor:.2f}x faster"
+            out.notes.append(
+                f"{scenario}: the machine ran {speed} than at the committed run (calibration "
+                f"{_value(before[scenario][calibration.METRIC]):g} -> "
+                f"{_value(rows[calibration.METRIC]):g} ms): its {set_aside} time rows are not "
+                "compared, its sizes are; compare its times on a machine as fast"
+            )
+    return out
 
 
 def committed(path: Path, repo: Path) -> Summary:
@@ -110,10 +158,14 @@ def update(path: Path, fresh: Summary) -> None:
     path.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
 
 
-def report(worse: list[Change], better: list[Change]) -> str:
-    if not worse and not better:
+def report(comparison: Comparison) -> str:
+    worse, better, notes = comparison.worse, comparison.better, comparison.notes
+    if not worse and not better and not notes:
         return "compared with the last committed run: no change beyond noise"
     lines = ["compared with the last committed run (a report, not a verdict):"]
     lines += [f"  REGRESSION {c.describe()}" for c in worse]
     lines += [f"  improvement {c.describe()}" for c in better]
+    lines += [f"  not compared: {n}" for n in notes]
+    if not worse and not better:
+        lines.append("  no other change beyond noise")
     return "\n".join(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hack.bench import regression, report
+from hack.bench import calibration, regression, report
 from hack.bench.__main__ import SCENARIOS
 from hack.bench.results import Row, ScenarioResult, median, percentile, timing
 
@@ -86,10 +86,11 @@ def test_a_slowdown_beyond_noise_is_reported_and_jitter_is_not(tmp_path: Path) -
             )
         ]
     )
-    worse, better = regression.compare(before, after)
+    comparison = regression.compare(before, after)
+    worse, better = comparison.worse, comparison.better
     assert [(c.metric, c.before, c.after) for c in worse] == [("Prepare", 4.0, 6.2)]
     assert [(c.metric, c.unit) for c in better] == [("RSS idle", "MiB")]
-    text = regression.report(worse, better)
+    text = regression.report(comparison)
     assert "REGRESSION prepare: Prepare: 4 ms -> 6.2 ms (+55%" in text
     # the file keeps the scenarios a run did not touch
     path = tmp_path / "summary.json"
@@ -103,3 +104,46 @@ def test_a_scenario_that_cannot_run_says_why_and_reports_no_rows() -> None:
     assert result.not_run("entering the image needs root.") is result
     assert result.notes == ["Not run: entering the image needs root."]
     assert result.rows == []
+
+
+def test_times_measured_on_a_machine_of_another_speed_are_not_compared() -> None:
+    """A machine at half speed doubles every time; the report must not blame the code for it,
+    nor credit the code when the machine is faster; sizes still count."""
+
+    def run(prepare_ms: float, rss_mib: float, machine_ms: float) -> regression.Summary:
+        return regression.summarize(
+            [
+                _result(
+                    "prepare",
+                    timing("Prepare", [prepare_ms / 1000] * 9),
+                    Row("RSS idle", f"{rss_mib} MiB"),
+                    calibration.row([machine_ms / 1000] * 7),
+                )
+            ]
+        )
+
+    committed = run(4.0, 60.0, 10.0)
+    slow = regression.compare(committed, run(8.0, 80.0, 20.0))
+    assert slow.worse and [c.metric for c in slow.worse] == ["RSS idle"]
+    assert slow.notes == [
+        "prepare: the machine ran 2.00x slower than at the committed run (calibration 10 -> "
+        "20 ms): its 1 time rows are not compared, its sizes are; compare its times on a "
+        "machine as fast"
+    ]
+    assert "not compared: prepare: the machine ran 2.00x slower" in regression.report(slow)
+    fast = regression.compare(committed, run(2.0, 60.0, 5.0))
+    assert fast.better == [] and "2.00x faster" in fast.notes[0]
+    # At the same speed (within the tolerance) the times are compared as before.
+    same = regression.compare(committed, run(8.0, 60.0, 11.0))
+    assert [c.metric for c in same.worse] == ["Prepare"] and same.notes == []
+    # A committed run without the calibration: compared as before too.
+    old = regression.summarize([_result("prepare", timing("Prepare", [0.004] * 9))])
+    assert [c.metric for c in regression.compare(old, run(8.0, 60.0, 20.0)).worse] == ["Prepare"]
+
+
+def test_the_calibration_is_fixed_work_that_takes_measurable_time() -> None:
+    rounds = calibration.measure(rounds=3)
+    assert len(rounds) == 3 and all(0 < r < 5 for r in rounds)
+    row = calibration.row(rounds)
+    assert row.metric == calibration.METRIC and row.samples == 3
+    assert regression.headline(row.value) is not None
