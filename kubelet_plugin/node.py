@@ -472,7 +472,6 @@ class NodePlugin:
             self.publisher.wait_published, self._stop, self.settings.sample_interval_s
         )
         self._make_spares()
-        release_freed_memory()  # what making them freed, before the first sample is due
         while not self._stop.wait(max(0.0, deadline - time.monotonic())):
             deadline = time.monotonic() + self.settings.sample_interval_s
             try:
