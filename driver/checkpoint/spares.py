@@ -18,7 +18,7 @@ A spare is filled only once its rename is on disk (a later ``fsync`` of the dire
 is being filled, the ended claim's old name would hold the new claim's bytes, and the next
 start would report it as corrupt.
 
-Spares are also made ahead (:func:`create`, :meth:`SpareFiles.reserve` and
+Spares are also made ahead (:func:`create`, :meth:`SpareFiles.new_paths` and
 :meth:`SpareFiles.add_made`): empty files created while the node is quiet, so that a burst
 of prepares (pods starting together, more claims than recently ended ones) fills spares
 instead of creating a file under the node lock for each claim. A spare made ahead never had
@@ -76,9 +76,8 @@ class SpareFiles:
         # Two plugin pods without the host's PID namespace may both be PID 1.
         self._prefix = f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
         self._names = itertools.count()
-        # Spares by number (their paths are made when used: 256 paths would hold 67 KiB).
-        self._settling: list[int] = []  # renamed since the directory's last fsync
-        self._spares: list[int] = []  # renames on disk: ready to fill
+        self._settling: list[Path] = []  # renamed since the directory's last fsync
+        self._spares: list[Path] = []  # renames on disk: ready to fill
 
     def __len__(self) -> int:
         return len(self._settling) + len(self._spares)
@@ -88,23 +87,19 @@ class SpareFiles:
         self._settling.clear()
         self._spares.clear()
 
-    def path(self, number: int) -> Path:
-        return self.directory / f"{self._prefix}{number}"
-
-    def reserve(self, most: int) -> list[int]:
-        """Numbers for up to ``most`` spares to make ahead, as many as the limit leaves room
-        for (:meth:`path` names each)."""
+    def new_paths(self, most: int) -> list[Path]:
+        """Names for up to ``most`` spares to make ahead, as many as the limit leaves room for."""
         room = max(0, min(most, self.limit - len(self)))
-        return [next(self._names) for _ in range(room)]
+        return [self.directory / f"{self._prefix}{next(self._names)}" for _ in range(room)]
 
-    def add_made(self, made: list[int]) -> None:
+    def add_made(self, made: list[Path]) -> None:
         """Spares made ahead (:func:`create`: their creation is on disk) are ready to fill;
         those beyond the limit (claims ended meanwhile) are deleted."""
-        for number in made:
+        for path in made:
             if len(self) < self.limit:
-                self._spares.append(number)
+                self._spares.append(path)
             else:
-                self.path(number).unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
 
     def settled(self) -> None:
         """The directory was fsynced: every spare renamed before is ready to fill."""
@@ -119,12 +114,12 @@ class SpareFiles:
         if len(self) >= self.limit:
             path.unlink(missing_ok=True)
             return
-        number = next(self._names)
+        spare = self.directory / f"{self._prefix}{next(self._names)}"
         try:
-            path.rename(self.path(number))
+            path.rename(spare)
         except FileNotFoundError:
             return
-        self._settling.append(number)
+        self._settling.append(spare)
 
     def write(
         self,
@@ -138,7 +133,7 @@ class SpareFiles:
         the directory is fsynced after it (the caller then calls :meth:`settled`).
         """
         while self._spares:
-            spare = self.path(self._spares.pop())
+            spare = self._spares.pop()
             try:
                 fd = os.open(spare, os.O_WRONLY)
             except FileNotFoundError:

@@ -456,10 +456,10 @@ class Checkpoint:
         the mutex (each costs a new inode), so prepares in progress do not wait for them.
         An OSError (none could be made) is the caller's to log; nothing is lost by it."""
         with self._mutex:
-            numbers = self._spares.reserve(most)
-        made = spares.create([self._spares.path(n) for n in numbers]) if numbers else []
+            paths = self._spares.new_paths(most)
+        made = spares.create(paths) if paths else []
         with self._mutex:
-            self._spares.add_made(numbers[: len(made)])  # made in order, up to a failure
+            self._spares.add_made(made)
         return len(made)
 
     def remove(self, uid: str, ended: AllocationRecord | None = None) -> None:

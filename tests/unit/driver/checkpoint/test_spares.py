@@ -153,11 +153,10 @@ def test_spares_made_ahead_stay_within_the_limit_and_a_start_up_sweeps_them(
 def test_spares_made_ahead_that_would_pass_the_limit_are_deleted(tmp_path: Path) -> None:
     """Claims that ended while a batch was being made filled the pool meanwhile."""
     spares = SpareFiles(tmp_path, limit=2)
-    numbers = spares.reserve(2)
+    paths = spares.new_paths(2)
     for i in range(2):  # two claims end meanwhile
         (tmp_path / f"c{i}.json").write_bytes(b"{}")
         spares.keep(tmp_path / f"c{i}.json")
-    paths = create([spares.path(n) for n in numbers])
-    spares.add_made(numbers)
+    spares.add_made(create(paths))
     assert len(spares) == 2
     assert not any(p.exists() for p in paths)
