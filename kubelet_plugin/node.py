@@ -471,7 +471,6 @@ class NodePlugin:
         settle_after_start(
             self.publisher.wait_published, self._stop, self.settings.sample_interval_s
         )
-        self._make_spares()
         while not self._stop.wait(max(0.0, deadline - time.monotonic())):
             deadline = time.monotonic() + self.settings.sample_interval_s
             try:
@@ -479,21 +478,7 @@ class NodePlugin:
             except Exception as e:  # the loop must outlive any one bad sample
                 log.exception("usage sample failed node=%s error=%s", self.settings.node_name, e)
                 self.metrics.count_error(error_reason(e))
-            self._make_spares()
             release_freed_memory()
-
-    def _make_spares(self) -> None:
-        """Empty checkpoint files made ahead, so that a burst of prepares fills them instead of
-        creating a file under the node lock for each claim (``driver/checkpoint/spares.py``);
-        a batch at a time, until the checkpoint has its fill."""
-        try:
-            while not self._stop.is_set() and self.checkpoint.make_spares():
-                pass
-        except OSError as e:  # the prepares create their files then, as without spares
-            log.warning(
-                "checkpoint spare files not made node=%s error=%s", self.settings.node_name, e
-            )
-            self.metrics.count_error("checkpoint")
 
     def probe_paths(self) -> tuple[str, str]:
         return self.server.registration_socket, self.server.endpoint

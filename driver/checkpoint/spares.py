@@ -17,13 +17,6 @@ A spare is filled only once its rename is on disk (a later ``fsync`` of the dire
 :meth:`SpareFiles.settled`): were the machine to crash while a spare whose rename was lost
 is being filled, the ended claim's old name would hold the new claim's bytes, and the next
 start would report it as corrupt.
-
-Spares are also made ahead (:func:`create`, :meth:`SpareFiles.new_paths` and
-:meth:`SpareFiles.add_made`): empty files created while the node is quiet, so that a burst
-of prepares (pods starting together, more claims than recently ended ones) fills spares
-instead of creating a file under the node lock for each claim. A spare made ahead never had
-another name, so it is ready once its creation is on disk (one ``fsync`` of the directory
-for the batch).
 """
 
 from __future__ import annotations
@@ -36,8 +29,7 @@ from pathlib import Path
 from driver.checkpoint.files import fsync_directory
 from driver.faults import NO_FAULTS, FaultPoints
 
-DEFAULT_LIMIT = 256  # about a burst's worth of claims; each an empty inode at rest
-MAKE_BATCH = 64  # spares made ahead at one time (0.35 ms of kernel time each here)
+DEFAULT_LIMIT = 64
 PREFIX = ".spare-"
 
 
@@ -45,26 +37,6 @@ def sweep(directory: Path) -> None:
     """Delete the spares every process left in ``directory`` (call under the node lock)."""
     for spare in directory.glob(f"{PREFIX}*"):
         spare.unlink(missing_ok=True)
-
-
-def create(paths: list[Path]) -> list[Path]:
-    """Create ``paths`` as empty files, then fsync their directory once; the ones made.
-
-    A failure (a full disk, say) stops the batch: the files made before it are returned,
-    the error is raised only when none was made.
-    """
-    made: list[Path] = []
-    for path in paths:
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        except OSError:
-            if not made:
-                raise
-            break
-        made.append(path)
-    if made:
-        fsync_directory(made[0].parent)
-    return made
 
 
 class SpareFiles:
@@ -86,20 +58,6 @@ class SpareFiles:
         """The spares were deleted (a sweep of temporaries): use none of them."""
         self._settling.clear()
         self._spares.clear()
-
-    def new_paths(self, most: int) -> list[Path]:
-        """Names for up to ``most`` spares to make ahead, as many as the limit leaves room for."""
-        room = max(0, min(most, self.limit - len(self)))
-        return [self.directory / f"{self._prefix}{next(self._names)}" for _ in range(room)]
-
-    def add_made(self, made: list[Path]) -> None:
-        """Spares made ahead (:func:`create`: their creation is on disk) are ready to fill;
-        those beyond the limit (claims ended meanwhile) are deleted."""
-        for path in made:
-            if len(self) < self.limit:
-                self._spares.append(path)
-            else:
-                path.unlink(missing_ok=True)
 
     def settled(self) -> None:
         """The directory was fsynced: every spare renamed before is ready to fill."""

@@ -450,18 +450,6 @@ class Checkpoint:
                 self._view.set_claim(uid, record.model_copy())
                 self._view.boot_ids[uid] = self.boot_id
 
-    def make_spares(self, most: int = spares.MAKE_BATCH) -> int:
-        """Create up to ``most`` empty spare files for the next claim files, while the node is
-        quiet (``driver.checkpoint.spares``); the number made. The files are created outside
-        the mutex (each costs a new inode), so prepares in progress do not wait for them.
-        An OSError (none could be made) is the caller's to log; nothing is lost by it."""
-        with self._mutex:
-            paths = self._spares.new_paths(most)
-        made = spares.create(paths) if paths else []
-        with self._mutex:
-            self._spares.add_made(made)
-        return len(made)
-
     def remove(self, uid: str, ended: AllocationRecord | None = None) -> None:
         """Forget a claim; ``ended`` (its allocation record, ended) goes to the history."""
         with self._mutex:

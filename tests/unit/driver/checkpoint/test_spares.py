@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.checkpoint.spares import PREFIX, SpareFiles, create
+from driver.checkpoint.spares import PREFIX, SpareFiles
 from driver.checkpoint.store import Checkpoint, ClaimRecord
 from driver.faults import FaultPoints
 from tests.unit.driver.checkpoint.test_store import ended, record, started
@@ -111,52 +111,3 @@ def test_spares_are_bounded(tmp_path: Path) -> None:
     assert len(spares) == 2
     assert len(list(tmp_path.glob(f"{PREFIX}*"))) == 2
     assert not list(tmp_path.glob("c*.json"))  # the third deleted
-
-
-def test_spares_made_ahead_serve_a_burst_of_claims_without_new_files(tmp_path: Path) -> None:
-    """More claims than ended ones (pods starting together): each claim file is a spare made
-    while the node was quiet, filled in place, whole when read back."""
-    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
-    cp.put(completed("u-first"))  # the directory exists
-    assert cp.make_spares(most=3) == 3
-    made = {p.stat().st_ino: p.name for p in spares_in(tmp_path)}
-    assert len(made) == 3 and all(p.stat().st_size == 0 for p in spares_in(tmp_path))
-    for uid in ("u1", "u2", "u3", "u4"):
-        cp.put(started(uid))
-        cp.put(completed(uid))
-    inodes = {claim_file(tmp_path, uid).stat().st_ino for uid in ("u1", "u2", "u3", "u4")}
-    assert len(inodes & set(made)) == 3, "three claims filled the spares, the fourth made a file"
-    assert spares_in(tmp_path) == []
-    assert Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load()[0].claims == {
-        uid: completed(uid) for uid in ("u-first", "u1", "u2", "u3", "u4")
-    }
-
-
-def test_spares_made_ahead_stay_within_the_limit_and_a_start_up_sweeps_them(
-    tmp_path: Path,
-) -> None:
-    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
-    cp.put(completed("u0"))
-    cp._spares.limit = 5  # a small limit, for the test
-    assert cp.make_spares(most=3) == 3
-    assert cp.make_spares(most=3) == 2
-    assert cp.make_spares(most=3) == 0
-    assert len(spares_in(tmp_path)) == 5
-    cp.remove("u0", ended("u0", 2.0))  # the pool is full: the ended claim's file is deleted
-    assert len(spares_in(tmp_path)) == 5 and not claim_file(tmp_path, "u0").exists()
-    Checkpoint(tmp_path / "checkpoint.json", boot_id="b").remove_temporaries()
-    assert spares_in(tmp_path) == []
-    cp.put(completed("u1"))  # its spares gone: a new file, nothing lost
-    assert states(tmp_path) == {"u1": "PrepareCompleted"}
-
-
-def test_spares_made_ahead_that_would_pass_the_limit_are_deleted(tmp_path: Path) -> None:
-    """Claims that ended while a batch was being made filled the pool meanwhile."""
-    spares = SpareFiles(tmp_path, limit=2)
-    paths = spares.new_paths(2)
-    for i in range(2):  # two claims end meanwhile
-        (tmp_path / f"c{i}.json").write_bytes(b"{}")
-        spares.keep(tmp_path / f"c{i}.json")
-    spares.add_made(create(paths))
-    assert len(spares) == 2
-    assert not any(p.exists() for p in paths)
