@@ -15,6 +15,8 @@ from pathlib import Path
 
 from driver.errors import ConfigError
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 _ADDRESS = re.compile(r"^(?P<host>[^:]*|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
 
 
@@ -48,12 +50,18 @@ def add_switch(
     default: bool = False,
     env: Mapping[str, str] | None = None,
 ) -> None:
-    """A boolean flag; the twin accepts ``1/true/yes/on`` and ``0/false/no/off``."""
+    """A boolean flag; the twin accepts ``1/true/yes/on`` and ``0/false/no/off``, and any
+    other value is a ConfigError naming it (a typo must not turn a safety check off)."""
     environ = os.environ if env is None else env
     name = env_name(flag)
     raw = environ.get(name, "").strip().lower()
     if raw:
-        default = raw in {"1", "true", "yes", "on"}
+        if raw not in _TRUE | _FALSE:
+            raise ConfigError(
+                f"{name}={environ[name]!r} (the twin of {flag}) is neither on "
+                f"({', '.join(sorted(_TRUE))}) nor off ({', '.join(sorted(_FALSE))})"
+            )
+        default = raw in _TRUE
     parser.add_argument(
         flag, action=argparse.BooleanOptionalAction, default=default, help=f"{help} [env {name}]"
     )

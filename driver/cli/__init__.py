@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 from driver import startup_gc
+from driver.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ def main(argv: Sequence[str] | None = None, *, process_start: bool = False) -> i
     try:
         parser = build_parser(load_commands(first))
         args = parser.parse_args(argv)
+    except ConfigError as e:  # an environment twin's value, read while the flags are added
+        print(f"tranche: {e}", file=sys.stderr)
+        return 2
     finally:
         if process_start:
             startup_gc.resume()
