@@ -89,24 +89,15 @@ def _value(entry: dict[str, float | str | int | None] | None) -> float | None:
     return value if value > 0 else None
 
 
-def machine_factor(
-    before: dict[str, dict[str, float | str | int | None]],
-    after: dict[str, dict[str, float | str | int | None]],
-) -> float | None:
-    """How many times slower the machine ran this scenario than at the committed run (from
-    the calibration rows); None when either run has none."""
-    then, now = _value(before.get(calibration.METRIC)), _value(after.get(calibration.METRIC))
-    if then is None or now is None:
-        return None
-    return now / then
-
-
 def compare(before: Summary, after: Summary) -> Comparison:
     """Regressions and improvements beyond noise; lower is better for every headline. A
     scenario whose machine ran at another speed has its times set aside (a note says so)."""
     out = Comparison()
     for scenario, rows in after.items():
-        factor = machine_factor(before.get(scenario, {}), rows)
+        # The calibration rows (ms of fixed work) of both runs; None where a run has none.
+        then_cal = _value(before.get(scenario, {}).get(calibration.METRIC))
+        now_cal = _value(rows.get(calibration.METRIC))
+        factor = now_cal / then_cal if then_cal and now_cal else None
         other_speed = factor is not None and not 1 / (1 + TOLERANCE) <= factor <= 1 + TOLERANCE
         set_aside = 0
         for metric, now in rows.items():
@@ -128,8 +119,7 @@ def compare(before: Summary, after: Summary) -> Comparison:
             speed = f"{factor:.2f}x slower" if factor > 1 else f"{1 / factor:.2f}x faster"
             out.notes.append(
                 f"{scenario}: the machine ran {speed} than at the committed run (calibration "
-                f"{_value(before[scenario][calibration.METRIC]):g} -> "
-                f"{_value(rows[calibration.METRIC]):g} ms): its {set_aside} time rows are not "
+                f"{then_cal:g} -> {now_cal:g} ms): its {set_aside} time rows are not "
                 "compared, its sizes are; compare its times on a machine as fast"
             )
     return out
