@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from driver.devices.inventory import build_inventory
 from driver.nvml.sim import open_simulated
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
+from hack.bench import go_kubelet
 from hack.bench.claims import TIME_SLICING, Wanted, create_allocated
 from hack.bench.lab import RESOURCE_V1, BenchNode, Lab, plugin_pid, request_json
 from hack.bench.machine import cpu_seconds, rss_bytes, wait_idle
@@ -28,6 +29,7 @@ SINGLE_RUNS = 200
 BURST = 240
 CONCURRENCY = 16
 MIB = 1 << 20
+KUBELET_CLIENT = "the kubelet's gRPC client"
 
 
 def _mib(n: int) -> str:
@@ -62,6 +64,62 @@ def run(lab: Lab | None) -> ScenarioResult:
     )
     measure(lab, lab.node("prep"), "bench-prepare", result)
     return result
+
+
+def go_rows(
+    lab: Lab,
+    bench: BenchNode,
+    result: ScenarioResult,
+    *,
+    socket: str,
+    namespace: str,
+    gpus: list[str],
+) -> None:
+    """The single claim and a burst again, as the kubelet's own gRPC client makes the calls
+    (:mod:`hack.bench.go_kubelet`), after the Python client's rows (and its RSS readings)."""
+    client = go_kubelet.build()
+    pid = plugin_pid(bench.node)
+    (single,) = create_allocated(lab.api, namespace, bench.name, [Wanted("single-k", gpus[0])])
+    wait_idle(pid)  # the Python client's status writes done, the claim's creation digested
+    go = go_kubelet.call(client, socket, "single", [single], warmup=WARMUP, rounds=SINGLE_RUNS)
+    wait_idle(pid)  # the claim's status writes, which wait for the calls to pause, done
+    empty = go_kubelet.call(client, socket, "empty", warmup=WARMUP, rounds=SINGLE_RUNS)
+    wanted = [Wanted(f"k-{i:03d}", gpus[i % len(gpus)], TIME_SLICING) for i in range(BURST)]
+    claims = create_allocated(lab.api, namespace, bench.name, wanted)
+    wait_idle(pid)
+    burst = go_kubelet.call(client, socket, "burst", claims, concurrency=CONCURRENCY)
+    p99 = percentile(go.prepare, 99)
+    result.add(
+        Row(
+            f"Prepare, one whole-GPU claim, {KUBELET_CLIENT}",
+            f"p50 {ms(median(go.prepare))}, p99 {ms(p99)}",
+            len(go.prepare),
+            "p50 < 3.00 ms, p99 < 6.00 ms",
+            median(go.prepare) < 0.003 and p99 < 0.006,
+        )
+    )
+    result.add(timing(f"Unprepare, one whole-GPU claim, {KUBELET_CLIENT}", go.unprepare, 0.001))
+    result.add(
+        timing(f"A call with no claims (the gRPC round trip), {KUBELET_CLIENT}", empty.unprepare)
+    )
+    result.add(
+        Row(
+            f"Burst: {BURST} claims prepared, {CONCURRENCY} calls in flight (wall), "
+            f"{KUBELET_CLIENT}",
+            ms(burst.prepare_wall),
+            BURST,
+            "< 900 ms",
+            burst.prepare_wall < 0.9,
+        )
+    )
+    result.add(timing(f"Burst: latency of each prepare call, {KUBELET_CLIENT}", burst.prepare))
+    result.add(
+        Row(
+            f"Burst: {BURST} claims unprepared (wall), {KUBELET_CLIENT}",
+            ms(burst.unprepare_wall),
+            BURST,
+        )
+    )
 
 
 def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioResult) -> None:
@@ -151,6 +209,7 @@ def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioRes
             f"{len(claim_files)} files, {checkpoint_kib:.0f} KiB",
         )
     )
+    go_rows(lab, bench, result, socket=conn.registration.endpoint, namespace=namespace, gpus=gpus)
     reads = []
     for _ in range(SINGLE_RUNS // 4):
         t0 = time.perf_counter()
@@ -180,7 +239,13 @@ def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioRes
         )
     )
     result.setup.append(
-        f"The benchmark plays a 1.37 kubelet on the plugin's gRPC socket (`v1.DRAPlugin`). "
+        f"The benchmark plays a 1.37 kubelet on the plugin's gRPC socket (`v1.DRAPlugin`), "
+        f"first with the Python client of `hack.kubeletsim` (grpcio, whose own work adds to "
+        f"each call), then, in the rows that say so, with {KUBELET_CLIENT}: grpc-go and the "
+        f"stubs of the upstream `k8s.io/kubelet` v0.37.2 module, as the kubelet makes its calls "
+        f"(`hack/kubeletclient`, built by `hack/build-kubeletclient.sh`), on a claim and 240 "
+        f"claims of its own after the RSS readings; a call with no claims is "
+        f"`NodeUnprepareResources` with an empty list. "
         f"Claims are created by the admin client and allocated by writing `status.allocation` "
         f"through the status subresource (no scheduler), in a namespace labelled trust level "
         f"`shared`. Single claim: one whole GPU, no config, prepared then unprepared "
