@@ -32,7 +32,7 @@ from hack.bench import (
     showback,
 )
 from hack.bench.lab import Lab
-from hack.bench.machine import REPO, describe
+from hack.bench.machine import REPO, cpu_ticks, describe, share_row
 from hack.bench.results import ScenarioResult
 from hack.bytecode import compile_bytecode
 
@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 lab = Lab()
             print(f"running {scenario.NAME}", flush=True)
             speed = calibration.measure()
+            ticks = cpu_ticks()
             try:
                 result = scenario.run(lab if scenario.NEEDS_CLUSTER else None)
             except Exception:
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(scenario.NAME)
                 continue
             if result.rows:  # the machine's speed before and after, next to the figures
+                result.add(share_row(ticks, cpu_ticks()))
                 result.add(calibration.row(speed + calibration.measure()))
             print(report.console(result), flush=True)
             results.append(result)

@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from hack.bench.results import Row
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -65,18 +67,36 @@ def cpu_seconds(pid: int) -> float:
     return _cpu_ticks(pid) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_ticks() -> list[int]:
+    """Every CPU's time so far, by kind (the first line of ``/proc/stat``: user, nice,
+    system, idle, iowait, irq, softirq, steal, ...)."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
 def _machine_busy(interval_s: float) -> float:
     """The share of every CPU's time spent busy over ``interval_s`` (``/proc/stat``)."""
-
-    def ticks() -> list[int]:
-        with open("/proc/stat") as f:
-            return [int(x) for x in f.readline().split()[1:]]
-
-    before = ticks()
+    before = cpu_ticks()
     time.sleep(interval_s)
-    spent = [b - a for a, b in zip(before, ticks(), strict=True)]
+    spent = [b - a for a, b in zip(before, cpu_ticks(), strict=True)]
     idle = spent[3] + spent[4]  # idle, iowait
     return 1.0 - idle / max(1, sum(spent))
+
+
+STOLEN_METRIC = "Machine: CPU time busy, and taken by the hypervisor (steal), during the scenario"
+
+
+def share_row(before: list[int], after: list[int]) -> Row:
+    """How busy the machine's CPUs were between two :func:`cpu_ticks` readings, and how much
+    of their time the hypervisor gave to other machines (``steal``: this machine's CPUs
+    wanted to run and could not). A scenario whose steal is high ran on a contended host."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    total = max(1, sum(spent[:8]))  # guest time is counted in user already
+    idle = spent[3] + spent[4]
+    steal = spent[7] if len(spent) > 7 else 0
+    return Row(
+        STOLEN_METRIC, f"busy {100 * (1 - idle / total):.0f} %, steal {100 * steal / total:.1f} %"
+    )
 
 
 def wait_idle(pid: int, timeout_s: float = 120.0) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from hack.bench import calibration, regression, report
 from hack.bench.__main__ import SCENARIOS
+from hack.bench.machine import share_row
 from hack.bench.results import Row, ScenarioResult, median, percentile, timing
 
 
@@ -147,3 +148,12 @@ def test_the_calibration_is_fixed_work_that_takes_measurable_time() -> None:
     row = calibration.row(rounds)
     assert row.metric == calibration.METRIC and row.samples == 3
     assert regression.headline(row.value) is not None
+
+
+def test_the_machine_row_says_how_busy_the_cpus_were_and_how_much_the_hypervisor_took() -> None:
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    before = [1000, 0, 200, 5000, 10, 0, 5, 40, 0, 0]
+    after = [1300, 0, 260, 5570, 20, 0, 5, 100, 0, 0]  # 1,000 ticks: 420 not idle, 60 stolen
+    row = share_row(before, after)
+    assert row.value == "busy 42 %, steal 6.0 %"
+    assert regression.headline(row.value) is None  # a machine row, never compared as a time
