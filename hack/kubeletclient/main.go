@@ -136,29 +136,24 @@ func refs(cl claim) []*drapb.Claim {
 func prepare(c drapb.DRAPluginClient, cl claim) float64 {
 	return timed("NodePrepareResources "+cl.Namespace+"/"+cl.Name, func(ctx context.Context) (string, error) {
 		resp, err := c.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: refs(cl)})
-		if err != nil {
-			return "", err
-		}
-		if r := resp.GetClaims()[cl.UID]; r == nil {
-			return "no answer for the claim", nil
-		} else {
-			return r.GetError(), nil
-		}
+		return claimError(resp.GetClaims(), cl.UID), err
 	})
 }
 
 func unprepare(c drapb.DRAPluginClient, cl claim) float64 {
 	return timed("NodeUnprepareResources "+cl.Namespace+"/"+cl.Name, func(ctx context.Context) (string, error) {
 		resp, err := c.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: refs(cl)})
-		if err != nil {
-			return "", err
-		}
-		if r := resp.GetClaims()[cl.UID]; r == nil {
-			return "no answer for the claim", nil
-		} else {
-			return r.GetError(), nil
-		}
+		return claimError(resp.GetClaims(), cl.UID), err
 	})
+}
+
+// claimError is the error a plugin answered for the claim uid ("" when it succeeded).
+func claimError[A interface{ GetError() string }](answers map[string]A, uid string) string {
+	answer, ok := answers[uid]
+	if !ok {
+		return "no answer for the claim"
+	}
+	return answer.GetError()
 }
 
 // timed makes one call under the kubelet's deadline and returns its latency in seconds;
