@@ -6,8 +6,11 @@ Usage (billing) series are counters kept in a :class:`UsageCollector`:
   ``tranche_claim_gpu_memory_byte_seconds_total`` (labels ``namespace, claim,
   tenant``), dropped ``claim_retention_s`` after the claim's last increment;
 * per namespace and tenant ``tranche_tenant_gpu_*`` with the same values summed,
-  never dropped (bounded by the namespaces and tenants seen on the node). These
-  are what a bill should read: a claim's final value is in them for good;
+  dropped ``tenant_retention_s`` (seven days) after their last increment, so that they
+  are bounded by the namespaces and tenants active on the node that week, not by every
+  one it ever served. These are what a bill should read: a claim's final value stays in
+  them for a week after the claim's own series is gone, and a tenant that comes back
+  later starts again from zero, which ``increase()`` reads as a counter reset;
 * per device ``tranche_device_{held,idle,unattributed}_seconds_total`` and the
   gauge ``tranche_device_idle_ratio`` (label ``uuid``): a GPU's for the life of the
   process, a MIG device's (``MIG-`` UUID) dropped ``claim_retention_s`` after its last
@@ -37,6 +40,7 @@ from driver.nvml.types import is_mig_uuid
 from driver.usage.attribution import IntervalUsage
 
 DEFAULT_CLAIM_RETENTION_S = 3600.0
+DEFAULT_TENANT_RETENTION_S = 7 * 24 * 3600.0
 
 
 @dataclass
@@ -72,11 +76,17 @@ _TENANT_LABELS = ["namespace", "tenant"]
 class UsageCollector(Collector):
     """Accumulates :class:`IntervalUsage` increments and exports them as counters."""
 
-    def __init__(self, claim_retention_s: float = DEFAULT_CLAIM_RETENTION_S) -> None:
+    def __init__(
+        self,
+        claim_retention_s: float = DEFAULT_CLAIM_RETENTION_S,
+        tenant_retention_s: float = DEFAULT_TENANT_RETENTION_S,
+    ) -> None:
         self._retention = claim_retention_s
+        self._tenant_retention = tenant_retention_s
         self._lock = threading.Lock()
         self._claims: dict[str, _ClaimSeries] = {}
         self._tenants: dict[tuple[str, str], _Totals] = {}
+        self._tenant_seen: dict[tuple[str, str], float] = {}
         self._devices: dict[str, _DeviceSeries] = {}
 
     def add(self, usage: IntervalUsage) -> None:
@@ -88,6 +98,7 @@ class UsageCollector(Collector):
                     self._claims[inc.claim_uid] = series
                 series.last_seen = usage.end
                 tenant = self._tenants.setdefault((inc.namespace, inc.tenant), _Totals())
+                self._tenant_seen[(inc.namespace, inc.tenant)] = usage.end
                 for totals in (series.totals, tenant):
                     totals.allocated_s += inc.allocated_s
                     totals.measured_s += inc.measured_s
@@ -107,6 +118,9 @@ class UsageCollector(Collector):
                 u for u, d in self._devices.items() if d.last_seen < horizon and is_mig_uuid(u)
             ]:
                 del self._devices[uuid]
+            tenant_horizon = usage.end - self._tenant_retention
+            for key in [k for k, seen in self._tenant_seen.items() if seen < tenant_horizon]:
+                del self._tenants[key], self._tenant_seen[key]
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -229,8 +243,9 @@ class Metrics:
         registry: CollectorRegistry,
         claim_retention_s: float = DEFAULT_CLAIM_RETENTION_S,
         log_dropped: Callable[[], int] | None = None,
+        tenant_retention_s: float = DEFAULT_TENANT_RETENTION_S,
     ) -> None:
-        self.usage = UsageCollector(claim_retention_s)
+        self.usage = UsageCollector(claim_retention_s, tenant_retention_s)
         registry.register(self.usage)
         if log_dropped is not None:
             registry.register(_LogDrops(log_dropped))

@@ -89,6 +89,28 @@ def test_ended_claim_series_leave_after_retention_but_tenant_totals_stay() -> No
     assert got[tenant_key] == 10.0
 
 
+def test_a_tenant_idle_past_its_retention_leaves_and_comes_back_from_zero() -> None:
+    """Tenant series are bounded by the namespaces active on the node within the retention
+    (a week by default), not by every namespace it ever served (CI namespaces come and go)."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, claim_retention_s=60.0, tenant_retention_s=600.0)
+    metrics.add_usage(IntervalUsage(0.0, 10.0, (inc("a", "ci-1234", "ci-1234", 10.0, 1.0, 0.0),)))
+    metrics.add_usage(IntervalUsage(0.0, 10.0, (inc("b", "ml", "blue", 10.0, 1.0, 0.0),)))
+    old = (
+        "tranche_tenant_gpu_allocated_seconds_total",
+        (("namespace", "ci-1234"), ("tenant", "ci-1234")),
+    )
+    kept = ("tranche_tenant_gpu_allocated_seconds_total", (("namespace", "ml"), ("tenant", "blue")))
+    metrics.add_usage(IntervalUsage(10.0, 605.0, (inc("b", "ml", "blue", 5.0, 1.0, 0.0),)))
+    assert samples(registry)[old] == 10.0  # idle, but still inside its retention
+    metrics.add_usage(IntervalUsage(605.0, 611.0, (inc("b", "ml", "blue", 6.0, 1.0, 0.0),)))
+    got = samples(registry)
+    assert not [k for k in got if ("namespace", "ci-1234") in k[1]]  # every series of it
+    assert got[kept] == 21.0  # active all along: kept, whatever its age
+    metrics.add_usage(IntervalUsage(611.0, 620.0, (inc("c", "ci-1234", "ci-1234", 9.0, 1.0, 0.0),)))
+    assert samples(registry)[old] == 9.0  # back from zero: a counter reset to Prometheus
+
+
 def test_a_destroyed_mig_device_leaves_after_retention_but_a_gpu_stays() -> None:
     """Every MIG device made at prepare has a UUID of its own: its series must not stay for
     the life of the plugin (a node of short MIG claims would export more every hour)."""
