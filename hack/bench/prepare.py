@@ -3,7 +3,9 @@
 Everything goes through the real plugin process (``tranche kubelet-plugin`` over
 the simulated NVML) on its real gRPC socket, and the plugin reads every claim and
 its namespace from the real API server. Claims are allocated by writing
-``status.allocation`` (see :mod:`hack.bench.claims`).
+``status.allocation`` (see :mod:`hack.bench.claims`). The calls are made first by the
+Python client of :mod:`hack.kubeletsim`, then, in rows of their own, by the kubelet's own
+gRPC client (:mod:`hack.bench.go_kubelet`).
 """
 
 from __future__ import annotations
