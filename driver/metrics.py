@@ -61,6 +61,12 @@ class _ClaimSeries:
 
 
 @dataclass
+class _TenantSeries:
+    totals: _Totals
+    last_seen: float
+
+
+@dataclass
 class _DeviceSeries:
     held_s: float = 0.0
     idle_s: float = 0.0
@@ -85,8 +91,7 @@ class UsageCollector(Collector):
         self._tenant_retention = tenant_retention_s
         self._lock = threading.Lock()
         self._claims: dict[str, _ClaimSeries] = {}
-        self._tenants: dict[tuple[str, str], _Totals] = {}
-        self._tenant_seen: dict[tuple[str, str], float] = {}
+        self._tenants: dict[tuple[str, str], _TenantSeries] = {}
         self._devices: dict[str, _DeviceSeries] = {}
 
     def add(self, usage: IntervalUsage) -> None:
@@ -97,9 +102,11 @@ class UsageCollector(Collector):
                     series = _ClaimSeries(inc.namespace, inc.name, inc.tenant, _Totals(), 0.0)
                     self._claims[inc.claim_uid] = series
                 series.last_seen = usage.end
-                tenant = self._tenants.setdefault((inc.namespace, inc.tenant), _Totals())
-                self._tenant_seen[(inc.namespace, inc.tenant)] = usage.end
-                for totals in (series.totals, tenant):
+                tenant = self._tenants.setdefault(
+                    (inc.namespace, inc.tenant), _TenantSeries(_Totals(), 0.0)
+                )
+                tenant.last_seen = usage.end
+                for totals in (series.totals, tenant.totals):
                     totals.allocated_s += inc.allocated_s
                     totals.measured_s += inc.measured_s
                     totals.memory_byte_s += inc.memory_byte_s
@@ -119,15 +126,15 @@ class UsageCollector(Collector):
             ]:
                 del self._devices[uuid]
             tenant_horizon = usage.end - self._tenant_retention
-            for key in [k for k, seen in self._tenant_seen.items() if seen < tenant_horizon]:
-                del self._tenants[key], self._tenant_seen[key]
+            for key in [k for k, t in self._tenants.items() if t.last_seen < tenant_horizon]:
+                del self._tenants[key]
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             claims = [
                 (s.namespace, s.name, s.tenant, _copy(s.totals)) for s in self._claims.values()
             ]
-            tenants = [(ns, t, _copy(v)) for (ns, t), v in self._tenants.items()]
+            tenants = [(ns, t, _copy(v.totals)) for (ns, t), v in self._tenants.items()]
             devices = [(u, _DeviceSeries(**vars(d))) for u, d in self._devices.items()]
 
         c_alloc = CounterMetricFamily(

@@ -74,13 +74,21 @@ def cpu_ticks() -> list[int]:
         return [int(x) for x in f.readline().split()[1:]]
 
 
+def _shares(before: list[int], after: list[int]) -> tuple[float, float]:
+    """The share of every CPU's time busy, and the share the hypervisor took (``steal``),
+    between two :func:`cpu_ticks` readings."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    total = max(1, sum(spent[:8]))  # guest time is counted in user already
+    idle = spent[3] + spent[4]  # idle, iowait
+    steal = spent[7] if len(spent) > 7 else 0
+    return 1.0 - idle / total, steal / total
+
+
 def _machine_busy(interval_s: float) -> float:
     """The share of every CPU's time spent busy over ``interval_s`` (``/proc/stat``)."""
     before = cpu_ticks()
     time.sleep(interval_s)
-    spent = [b - a for a, b in zip(before, cpu_ticks(), strict=True)]
-    idle = spent[3] + spent[4]  # idle, iowait
-    return 1.0 - idle / max(1, sum(spent))
+    return _shares(before, cpu_ticks())[0]
 
 
 STOLEN_METRIC = "Machine: CPU time busy, and taken by the hypervisor (steal), during the scenario"
@@ -90,13 +98,8 @@ def share_row(before: list[int], after: list[int]) -> Row:
     """How busy the machine's CPUs were between two :func:`cpu_ticks` readings, and how much
     of their time the hypervisor gave to other machines (``steal``: this machine's CPUs
     wanted to run and could not). A scenario whose steal is high ran on a contended host."""
-    spent = [b - a for a, b in zip(before, after, strict=True)]
-    total = max(1, sum(spent[:8]))  # guest time is counted in user already
-    idle = spent[3] + spent[4]
-    steal = spent[7] if len(spent) > 7 else 0
-    return Row(
-        STOLEN_METRIC, f"busy {100 * (1 - idle / total):.0f} %, steal {100 * steal / total:.1f} %"
-    )
+    busy, steal = _shares(before, after)
+    return Row(STOLEN_METRIC, f"busy {100 * busy:.0f} %, steal {100 * steal:.1f} %")
 
 
 def wait_idle(pid: int, timeout_s: float = 120.0) -> None:

@@ -73,6 +73,7 @@ def go_rows(
     bench: BenchNode,
     result: ScenarioResult,
     *,
+    pid: int,
     socket: str,
     namespace: str,
     gpus: list[str],
@@ -80,7 +81,6 @@ def go_rows(
     """The single claim and a burst again, as the kubelet's own gRPC client makes the calls
     (:mod:`hack.bench.go_kubelet`), after the Python client's rows (and its RSS readings)."""
     client = go_kubelet.build()
-    pid = plugin_pid(bench.node)
     (single,) = create_allocated(lab.api, namespace, bench.name, [Wanted("single-k", gpus[0])])
     wait_idle(pid)  # the Python client's status writes done, the claim's creation digested
     go = go_kubelet.call(client, socket, "single", [single], warmup=WARMUP, rounds=SINGLE_RUNS)
@@ -211,7 +211,15 @@ def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioRes
             f"{len(claim_files)} files, {checkpoint_kib:.0f} KiB",
         )
     )
-    go_rows(lab, bench, result, socket=conn.registration.endpoint, namespace=namespace, gpus=gpus)
+    go_rows(
+        lab,
+        bench,
+        result,
+        pid=pid,
+        socket=conn.registration.endpoint,
+        namespace=namespace,
+        gpus=gpus,
+    )
     reads = []
     for _ in range(SINGLE_RUNS // 4):
         t0 = time.perf_counter()
