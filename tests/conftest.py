@@ -27,10 +27,10 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
-def unavailable(reason: str) -> NoReturn:
-    """Skip with ``reason`` locally; fail with it under ``CI=true``."""
+def unavailable(reason: str, what: str = "the control plane") -> NoReturn:
+    """Skip with ``reason`` locally; fail with it under ``CI=true``, saying ``what`` is missing."""
     if in_ci():
-        pytest.fail(f"CI=true and the control plane is unavailable: {reason}", pytrace=False)
+        pytest.fail(f"CI=true and {what} is unavailable: {reason}", pytrace=False)
     pytest.skip(reason)
 
 

@@ -33,6 +33,7 @@ class Wanted:
     name: str
     device: str
     config: dict[str, Any] | None = None
+    driver: str = DRIVER  # another driver's name for claims of hack.bench.go_driver
 
 
 def _create(api: client.ApiClient, namespace: str, node: str, want: Wanted) -> ClaimRequest:
@@ -46,12 +47,12 @@ def _create(api: client.ApiClient, namespace: str, node: str, want: Wanted) -> C
     }  # fmt: skip
     obj = request_json(api, "POST", path, body)
     devices: dict[str, Any] = {
-        "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": want.device}]
+        "results": [{"request": "gpu", "driver": want.driver, "pool": node, "device": want.device}]
     }
     if want.config is not None:
         devices["config"] = [
             {"source": "FromClaim", "requests": ["gpu"],
-             "opaque": {"driver": DRIVER, "parameters": want.config}}
+             "opaque": {"driver": want.driver, "parameters": want.config}}
         ]  # fmt: skip
     obj["status"] = {
         "allocation": {

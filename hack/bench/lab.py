@@ -58,6 +58,18 @@ def node_slices(api: client.ApiClient, node: str) -> list[Obj]:
     return items
 
 
+def wait_slices(api: client.ApiClient, node: str, devices: int, timeout_s: float) -> float:
+    """Poll until the node's slices carry ``devices`` devices; the monotonic time seen."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        slices = node_slices(api, node)
+        seen = sum(len(s["spec"].get("devices") or []) for s in slices)
+        if seen >= devices:
+            return time.monotonic()
+        time.sleep(0.02)
+    raise TimeoutError(f"node {node}: {devices} devices not published in {timeout_s:.0f}s")
+
+
 def plugin_pid(node: SimNode) -> int:
     """The pid of the node's plugin process, found by its ``--sim-state`` argument."""
     want = str(node.sim_state).encode()
@@ -165,14 +177,7 @@ class Lab:
 
     def wait_slices(self, node: str, devices: int, timeout_s: float = 120.0) -> float:
         """Poll until the node's slices carry ``devices`` devices; the monotonic time seen."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            slices = node_slices(self.api, node)
-            seen = sum(len(s["spec"].get("devices") or []) for s in slices)
-            if seen >= devices:
-                return time.monotonic()
-            time.sleep(0.02)
-        raise TimeoutError(f"node {node}: {devices} devices not published in {timeout_s:.0f}s")
+        return wait_slices(self.api, node, devices, timeout_s)
 
     def close(self) -> None:
         for n in self._nodes:

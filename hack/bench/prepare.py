@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from driver.devices.inventory import build_inventory
 from driver.nvml.sim import open_simulated
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
-from hack.bench import go_kubelet
+from hack.bench import go_driver, go_kubelet
 from hack.bench.claims import TIME_SLICING, Wanted, create_allocated
 from hack.bench.lab import RESOURCE_V1, BenchNode, Lab, plugin_pid, request_json
 from hack.bench.machine import cpu_seconds, rss_bytes, wait_idle
@@ -77,9 +77,10 @@ def go_rows(
     socket: str,
     namespace: str,
     gpus: list[str],
-) -> None:
+) -> go_driver.Measured:
     """The single claim and a burst again, as the kubelet's own gRPC client makes the calls
-    (:mod:`hack.bench.go_kubelet`), after the Python client's rows (and its RSS readings)."""
+    (:mod:`hack.bench.go_kubelet`), after the Python client's rows (and its RSS readings);
+    returns what it measured, for the comparison with a Go driver."""
     client = go_kubelet.build()
     (single,) = create_allocated(lab.api, namespace, bench.name, [Wanted("single-k", gpus[0])])
     wait_idle(pid)  # the Python client's status writes done, the claim's creation digested
@@ -89,7 +90,9 @@ def go_rows(
     wanted = [Wanted(f"k-{i:03d}", gpus[i % len(gpus)], TIME_SLICING) for i in range(BURST)]
     claims = create_allocated(lab.api, namespace, bench.name, wanted)
     wait_idle(pid)
+    cpu = cpu_seconds(pid)
     burst = go_kubelet.call(client, socket, "burst", claims, concurrency=CONCURRENCY)
+    cpu = cpu_seconds(pid) - cpu
     p99 = percentile(go.prepare, 99)
     result.add(
         Row(
@@ -122,6 +125,10 @@ def go_rows(
             BURST,
         )
     )
+    result.add(
+        Row(f"Plugin CPU for the {BURST}-claim burst and its unprepares, {KUBELET_CLIENT}", ms(cpu))
+    )
+    return go_driver.Measured(single=go, empty=empty, burst=burst, burst_cpu_s=cpu)
 
 
 def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioResult) -> None:
@@ -211,7 +218,7 @@ def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioRes
             f"{len(claim_files)} files, {checkpoint_kib:.0f} KiB",
         )
     )
-    go_rows(
+    tranche = go_rows(
         lab,
         bench,
         result,
@@ -219,6 +226,16 @@ def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioRes
         socket=conn.registration.endpoint,
         namespace=namespace,
         gpus=gpus,
+    )
+    go_driver.rows(
+        lab,
+        result,
+        namespace,
+        tranche,
+        warmup=WARMUP,
+        single=SINGLE_RUNS,
+        burst=BURST,
+        concurrency=CONCURRENCY,
     )
     reads = []
     for _ in range(SINGLE_RUNS // 4):

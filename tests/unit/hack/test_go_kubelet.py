@@ -26,11 +26,11 @@ from tests.conftest import unavailable
 @functools.cache
 def _client() -> Path:
     if shutil.which("go") is None:
-        unavailable("'go' is not on PATH: the kubelet client cannot be built")
+        unavailable("'go' is not on PATH: the kubelet client cannot be built", "go")
     try:
         return go_kubelet.build()
     except RuntimeError as e:
-        unavailable(str(e))
+        unavailable(str(e), "the kubelet client")
 
 
 class _Plugin(pb_grpc.DRAPluginServicer):
