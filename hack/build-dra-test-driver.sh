@@ -4,8 +4,9 @@
 # driver the benchmarks measure side by side with Tranche (hack/bench/go_driver.py). Built from
 # the module hack/dratestdriver/ through the Go module proxy, like the control plane. Same cache
 # root and locking as hack/build-k8s.sh: the binary lands in
-# <cache root>/dra-test-driver-<key>/bin, keyed by the module and the build recipe, and
-# concurrent callers are serialised with an exclusive flock on <cache root>/.build.lock.
+# <cache root>/dra-test-driver-<key>/bin, keyed by the module and the build recipe (the two
+# most recent builds are kept), and concurrent callers are serialised with an exclusive flock
+# on <cache root>/.build.lock.
 #
 # Progress goes to stderr; the binary directory is the last line of stdout.
 set -euo pipefail
@@ -33,4 +34,5 @@ step "dra-test-driver" "$mod" -- \
 [ -x "$bin/dra-test-driver" ] || { echo "build-dra-test-driver: step 'check outputs': $bin/dra-test-driver missing after build" >&2; exit 1; }
 echo "dra-test-driver built=$(date -u +%FT%TZ) seconds=$(( $(date +%s) - start ))" >"$stamp"
 echo "build-dra-test-driver: built in $(( $(date +%s) - start ))s into $bin" >&2
+prune_cache "$cache_root" "dra-test-driver-" 2 bin/.stamp  # this build and the one before it
 echo "$bin"

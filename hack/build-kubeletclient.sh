@@ -2,8 +2,8 @@
 # Build the benchmarks' kubelet client (hack/kubeletclient/: grpc-go and the stubs of the
 # upstream k8s.io/kubelet module, as the kubelet calls a DRA plugin). Same cache root and
 # locking as hack/build-k8s.sh: the binary lands in <cache root>/kubeletclient-<key>/bin,
-# keyed by the module's sources and the build recipe, and concurrent callers are serialised
-# with an exclusive flock on <cache root>/.build.lock.
+# keyed by the module's sources and the build recipe (the two most recent builds are kept),
+# and concurrent callers are serialised with an exclusive flock on <cache root>/.build.lock.
 #
 # Progress goes to stderr; the binary directory is the last line of stdout.
 set -euo pipefail
@@ -28,4 +28,5 @@ step "kubeletclient" "$here/kubeletclient" -- \
 [ -x "$bin/kubeletclient" ] || { echo "build-kubeletclient: step 'check outputs': $bin/kubeletclient missing after build" >&2; exit 1; }
 echo "kubeletclient built=$(date -u +%FT%TZ) seconds=$(( $(date +%s) - start ))" >"$stamp"
 echo "build-kubeletclient: built in $(( $(date +%s) - start ))s into $bin" >&2
+prune_cache "$cache_root" "kubeletclient-" 2 bin/.stamp  # this build and the one before it
 echo "$bin"

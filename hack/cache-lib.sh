@@ -73,19 +73,21 @@ step() {
   echo "$build_name: [$name] done in $(( $(date +%s) - t0 ))s" >&2
 }
 
-# prune_cache ROOT PREFIX KEEP
-#   Removes the directories ROOT/PREFIX* but the KEEP most recently used: a finished entry's
-#   .stamp is touched by every cache hit, and an entry without one is a build that did not
-#   finish. Entries keyed by content (the image's) would otherwise pile up, one per change of
-#   the sources. The caller holds the lock that guards the entries.
+# prune_cache ROOT PREFIX KEEP [STAMP]
+#   Removes the directories ROOT/PREFIX* but the KEEP most recently used or built: a finished
+#   entry has its stamp file (STAMP inside the entry, default .stamp; the image's is touched
+#   by every cache hit, the Go tools' bin/.stamp is written once), and an entry without one
+#   is a build that did not finish. Entries keyed by content (the image's, a Go tool's)
+#   would otherwise pile up, one per change of the sources. The caller holds the lock that
+#   guards the entries.
 prune_cache() {
-  local root=$1 prefix=$2 keep=$3 dir
+  local root=$1 prefix=$2 keep=$3 rel=${4:-.stamp} dir stamp
   for dir in "$root/$prefix"*/; do
-    [ -d "$dir" ] && [ ! -f "$dir/.stamp" ] && rm -rf "$dir"
+    [ -d "$dir" ] && [ ! -f "$dir/$rel" ] && rm -rf "$dir"
   done
-  { ls -1dt "$root/$prefix"*/.stamp 2>/dev/null || true; } | tail -n +"$((keep + 1))" |
+  { ls -1dt "$root/$prefix"*/"$rel" 2>/dev/null || true; } | tail -n +"$((keep + 1))" |
   while read -r stamp; do
-    rm -rf "$(dirname "$stamp")"
+    rm -rf "${stamp%/"$rel"}"
   done
   return 0
 }

@@ -86,3 +86,22 @@ def test_pruning_an_empty_cache_is_not_an_error(tmp_path: Path) -> None:
     out = _prune(tmp_path, 3)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "pruned\n"
+
+
+def test_pruning_a_go_tools_builds_keeps_the_newest_by_their_bin_stamps(tmp_path: Path) -> None:
+    now = time.time()
+    builds = []
+    for i in range(4):
+        stamp = tmp_path / f"kubeletclient-{i}" / "bin" / ".stamp"
+        stamp.parent.mkdir(parents=True)
+        stamp.write_text("kubeletclient built=...")
+        os.utime(stamp, (now - 100 * i, now - 100 * i))
+        builds.append(stamp.parents[1])
+    unfinished = tmp_path / "kubeletclient-partial" / "bin"
+    unfinished.mkdir(parents=True)
+    other = _entry(tmp_path, "dra-test-driver-1", now - 10_000)
+    out = _bash(f'prune_cache "{tmp_path}" kubeletclient- 2 bin/.stamp\necho pruned\n')
+    assert out.returncode == 0, out.stderr
+    assert [b.exists() for b in builds] == [True, True, False, False]
+    assert not unfinished.parent.exists()
+    assert other.exists()
