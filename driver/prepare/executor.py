@@ -192,8 +192,17 @@ def check_gpu_usable(probe: Callable[[str], DeviceProbe], step: AttachGpu) -> No
         )
 
 
+def undoes_nothing(handler: object) -> bool:
+    """Whether ``handler``'s undo is a no-op (its class says ``UNDOES_NOTHING = True``): a crash
+    between applying its step and the claim's file then leaves nothing to roll back but the
+    claim's CDI spec, which start-up sweeps. Unmarked handlers are taken to undo something."""
+    return getattr(type(handler), "UNDOES_NOTHING", False) is True
+
+
 class AttachGpuHandler:
     """Whole GPUs: check the GPU answers NVML; nothing to change, nothing to undo."""
+
+    UNDOES_NOTHING = True
 
     def __init__(self, nvml: GpuControl) -> None:
         self._nvml = nvml
@@ -546,7 +555,10 @@ class DeviceState:
             trust_level=tenancy.level.value if tenancy else None,
             sharing_group=tenancy.sharing_group if tenancy else None,
         )
-        self.checkpoint.put(record)
+        if not all(undoes_nothing(self.handlers.get(s.kind)) for s in plan.steps):
+            # Only a claim whose steps a crash could leave half-done needs the record that
+            # start-up rolls back; a whole GPU's leaves at most its spec (docs/checkpoint.md).
+            self.checkpoint.put(record)
         state.claims[ref.uid] = record
         self._faults.reached("prepare:after-started")
         try:

@@ -377,6 +377,8 @@ def _owned_keys(plans: Sequence[Plan]) -> set[str]:
 class AttachMigHandler:
     """``attach-mig``: a static MIG device an administrator made; nothing is created."""
 
+    UNDOES_NOTHING = True
+
     def __init__(self, nvml: MigControl, inventory: Inventory, caps: MigCaps) -> None:
         self._nvml = nvml
         self._inventory = inventory
@@ -404,6 +406,8 @@ class AttachMigHandler:
 class WholeGpuHandler:
     """``attach-gpu``: the GPU must answer NVML; MIG mode, where on with no MIG device left
     and switchable without a reset, is turned off so CUDA sees the whole GPU."""
+
+    UNDOES_NOTHING = True  # MIG mode stays off: no claim's rollback turns it back on
 
     def __init__(self, nvml: MigControl, inventory: Inventory) -> None:
         self._nvml = nvml

@@ -295,6 +295,55 @@ def test_prepare_survives_a_crash_at(node: Path, fault: str) -> None:
         assert not list(d.glob(".*.tmp")), d
 
 
+# A whole GPU's prepare writes no PrepareStarted record, so it never reaches these two.
+WHOLE_GPU_POINTS = [
+    p
+    for p in PREPARE_POINTS
+    if p not in ("prepare:after-rollback", "checkpoint:before-started-cleared")
+]
+
+
+@pytest.mark.parametrize("fault", WHOLE_GPU_POINTS)
+def test_a_whole_gpu_prepare_survives_a_crash_at(node: Path, fault: str) -> None:
+    """A whole GPU's step changes nothing a rollback would undo, so its prepare writes no
+    PrepareStarted record: a crash before the claim's file leaves at most its CDI spec, which
+    start-up sweeps, and the kubelet's retry prepares it."""
+    gpu = gpus(node)[1]
+    obj = new_claim(node, "u1", [gpu])
+    assert run_child(node, "prepare", "u1", fault) == 137
+    started = node / "checkpoint.d" / "started.jsonl"
+    assert not started.exists() or started.read_bytes() == b""
+    ds = device_state(node, NO_FAULTS)
+    report = ds.recover()
+    assert report.rolled_back == ()
+    completed = fault == "prepare:after-completed"
+    assert recorded(node) == ({"u1": "PrepareCompleted"} if completed else {})
+    assert cdi_files(node) == (["gpu.tranche.dev-claim_u1.json"] if completed else [])
+    retry = ds.prepare(obj, ref_of(obj))
+    assert retry.error == ""
+    assert cdi_files(node) == ["gpu.tranche.dev-claim_u1.json"]
+    assert recorded(node) == {"u1": "PrepareCompleted"}
+    assert ds.unprepare(ref_of(obj)).error == ""
+    assert cdi_files(node) == []
+    assert recorded(node) == {}
+    for d in (node, node / "cdi", node / "checkpoint.d"):
+        assert not list(d.glob(".*.tmp")), d
+
+
+def test_a_time_sliced_prepare_still_records_that_it_started(node: Path) -> None:
+    """A step that a crash could leave half-done (a time slice set) keeps its PrepareStarted
+    record, and start-up rolls the claim back: the GPU's time slice is reset."""
+    gpu = gpus(node)[1]
+    new_claim(node, "u1", [gpu], [config(TS_LONG)])
+    assert run_child(node, "prepare", "u1", "prepare:after-cdi") == 137
+    uuid = device_state(node, NO_FAULTS).inventory.gpu_of(gpu).uuid
+    assert open_simulated(node / "sim.json").timeslice(uuid) != 0
+    report = device_state(node, NO_FAULTS).recover()
+    assert report.rolled_back == ("u1",)
+    assert open_simulated(node / "sim.json").timeslice(uuid) == 0
+    assert cdi_files(node) == []
+
+
 UNPREPARE_POINTS = [p for p in POINTS if p.startswith("unprepare:")] + ["checkpoint:before-remove"]
 
 
