@@ -240,8 +240,8 @@ def rows(
     )
     result.add(Row(f"Tranche / {NAME}, the kubelet's gRPC client on both", compared(tranche, go)))
     result.setup.append(
-        f"Side by side, right after Tranche's rows by {go_kubelet.__name__.rsplit('.', 1)[-1]}: "
-        f"{NAME} (`k8s.io/kubernetes` v1.37.2 `test/e2e/dra/test-driver`, on the "
+        f"Side by side, right after Tranche's rows with the kubelet's gRPC client: {NAME} "
+        f"(`k8s.io/kubernetes` v1.37.2 `test/e2e/dra/test-driver`, on the "
         f"kubeletplugin helper; built by `hack/build-dra-test-driver.sh`), on a Node of its own "
         f"with {DEVICES} devices, its API client's rate limit raised, driven by the same client "
         f"with the same rounds on claims allocated to it the same way (no config). It writes a "
