@@ -73,13 +73,8 @@ class Measured:
 
 
 def build() -> Path:
-    """The driver's path, built (or found in the cache) by ``hack/build-dra-test-driver.sh``;
-    its progress goes to this process's stderr."""
-    done = subprocess.run([str(BUILD)], stdout=subprocess.PIPE, text=True, check=False)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"{BUILD} failed with status {done.returncode} (its messages above)")
-    return Path(lines[-1]) / "dra-test-driver"
+    """The driver's path (``hack/build-dra-test-driver.sh``)."""
+    return go_kubelet.built(BUILD, "dra-test-driver")
 
 
 def argv(binary: Path, kubeconfig: str, node: str, root: Path, cdi_dir: Path) -> list[str]:

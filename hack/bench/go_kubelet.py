@@ -31,14 +31,19 @@ class Calls:
     unprepare_wall: float
 
 
-def build() -> Path:
-    """The client's path, built (or found in the cache) by ``hack/build-kubeletclient.sh``;
-    its progress goes to this process's stderr."""
-    done = subprocess.run([str(BUILD)], stdout=subprocess.PIPE, text=True, check=False)
+def built(script: Path, binary: str) -> Path:
+    """``binary`` in the directory that the cache build ``script`` (a ``hack/build-*.sh``)
+    prints last, built or found in the cache; its progress goes to this process's stderr."""
+    done = subprocess.run([str(script)], stdout=subprocess.PIPE, text=True, check=False)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"{BUILD} failed with status {done.returncode} (its messages above)")
-    return Path(lines[-1]) / "kubeletclient"
+        raise RuntimeError(f"{script} failed with status {done.returncode} (its messages above)")
+    return Path(lines[-1]) / binary
+
+
+def build() -> Path:
+    """The client's path (``hack/build-kubeletclient.sh``)."""
+    return built(BUILD, "kubeletclient")
 
 
 def call(

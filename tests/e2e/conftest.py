@@ -25,7 +25,9 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -204,6 +206,15 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         _force_delete_pods(core, namespace=name)
         with contextlib.suppress(client.ApiException):
             core.delete_namespace(name)
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    """A fresh directory under /tmp whose paths fit a Unix socket's 108 bytes (pytest's
+    ``tmp_path`` is longer); removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="sock", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,8 @@ from hack.kubeletsim.client import STYLES, PluginConnection, register
 from tests.conftest import unavailable
 from tests.e2e.conftest import Cluster
 
+pytestmark = pytest.mark.cluster
+
 
 @functools.cache
 def _driver() -> Path:
@@ -32,26 +33,18 @@ def _driver() -> Path:
         unavailable(str(e), "upstream's DRA test driver")
 
 
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory whose sockets fit a Unix socket path (108 bytes; pytest's tmp_path is long)."""
-    path = Path(tempfile.mkdtemp(prefix="gd", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def test_the_go_driver_publishes_prepares_and_unprepares_a_claim(
     cluster: Cluster,
     api: client.ApiClient,
     namespace: str,
     make_node: Callable[..., str],
-    short_dir: Path,
+    socket_dir: Path,
 ) -> None:
     node = make_node("go-driver-e2e")
-    cdi = short_dir / "cdi"
+    cdi = socket_dir / "cdi"
     cdi.mkdir()
     with go_driver.running(
-        api, cluster.kubeconfig, _driver(), node=node, work=short_dir, cdi_parent=cdi
+        api, cluster.kubeconfig, _driver(), node=node, work=socket_dir, cdi_parent=cdi
     ) as driver:
         (slice_,) = node_slices(api, node)
         assert slice_["spec"]["driver"] == go_driver.DRIVER_NAME

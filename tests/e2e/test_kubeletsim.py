@@ -6,9 +6,7 @@ Running, and on deletion unprepares the claim and completes the pod's deletion.
 from __future__ import annotations
 
 import secrets
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,10 +25,8 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def kubelet_root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="kl", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def kubelet_root(socket_dir: Path) -> Path:
+    return socket_dir
 
 
 def test_simulated_kubelet_prepares_runs_and_unprepares_a_pod(
