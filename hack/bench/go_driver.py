@@ -23,7 +23,7 @@ import secrets
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,12 +35,14 @@ from hack.bench.lab import Lab, wait_slices
 from hack.bench.machine import cpu_seconds, rss_bytes, wait_idle
 from hack.bench.results import Row, ScenarioResult, median, ms, timing
 from hack.devcluster.nodes import add_node
+from hack.kubeletsim.client import ClaimRequest
 
 HACK = Path(__file__).resolve().parents[1]
 BUILD = HACK / "build-dra-test-driver.sh"
 DRIVER_NAME = "test-driver.cdi.k8s.io"
 DEVICES = 8
 NAME = "upstream's Go test driver"
+CHUNKS = 4  # the parts in which its single-claim rounds alternate with Tranche's
 MIB = 1 << 20
 
 
@@ -150,22 +152,68 @@ def running(
         log.close()
 
 
-def _ratio(tranche: float, go: float) -> str:
-    return f"{tranche / go:.2f}" if go > 0 else "n/a"
+@dataclass(frozen=True)
+class Peer:
+    """The Go driver running beside Tranche, with a claim of its own allocated to it."""
+
+    driver: GoDriver
+    claim: ClaimRequest
+    rss_idle: int
 
 
-def compared(tranche: Measured, go: Measured) -> str:
-    """Tranche's figures over the Go driver's, as one row's value."""
-    return ", ".join(
-        (
-            f"prepare p50 {_ratio(median(tranche.single.prepare), median(go.single.prepare))}",
-            f"unprepare p50 "
-            f"{_ratio(median(tranche.single.unprepare), median(go.single.unprepare))}",
-            f"empty call {_ratio(median(tranche.empty.unprepare), median(go.empty.unprepare))}",
-            f"burst {_ratio(tranche.burst.prepare_wall, go.burst.prepare_wall)}",
-            f"burst CPU {_ratio(tranche.burst_cpu_s, go.burst_cpu_s)}",
+@contextlib.contextmanager
+def beside(lab: Lab, namespace: str) -> Iterator[Peer]:
+    """The Go driver started on a Node of its own, its claim allocated and its start-up
+    digested; stopped on leaving."""
+    node = f"go-driver-{secrets.token_hex(3)}"
+    add_node(lab.api, node)
+    with running(
+        lab.api, lab.kubeconfig, build(), node=node, work=lab.work, cdi_parent=lab.tmpfs
+    ) as driver:
+        (one,) = create_allocated(
+            lab.api, namespace, node, [Wanted("go-single", "device-00", None, DRIVER_NAME)]
         )
+        wait_idle(driver.pid)
+        yield Peer(driver, one, rss_bytes(driver.pid))
+
+
+def _joined(parts: list[go_kubelet.Calls]) -> go_kubelet.Calls:
+    return go_kubelet.Calls(
+        prepare=[t for p in parts for t in p.prepare],
+        unprepare=[t for p in parts for t in p.unprepare],
+        prepare_wall=sum(p.prepare_wall for p in parts),
+        unprepare_wall=sum(p.unprepare_wall for p in parts),
     )
+
+
+def alternated(
+    client: Path,
+    mine: tuple[str, ClaimRequest],
+    theirs: tuple[str, ClaimRequest],
+    mode: str,
+    *,
+    warmup: int,
+    rounds: int,
+    settle: Callable[[], None],
+) -> tuple[go_kubelet.Calls, go_kubelet.Calls]:
+    """``rounds`` calls in ``mode`` ("single" or "empty") to Tranche (``mine``: its socket and
+    claim) and as many to the peer (``theirs``), in :data:`CHUNKS` alternated parts, so both
+    are measured over the same minutes. ``settle`` runs after each of Tranche's parts (its
+    status writes waited for), so the peer's part does not share the API server with them."""
+    single = mode == "single"
+    part = rounds // CHUNKS
+    parts: tuple[list[go_kubelet.Calls], list[go_kubelet.Calls]] = ([], [])
+    for _ in range(CHUNKS):
+        for (socket, claim), done in zip((mine, theirs), parts, strict=True):
+            claims = [claim] if single else []
+            done.append(go_kubelet.call(client, socket, mode, claims, warmup=warmup, rounds=part))
+            if done is parts[0]:
+                settle()
+    return _joined(parts[0]), _joined(parts[1])
+
+
+def _ratio(tranche: float, go: float) -> str:
+    return f"{tranche / go:.2f}x" if go > 0 else "n/a"
 
 
 def rows(
@@ -173,44 +221,31 @@ def rows(
     result: ScenarioResult,
     namespace: str,
     tranche: Measured,
+    peer: Peer,
     *,
-    warmup: int,
-    single: int,
+    single: go_kubelet.Calls,
+    empty: go_kubelet.Calls,
     burst: int,
     concurrency: int,
 ) -> None:
-    """The test driver's rows, measured as ``tranche`` was just before (same client, same
-    rounds, its own claims in ``namespace``), and Tranche's figures over its own."""
+    """The peer's burst (after Tranche's), then its rows and Tranche's figures over its own;
+    ``single`` and ``empty`` are its calls from :func:`alternated`."""
     client = go_kubelet.build()
-    node = f"go-driver-{secrets.token_hex(3)}"
-    add_node(lab.api, node)
-    with running(
-        lab.api, lab.kubeconfig, build(), node=node, work=lab.work, cdi_parent=lab.tmpfs
-    ) as driver:
-        socket = str(driver.socket)
-        (one,) = create_allocated(
-            lab.api, namespace, driver.node, [Wanted("go-single", "device-00", None, DRIVER_NAME)]
-        )
-        wait_idle(driver.pid)
-        rss_idle = rss_bytes(driver.pid)
-        calls = go_kubelet.call(client, socket, "single", [one], warmup=warmup, rounds=single)
-        empty = go_kubelet.call(client, socket, "empty", warmup=warmup, rounds=single)
-        wanted = [
-            Wanted(f"go-{i:03d}", f"device-{i % DEVICES:02d}", None, DRIVER_NAME)
-            for i in range(burst)
-        ]
-        claims = create_allocated(lab.api, namespace, driver.node, wanted)
-        wait_idle(driver.pid)
-        cpu = cpu_seconds(driver.pid)
-        many = go_kubelet.call(client, socket, "burst", claims, concurrency=concurrency)
-        cpu = cpu_seconds(driver.pid) - cpu
-        rss_after = rss_bytes(driver.pid)
-        left = sorted(p.name for p in driver.cdi_dir.iterdir())
+    driver = peer.driver
+    wanted = [
+        Wanted(f"go-{i:03d}", f"device-{i % DEVICES:02d}", None, DRIVER_NAME) for i in range(burst)
+    ]
+    claims = create_allocated(lab.api, namespace, driver.node, wanted)
+    wait_idle(driver.pid)
+    cpu = cpu_seconds(driver.pid)
+    many = go_kubelet.call(client, str(driver.socket), "burst", claims, concurrency=concurrency)
+    cpu = cpu_seconds(driver.pid) - cpu
+    rss_after = rss_bytes(driver.pid)
+    left = sorted(p.name for p in driver.cdi_dir.iterdir())
     if left:
         raise RuntimeError(f"{NAME}: CDI specs left after unprepare: {left[:3]}")
-    go = Measured(calls, empty, many, cpu)
-    result.add(timing(f"Prepare, one claim, {NAME}", calls.prepare))
-    result.add(timing(f"Unprepare, one claim, {NAME}", calls.unprepare))
+    result.add(timing(f"Prepare, one claim, {NAME}", single.prepare))
+    result.add(timing(f"Unprepare, one claim, {NAME}", single.unprepare))
     result.add(timing(f"A call with no claims, {NAME}", empty.unprepare))
     result.add(
         Row(
@@ -230,18 +265,29 @@ def rows(
     result.add(
         Row(
             f"RSS idle, after the burst, {NAME}",
-            f"{rss_idle / MIB:.1f} MiB, {rss_after / MIB:.1f} MiB",
+            f"{peer.rss_idle / MIB:.1f} MiB, {rss_after / MIB:.1f} MiB",
         )
     )
-    result.add(Row(f"Tranche / {NAME}, the kubelet's gRPC client on both", compared(tranche, go)))
+    pairs = (
+        ("prepare p50", median(tranche.single.prepare), median(single.prepare)),
+        ("unprepare p50", median(tranche.single.unprepare), median(single.unprepare)),
+        ("a call with no claims, p50", median(tranche.empty.unprepare), median(empty.unprepare)),
+        (f"{burst}-claim burst, wall", tranche.burst.prepare_wall, many.prepare_wall),
+        (f"{burst}-claim burst, CPU", tranche.burst_cpu_s, cpu),
+    )
+    for what, mine, theirs in pairs:
+        result.add(Row(f"Tranche / {NAME}: {what}", _ratio(mine, theirs)))
     result.setup.append(
-        f"Side by side, right after Tranche's rows with the kubelet's gRPC client: {NAME} "
-        f"(`k8s.io/kubernetes` v1.37.2 `test/e2e/dra/test-driver`, on the "
-        f"kubeletplugin helper; built by `hack/build-dra-test-driver.sh`), on a Node of its own "
-        f"with {DEVICES} devices, its API client's rate limit raised, driven by the same client "
-        f"with the same rounds on claims allocated to it the same way (no config). It writes a "
-        f"CDI spec and keeps the claim in memory: no checkpoint, no fsync, no trust check, so "
-        f"it is the floor of Go's helper at that minute, not a driver that does what Tranche "
-        f"does. The issue's Go reference driver (kubernetes-sigs/dra-example-driver) is not "
-        f"served by the Go module proxy."
+        f"Side by side with Tranche's rows for the kubelet's gRPC client: {NAME} "
+        f"(`k8s.io/kubernetes` v1.37.2 `test/e2e/dra/test-driver`, on the kubeletplugin helper; "
+        f"built by `hack/build-dra-test-driver.sh`), on a Node of its own with {DEVICES} "
+        f"devices, its API client's rate limit raised, driven by the same client on claims "
+        f"allocated to it the same way (no config). Its single-claim and empty calls alternate "
+        f"with Tranche's in {CHUNKS} parts (Tranche's status writes waited for in between), so "
+        f"that both are measured over the same minutes; its burst follows Tranche's. The rows "
+        f"`Tranche / {NAME}` divide Tranche's figure by its own. It writes a CDI spec and "
+        f"keeps the claim in memory: no checkpoint, no fsync, no trust check, so it is the "
+        f"floor of Go's helper at that minute, not a driver that does what Tranche does. The "
+        f"issue's Go reference driver (kubernetes-sigs/dra-example-driver) is not served by "
+        f"the Go module proxy."
     )

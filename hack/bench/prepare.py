@@ -77,22 +77,49 @@ def go_rows(
     socket: str,
     namespace: str,
     gpus: list[str],
-) -> go_driver.Measured:
+) -> None:
     """The single claim and a burst again, as the kubelet's own gRPC client makes the calls
-    (:mod:`hack.bench.go_kubelet`), after the Python client's rows (and its RSS readings);
-    returns what it measured, for the comparison with a Go driver."""
+    (:mod:`hack.bench.go_kubelet`), after the Python client's rows (and its RSS readings),
+    alternated with a Go driver's (:mod:`hack.bench.go_driver`), whose rows follow."""
     client = go_kubelet.build()
     (single,) = create_allocated(lab.api, namespace, bench.name, [Wanted("single-k", gpus[0])])
-    wait_idle(pid)  # the Python client's status writes done, the claim's creation digested
-    go = go_kubelet.call(client, socket, "single", [single], warmup=WARMUP, rounds=SINGLE_RUNS)
-    wait_idle(pid)  # the claim's status writes, which wait for the calls to pause, done
-    empty = go_kubelet.call(client, socket, "empty", warmup=WARMUP, rounds=SINGLE_RUNS)
-    wanted = [Wanted(f"k-{i:03d}", gpus[i % len(gpus)], TIME_SLICING) for i in range(BURST)]
-    claims = create_allocated(lab.api, namespace, bench.name, wanted)
-    wait_idle(pid)
-    cpu = cpu_seconds(pid)
-    burst = go_kubelet.call(client, socket, "burst", claims, concurrency=CONCURRENCY)
-    cpu = cpu_seconds(pid) - cpu
+    with go_driver.beside(lab, namespace) as peer:
+        wait_idle(pid)  # the Python client's status writes done, the claim's creation digested
+        mine, theirs = (socket, single), (str(peer.driver.socket), peer.claim)
+        go, go_peer = go_driver.alternated(
+            client, mine, theirs, "single", warmup=WARMUP, rounds=SINGLE_RUNS,
+            settle=lambda: wait_idle(pid),
+        )  # fmt: skip
+        empty, empty_peer = go_driver.alternated(
+            client, mine, theirs, "empty", warmup=WARMUP, rounds=SINGLE_RUNS, settle=lambda: None
+        )
+        wanted = [Wanted(f"k-{i:03d}", gpus[i % len(gpus)], TIME_SLICING) for i in range(BURST)]
+        claims = create_allocated(lab.api, namespace, bench.name, wanted)
+        wait_idle(pid)
+        cpu = cpu_seconds(pid)
+        burst = go_kubelet.call(client, socket, "burst", claims, concurrency=CONCURRENCY)
+        cpu = cpu_seconds(pid) - cpu
+        _kubelet_client_rows(result, go, empty, burst, cpu)
+        go_driver.rows(
+            lab,
+            result,
+            namespace,
+            go_driver.Measured(single=go, empty=empty, burst=burst, burst_cpu_s=cpu),
+            peer,
+            single=go_peer,
+            empty=empty_peer,
+            burst=BURST,
+            concurrency=CONCURRENCY,
+        )
+
+
+def _kubelet_client_rows(
+    result: ScenarioResult,
+    go: go_kubelet.Calls,
+    empty: go_kubelet.Calls,
+    burst: go_kubelet.Calls,
+    cpu: float,
+) -> None:
     p99 = percentile(go.prepare, 99)
     result.add(
         Row(
@@ -128,7 +155,6 @@ def go_rows(
     result.add(
         Row(f"Plugin CPU for the {BURST}-claim burst and its unprepares, {KUBELET_CLIENT}", ms(cpu))
     )
-    return go_driver.Measured(single=go, empty=empty, burst=burst, burst_cpu_s=cpu)
 
 
 def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioResult) -> None:
@@ -218,7 +244,7 @@ def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioRes
             f"{len(claim_files)} files, {checkpoint_kib:.0f} KiB",
         )
     )
-    tranche = go_rows(
+    go_rows(
         lab,
         bench,
         result,
@@ -226,16 +252,6 @@ def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioRes
         socket=conn.registration.endpoint,
         namespace=namespace,
         gpus=gpus,
-    )
-    go_driver.rows(
-        lab,
-        result,
-        namespace,
-        tranche,
-        warmup=WARMUP,
-        single=SINGLE_RUNS,
-        burst=BURST,
-        concurrency=CONCURRENCY,
     )
     reads = []
     for _ in range(SINGLE_RUNS // 4):

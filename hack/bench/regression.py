@@ -12,7 +12,10 @@ Each scenario also records the machine's speed while it ran (:mod:`hack.bench.ca
 Where both runs have it and it differs by more than the tolerance, the scenario's times
 (ms, s) are not compared, and the report says how much faster or slower the machine was:
 on a machine running at half speed every time row would read as a regression, and the
-code would not be the cause. Sizes (MiB, KiB) are compared whatever the machine's speed.
+code would not be the cause. Sizes (MiB, KiB) are compared whatever the machine's speed, and
+so are ratios (``2.04x``: Tranche's time over that of a Go driver measured in the same
+minutes, :mod:`hack.bench.go_driver`; a scheduler's CPU over another's): both sides of a
+ratio ran at one speed, so a ratio that grew is news on any day.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ from hack.bench import calibration
 from hack.bench.results import ScenarioResult
 
 TOLERANCE = 0.25  # relative change that counts as beyond noise on this machine
-FLOORS = {"ms": 0.5, "s": 0.05, "MiB": 2.0, "KiB": 16.0}  # absolute changes below: noise
+FLOORS = {"ms": 0.5, "s": 0.05, "MiB": 2.0, "KiB": 16.0, "x": 0.25}  # absolute changes below: noise
 TIMES = ("ms", "s")  # units that move with the machine's speed
-_HEADLINE = re.compile(r"(?:p50\s+)?(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<u>ms|s|MiB|KiB)\b")
+_HEADLINE = re.compile(r"(?:p50\s+)?(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<u>ms|s|MiB|KiB|x)\b")
 
 Summary = dict[str, dict[str, dict[str, float | str | int | None]]]
 

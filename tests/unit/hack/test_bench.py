@@ -142,6 +142,32 @@ def test_times_measured_on_a_machine_of_another_speed_are_not_compared() -> None
     assert [c.metric for c in regression.compare(old, run(8.0, 60.0, 20.0)).worse] == ["Prepare"]
 
 
+def test_a_ratio_to_a_driver_measured_the_same_minutes_is_compared_at_any_speed() -> None:
+    """Tranche's time over the Go driver's comes from one speed of the machine, so a ratio that
+    grew is reported even from a run whose times are set aside; jitter below 0.25 is not."""
+
+    def run(prepare_ms: float, ratio: float, machine_ms: float) -> regression.Summary:
+        return regression.summarize(
+            [
+                _result(
+                    "prepare",
+                    timing("Prepare", [prepare_ms / 1000] * 9),
+                    Row("Tranche / Go: prepare p50", f"{ratio:.2f}x"),
+                    calibration.row([machine_ms / 1000] * 7),
+                )
+            ]
+        )
+
+    committed = run(4.0, 2.0, 10.0)
+    slower_code = regression.compare(committed, run(8.0, 3.0, 20.0))
+    assert [(c.metric, c.before, c.after, c.unit) for c in slower_code.worse] == [
+        ("Tranche / Go: prepare p50", 2.0, 3.0, "x")
+    ]
+    assert "its 1 time rows are not compared" in slower_code.notes[0]
+    jitter = regression.compare(committed, run(4.0, 2.2, 10.0))
+    assert not jitter.worse and not jitter.better
+
+
 def test_the_calibration_is_fixed_work_that_takes_measurable_time() -> None:
     rounds = calibration.measure(rounds=3)
     assert len(rounds) == 3 and all(0 < r < 5 for r in rounds)

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from hack.bench import go_kubelet
+from hack.bench import go_driver, go_kubelet
 from hack.kubeletsim.client import ClaimRequest
 from proto.gen.dra.v1 import api_pb2 as pb
 from proto.gen.dra.v1 import api_pb2_grpc as pb_grpc
@@ -135,3 +135,36 @@ def test_a_claim_answered_with_an_error_fails_the_run_naming_the_claim(serve: An
 def test_a_plugin_that_is_not_there_fails_the_run(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="NodeUnprepareResources"):
         go_kubelet.call(_client(), str(tmp_path / "none.sock"), "empty", rounds=1, timeout_s=120)
+
+
+def test_two_drivers_measured_side_by_side_alternate_in_parts(serve: Any) -> None:
+    """The benchmark's Go driver and Tranche take turns (hack.bench.go_driver.alternated), so
+    a slow minute falls on both; Tranche's part is followed by its settling."""
+    order: list[str] = []
+
+    class Logged(_Plugin):
+        def __init__(self, tag: str) -> None:
+            super().__init__()
+            self.tag = tag
+
+        def _enter(self, method: str, claims: Any) -> None:
+            order.append(self.tag)
+            super()._enter(method, claims)
+
+    ours, theirs = _claims(2)
+    mine, peer = Logged("tranche"), Logged("go")
+    got_mine, got_peer = go_driver.alternated(
+        _client(),
+        (serve(mine), ours),
+        (serve(peer), theirs),
+        "single",
+        warmup=1,
+        rounds=8,
+        settle=lambda: order.append("settle"),
+    )
+    runs = [tag for i, tag in enumerate(order) if i == 0 or order[i - 1] != tag]
+    assert runs == ["tranche", "settle", "go"] * go_driver.CHUNKS
+    assert {c[1][0][2] for c in mine.calls} == {ours.uid}
+    assert {c[1][0][2] for c in peer.calls} == {theirs.uid}
+    assert len(got_mine.prepare) == len(got_peer.prepare) == 8
+    assert len(got_mine.unprepare) == len(got_peer.unprepare) == 8
