@@ -107,21 +107,26 @@ def test_a_scenario_that_cannot_run_says_why_and_reports_no_rows() -> None:
     assert result.rows == []
 
 
+def _prepare_run(prepare_ms: float, machine_ms: float, other: Row) -> regression.Summary:
+    """A summarised `prepare` scenario: a prepare p50, ``other``, and the machine's speed."""
+    return regression.summarize(
+        [
+            _result(
+                "prepare",
+                timing("Prepare", [prepare_ms / 1000] * 9),
+                other,
+                calibration.row([machine_ms / 1000] * 7),
+            )
+        ]
+    )
+
+
 def test_times_measured_on_a_machine_of_another_speed_are_not_compared() -> None:
     """A machine at half speed doubles every time; the report must not blame the code for it,
     nor credit the code when the machine is faster; sizes still count."""
 
     def run(prepare_ms: float, rss_mib: float, machine_ms: float) -> regression.Summary:
-        return regression.summarize(
-            [
-                _result(
-                    "prepare",
-                    timing("Prepare", [prepare_ms / 1000] * 9),
-                    Row("RSS idle", f"{rss_mib} MiB"),
-                    calibration.row([machine_ms / 1000] * 7),
-                )
-            ]
-        )
+        return _prepare_run(prepare_ms, machine_ms, Row("RSS idle", f"{rss_mib} MiB"))
 
     committed = run(4.0, 60.0, 10.0)
     slow = regression.compare(committed, run(8.0, 80.0, 20.0))
@@ -147,16 +152,7 @@ def test_a_ratio_to_a_driver_measured_the_same_minutes_is_compared_at_any_speed(
     grew is reported even from a run whose times are set aside; jitter below 0.25 is not."""
 
     def run(prepare_ms: float, ratio: float, machine_ms: float) -> regression.Summary:
-        return regression.summarize(
-            [
-                _result(
-                    "prepare",
-                    timing("Prepare", [prepare_ms / 1000] * 9),
-                    Row("Tranche / Go: prepare p50", f"{ratio:.2f}x"),
-                    calibration.row([machine_ms / 1000] * 7),
-                )
-            ]
-        )
+        return _prepare_run(prepare_ms, machine_ms, Row("Tranche / Go: prepare p50", f"{ratio}x"))
 
     committed = run(4.0, 2.0, 10.0)
     slower_code = regression.compare(committed, run(8.0, 3.0, 20.0))
