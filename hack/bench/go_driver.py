@@ -48,7 +48,9 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class GoDriver:
-    """A running test driver: its node, DRA socket, CDI directory and process."""
+    """A running test driver: its node, DRA and registration sockets, CDI directory and
+    process, and how long after its start the socket appeared and its devices were published
+    (seconds)."""
 
     node: str
     socket: Path
