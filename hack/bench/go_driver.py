@@ -225,14 +225,15 @@ def rows(
     tranche: Measured,
     peer: Peer,
     *,
+    client: Path,
     single: go_kubelet.Calls,
     empty: go_kubelet.Calls,
     burst: int,
     concurrency: int,
 ) -> None:
-    """The peer's burst (after Tranche's), then its rows and Tranche's figures over its own;
-    ``single`` and ``empty`` are its calls from :func:`alternated`."""
-    client = go_kubelet.build()
+    """The peer's burst (after Tranche's) by the kubelet's ``client``, then its rows and
+    Tranche's figures over its own; ``single`` and ``empty`` are its calls from
+    :func:`alternated`."""
     driver = peer.driver
     wanted = [
         Wanted(f"go-{i:03d}", f"device-{i % DEVICES:02d}", None, DRIVER_NAME) for i in range(burst)

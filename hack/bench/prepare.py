@@ -106,6 +106,7 @@ def go_rows(
             namespace,
             go_driver.Measured(single=go, empty=empty, burst=burst, burst_cpu_s=cpu),
             peer,
+            client=client,
             single=go_peer,
             empty=empty_peer,
             burst=BURST,

@@ -1,6 +1,10 @@
 """The Go driver that the benchmark measures beside Tranche (:mod:`hack.bench.go_driver`:
 upstream's DRA test driver on the kubeletplugin helper) runs as a kubelet plugin against the
-real API server: its side-by-side rows time a driver that publishes, prepares and unprepares."""
+real API server: its side-by-side rows time a driver that publishes, prepares and unprepares.
+
+The calls come from the project's kubelet client (``hack.kubeletsim``), not a real kubelet:
+the subject is the benchmark's peer driver, and the test must see its CDI spec between the
+prepare and the unprepare. The real-node tests cover Tranche's plugin under a real kubelet."""
 
 from __future__ import annotations
 
