@@ -718,8 +718,9 @@ class DeviceState:
     def recover(self) -> RecoveryReport:
         """Start-up: roll back half-prepared claims, re-validate after a reboot, sweep specs.
 
-        A checkpoint from another boot keeps its claims (the kubelet still counts
-        them as prepared) but every step is applied again and every CDI spec is
+        A checkpoint from another boot keeps its claims (the kubelet keeps them in
+        its checkpoint and will unprepare them, or prepare them again for the pods it
+        starts anew) but every step is applied again and every CDI spec is
         rewritten: device state and ``/var/run/cdi`` did not survive the reboot.
         A claim whose devices fail that check stays recorded, so unprepare still
         works, and is listed in ``failed``.
