@@ -108,7 +108,7 @@ test-matrix: $(STAMP) helm-bin
 	done
 
 bench: $(STAMP) bytecode k8s-bins
-	$(BIN)/python -m hack.bench
+	$(BIN)/python -m hack.bench $(BENCH_ARGS)
 
 demo: $(STAMP) bytecode k8s-bins
 	$(BIN)/python -m hack.demo

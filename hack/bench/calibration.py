@@ -13,11 +13,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 
-from hack.bench.results import Row, timing
+from hack.bench.results import Row, median, timing
 
 METRIC = "Machine speed: fixed Python work (calibration, lower is faster)"
 ROUNDS = 7
+# How often ``wait_until_quiet`` reads the machine, and how long it waits before confirming a
+# quiet reading (one reading can fall between two other machines' bursts).
+POLL_S = 120.0
+CONFIRM_S = 20.0
 _DOCUMENTS = 400
 
 # About the size and shape of a whole-GPU claim record (2 KiB as JSON).
@@ -65,3 +70,30 @@ def measure(rounds: int = ROUNDS) -> list[float]:
 def row(seconds: list[float]) -> Row:
     """The calibration row a scenario's results carry (``regression`` reads it)."""
     return timing(METRIC, seconds)
+
+
+def wait_until_quiet(
+    below_s: float,
+    limit_s: float,
+    *,
+    read: Callable[[], float] = lambda: median(measure()),
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    say: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> float | None:
+    """Wait until two readings ``CONFIRM_S`` apart are both at most ``below_s`` seconds per
+    round; return the second, or None when ``limit_s`` passed first. Every reading is said."""
+    deadline = clock() + limit_s
+    while True:
+        reading = read()
+        wanted = f"at most {below_s * 1e3:.2f}"
+        say(f"machine speed: {reading * 1e3:.2f} ms per calibration round ({wanted})")
+        if reading <= below_s and clock() + CONFIRM_S <= deadline:
+            sleep(CONFIRM_S)
+            again = read()
+            say(f"machine speed again: {again * 1e3:.2f} ms")
+            if again <= below_s:
+                return again
+        if clock() + POLL_S > deadline:
+            return None
+        sleep(POLL_S)

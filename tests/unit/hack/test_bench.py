@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from hack.bench import calibration, regression, report
 from hack.bench.__main__ import SCENARIOS
+from hack.bench.__main__ import main as bench_main
 from hack.bench.machine import share_row
 from hack.bench.results import Row, ScenarioResult, median, percentile, timing
 
@@ -170,6 +173,66 @@ def test_the_calibration_is_fixed_work_that_takes_measurable_time() -> None:
     row = calibration.row(rounds)
     assert row.metric == calibration.METRIC and row.samples == 3
     assert regression.headline(row.value) is not None
+
+
+class _Machine:
+    """Calibration readings in turn, and a clock that moves only when the wait sleeps."""
+
+    def __init__(self, *readings_ms: float) -> None:
+        self.readings = [ms / 1e3 for ms in readings_ms]
+        self.now = 0.0
+        self.slept: list[float] = []
+        self.said: list[str] = []
+
+    def read(self) -> float:
+        return self.readings.pop(0)
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def wait(self, below_ms: float, limit_s: float) -> float | None:
+        return calibration.wait_until_quiet(
+            below_ms / 1e3,
+            limit_s,
+            read=self.read,
+            sleep=self.sleep,
+            clock=lambda: self.now,
+            say=self.said.append,
+        )
+
+
+def test_the_bench_waits_for_two_quiet_readings_in_a_row() -> None:
+    # Slow, then one quiet reading the next one contradicts, then quiet twice.
+    machine = _Machine(15.0, 8.2, 12.0, 8.4, 8.1)
+    assert machine.wait(8.5, 3600) == 0.0081
+    poll, confirm = calibration.POLL_S, calibration.CONFIRM_S
+    assert machine.slept == [poll, confirm, poll, confirm]
+    assert machine.said[0] == "machine speed: 15.00 ms per calibration round (at most 8.50)"
+    assert machine.readings == []
+
+
+def test_the_bench_gives_up_when_the_machine_stays_slow() -> None:
+    machine = _Machine(*[14.0] * 100)
+    assert machine.wait(8.5, 600) is None
+    assert machine.now <= 600  # never sleeps past the limit
+    assert len(machine.said) == 1 + int(600 // calibration.POLL_S)
+
+
+def test_a_bench_that_waited_in_vain_runs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[float, float]] = []
+
+    def never(below_s: float, limit_s: float) -> None:
+        asked.append((below_s, limit_s))
+
+    def no_scenario(lab: object) -> None:
+        raise AssertionError("a scenario ran")
+
+    monkeypatch.setattr(calibration, "wait_until_quiet", never)
+    monkeypatch.setattr(SCENARIOS["modes"], "run", no_scenario)
+    argv = ["--wait-quiet", "8.5", "--wait-limit", "30", "--only", "modes", "--no-doc"]
+    assert bench_main(argv) == 3
+    assert asked == [(0.0085, 1800.0)]
 
 
 def test_the_machine_row_says_how_busy_the_cpus_were_and_how_much_the_hypervisor_took() -> None:
