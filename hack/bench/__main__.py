@@ -76,16 +76,17 @@ def main(argv: list[str] | None = None) -> int:
         "--wait-quiet",
         type=float,
         metavar="MS",
-        help="first wait until the calibration (a fixed piece of Python work) reads at most MS "
-        "ms per round twice, 20 s apart; the quiet hours of the development machines read "
-        "7.6-8.5 ms",
+        help="first wait until the calibration (a fixed piece of Python work, read every "
+        f"{calibration.POLL_S:g} s) reads at most MS ms per round twice, "
+        f"{calibration.CONFIRM_S:g} s apart; the quiet hours of the development machines "
+        "read 7.6-8.5 ms",
     )
     parser.add_argument(
         "--wait-limit",
         type=float,
         default=180.0,
         metavar="MIN",
-        help="with --wait-quiet: give up after MIN minutes, run nothing and exit 3 (180)",
+        help="with --wait-quiet: give up after MIN minutes, run nothing and exit 3 (%(default)g)",
     )
     args = parser.parse_args(argv)
     if args.wait_quiet is not None:
