@@ -495,6 +495,17 @@ def test_the_image_ships_bytecode_so_neither_process_compiles_its_modules_at_sta
         assert {"PYTHONOPTIMIZE=2", "PYTHONNODEBUGRANGES=1"} <= set(environ.splitlines())
 
 
+def test_the_image_carries_no_sample_script_as_a_top_level_module(install: Install) -> None:
+    """nvidia-ml-py installs its sample script as ``site-packages/example.py``: a module named
+    ``example`` that initialises NVML when imported. The image leaves it out."""
+    (plugin,) = [p for p in install.pods(PLUGIN_PODS) if _ready(p)]
+    out = install.kubectl(
+        "exec", "-n", NAMESPACE, plugin.metadata.name, "-c", "plugin", "--", "python3", "-c",
+        "import importlib.util as u, pynvml; print(pynvml.__name__, u.find_spec('example'))",
+    )  # fmt: skip
+    assert out.strip().splitlines()[-1] == "pynvml None"
+
+
 def test_the_plugin_registers_with_the_real_kubelet_and_publishes_the_nodes_slices(
     install: Install,
 ) -> None:
