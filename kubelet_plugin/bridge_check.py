@@ -2,8 +2,11 @@
 
 At start :func:`check_node` refuses to serve a node where a device plugin advertises
 ``nvidia.com/gpu`` (or a MIG resource) too. A device plugin deployed later (a DaemonSet
-rolled out to the node, a label changed) is found by :class:`DevicePluginWatch`, which
-reads the Node again every ``interval_s``: while the conflict lasts every new prepare
+rolled out to the node, a label changed) is found by :class:`DevicePluginWatch`: from each
+Node the plugin's watch of its Node delivers (the dynamic-MIG label's
+:class:`~kubelet_plugin.node_labels.NodeLabelWatch`), and while no such watch runs (no
+label, no ``watch`` on nodes, the watch broken) by reading the Node again every
+``interval_s``. While the conflict lasts every new prepare
 fails with the conflict's text (:meth:`DevicePluginWatch.refusal`), a Warning Event
 ``DevicePluginConflict`` is recorded on the Node (and on each refused claim), and
 ``tranche_errors_total{reason="device-plugin-conflict"}`` counts the refusals. Claims
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from driver.devices.bridge import DevicePluginConflictError, check_no_device_plugin
@@ -103,9 +106,10 @@ class EventSink(Protocol):
 
 
 class DevicePluginWatch:
-    """Re-reads the Node every ``interval_s`` (from the API server's cache) and remembers
-    whether a device plugin advertises what the bridge serves; :meth:`refusal` is what a
-    prepare must fail with."""
+    """Remembers whether a device plugin advertises what the bridge serves on the Node, as
+    a watch delivers it (:meth:`observe`) or, while none does (:meth:`follow`), as read again
+    every ``interval_s`` from the API server's cache; :meth:`refusal` is what a prepare must
+    fail with."""
 
     def __init__(
         self,
@@ -125,6 +129,12 @@ class DevicePluginWatch:
         self._conflict: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._watching: Callable[[], bool] = lambda: False
+
+    def follow(self, watching: Callable[[], bool]) -> None:
+        """While ``watching()`` is true a watch of the Node hands each version to
+        :meth:`observe`, and the thread skips its reads."""
+        self._watching = watching
 
     def refusal(self) -> str | None:
         """The conflict now (the node and what the device plugin advertises), or None."""
@@ -134,11 +144,18 @@ class DevicePluginWatch:
     def check_once(self) -> str | None:
         """Read the Node once and update the verdict; an unreadable Node keeps the last."""
         try:
-            check_node(self._kube, self._node, self._resources, cached=True)
-        except DevicePluginConflictError as e:
-            self._set(str(e))
+            node = read_node(self._kube, self._node, cached=True)
         except TrancheError as e:
             log.warning("device plugin watch: node not read node=%s error=%s", self._node, e)
+            return self.refusal()
+        return self.observe(node)
+
+    def observe(self, node: Mapping[str, Any]) -> str | None:
+        """Judge the Node as given (read, or delivered by a watch) and update the verdict."""
+        try:
+            check_no_device_plugin(node, self._resources)
+        except DevicePluginConflictError as e:
+            self._set(str(e))
         else:
             self._set(None)
         return self.refusal()
@@ -172,4 +189,5 @@ class DevicePluginWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
-            self.check_once()
+            if not self._watching():
+                self.check_once()

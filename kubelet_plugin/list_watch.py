@@ -98,6 +98,12 @@ class ListWatch:
         """What a refused list or watch means here (logged once with the error)."""
         return f"watch refused: the plugin's service account needs list and watch on {self._path}"
 
+    def watching(self) -> bool:
+        """True while the thread has the collection listed and follows its changes: not
+        before the first list, not from a failure (a refusal included) until the relist
+        succeeds, not once stopped."""
+        return bool(self._version) and self._thread is not None and not self._stop.is_set()
+
     # the thread ---------------------------------------------------------------------
 
     def start(self) -> None:

@@ -141,7 +141,12 @@ def serve(
             base=settings.advertise,
             current=advertise,
             on_change=relabelled,
+            # The device-plugin check judges each version of the Node the watch delivers,
+            # and reads the Node itself only while the watch does not run.
+            on_node=plugin.device_plugins.observe if plugin.device_plugins else None,
         )
+        if plugin.device_plugins is not None:
+            plugin.device_plugins.follow(labels.watching)
         labels.start()
         stoppers.append(labels.stop)
         stop.wait()

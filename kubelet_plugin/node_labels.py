@@ -7,8 +7,10 @@ label is read before the inventory is built, waiting for the API server like the
 plugin check. :class:`NodeLabelWatch` then watches the Node (``fieldSelector``
 ``metadata.name``, so one watcher per node in the API server, as each kubelet has) and
 reports once when the label changes what the node advertises; the process then restarts
-in place (``kubelet_plugin.main``), as a restarted pod would. Needs ``get``, ``list``
-and ``watch`` on nodes.
+in place (``kubelet_plugin.main``), as a restarted pod would. Each version of the Node it
+sees also goes to ``on_node``: the device-plugin check
+(:class:`~kubelet_plugin.bridge_check.DevicePluginWatch`) judges it at once and does not
+read the Node itself while the watch runs. Needs ``get``, ``list`` and ``watch`` on nodes.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def node_advertise(
 class NodeLabelWatch(ListWatch):
     """Watches Node ``node_name`` and calls ``on_change`` once, with what the node now
     advertises, when its ``label`` makes that differ from ``current`` (what the running
-    plugin advertises). Other changes of the Node (status, other labels) are ignored.
+    plugin advertises). Other changes of the Node (status, other labels) change nothing
+    here; every version seen goes to ``on_node`` (when given).
 
     A failure relists after an exponential back-off (:class:`ListWatch`); meanwhile the
     label keeps its last known effect: nothing is withdrawn because the API server is away.
@@ -82,6 +85,7 @@ class NodeLabelWatch(ListWatch):
         base: AdvertiseConfig,
         current: AdvertiseConfig,
         on_change: Callable[[AdvertiseConfig], None],
+        on_node: Callable[[Json], object] | None = None,
         backoff: Backoff | None = None,
         request_timeout_s: float = 10.0,
         watch_seconds: int = 300,
@@ -100,6 +104,7 @@ class NodeLabelWatch(ListWatch):
         self._base = base
         self._current = current
         self._on_change = on_change
+        self._on_node = on_node
 
     def start(self) -> None:
         if self._label:
@@ -116,6 +121,8 @@ class NodeLabelWatch(ListWatch):
         )
 
     def _seen(self, node: Json) -> None:
+        if self._on_node is not None:
+            self._on_node(node)
         chosen = advertise_for(node, self._label, self._base)
         if chosen == self._current or self._stop.is_set():
             return

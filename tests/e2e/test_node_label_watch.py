@@ -16,6 +16,7 @@ from driver.devices.inventory import DYNAMIC_MIG, AdvertiseConfig
 from driver.kube.http import KubeClient
 from driver.kube.kubeconfig import from_file
 from hack.devcluster.nodes import add_node
+from kubelet_plugin.bridge_check import DevicePluginWatch
 from kubelet_plugin.node_labels import NodeLabelWatch
 from kubelet_plugin.publisher import Backoff
 from tests.e2e.conftest import Cluster
@@ -99,3 +100,53 @@ def test_a_service_account_without_watch_on_nodes_is_named_once_and_changes_noth
     assert len(logged) == 1, logged
     assert "needs list and watch on nodes for --mig-node-label" in logged[0]
     assert "HTTP 403" in logged[0] and name in logged[0]
+
+
+def test_the_node_watch_hands_a_device_plugin_to_the_bridge_check_at_once(
+    cluster: Cluster,
+) -> None:
+    """As wired in ``kubelet_plugin.main``: the device-plugin check reads nothing itself
+    (its reads an hour apart here) while the label watch runs, and still refuses as soon as
+    a device plugin advertises on the Node. A broken watch hands the reads back to it."""
+    name = fresh_node_name("labels")
+    relay = TcpRelay(cluster.server)
+    relay.up()
+    changes: list[AdvertiseConfig] = []
+    with cluster.api_client() as api:
+        add_node(api, name)
+        try:
+            with KubeClient(replace(from_file(Path(cluster.kubeconfig)), server=relay.url)) as kube:
+                bridge = DevicePluginWatch(kube, name, interval_s=3600)
+                watch = NodeLabelWatch(
+                    kube,
+                    name,
+                    LABEL,
+                    base=AdvertiseConfig(),
+                    current=AdvertiseConfig(),
+                    on_change=changes.append,
+                    on_node=bridge.observe,
+                    backoff=Backoff(0.2, 0.5),
+                )
+                bridge.follow(watch.watching)
+                bridge.start()
+                watch.start()
+                try:
+                    wait_for("the list and the watch", watch.watching)
+                    status = {"status": {"capacity": {"nvidia.com/gpu": "8"}}}
+                    client.CoreV1Api(api).patch_node_status(name, status)
+                    conflict = wait_for("the conflict from the watch", bridge.refusal)
+                    assert f"node {name}" in conflict and "nvidia.com/gpu" in conflict
+                    relay.down()  # breaks the watch; the relists are refused
+                    wait_for("the watch to fail", lambda: not watch.watching())
+                    relay.up()
+                    wait_for("the relist", watch.watching)
+                    gone = {"status": {"capacity": {"nvidia.com/gpu": None}}}
+                    client.CoreV1Api(api).patch_node_status(name, gone)
+                    wait_for("the conflict gone", lambda: bridge.refusal() is None)
+                    assert changes == []
+                finally:
+                    watch.stop()
+                    bridge.stop()
+        finally:
+            client.CoreV1Api(api).delete_node(name)
+            relay.down()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -25,6 +27,7 @@ from kubelet_plugin.event_recorder import EventType, ObjectRef
 from tests.unit.claim_values import claim, ref_of, result
 from tests.unit.kubelet_plugin.test_trust import Claims, Namespaces
 from tests.unit.state_child import device_state
+from tests.waiting import wait_for
 
 
 class NodeKube(KubeClient):
@@ -133,3 +136,40 @@ def test_the_repeated_reads_come_from_the_api_servers_cache_the_start_up_check_f
     finally:
         kube.close()
     assert kube.queries == [{}, {"resourceVersion": "0"}, {"resourceVersion": "0"}]
+
+
+def test_a_node_delivered_by_the_watch_is_judged_without_a_read() -> None:
+    """The Node watch of the dynamic-MIG label hands each version to :meth:`observe`: a
+    device plugin that appears is refused at once, and its going is seen too."""
+    kube, events = NodeKube(), Events()
+    watch = DevicePluginWatch(kube, "node-a", events=events)
+    node: dict[str, Any] = {"metadata": {"name": "node-a"}, "status": {"capacity": {}}}
+    try:
+        assert watch.observe(node) is None
+        node["status"]["capacity"]["nvidia.com/gpu"] = "2"
+        conflict = watch.observe(node)
+        assert conflict is not None and "status.capacity[nvidia.com/gpu]=2" in conflict
+        assert watch.refusal() == conflict
+        node["status"]["capacity"] = {}
+        assert watch.observe(node) is None
+    finally:
+        kube.close()
+    assert kube.queries == []
+    assert [reason for _, _, reason, _ in events.seen] == [CONFLICT_REASON, RESOLVED_REASON]
+
+
+def test_the_thread_reads_the_node_only_while_no_watch_delivers_it() -> None:
+    kube = NodeKube()
+    watching = threading.Event()
+    watching.set()
+    watch = DevicePluginWatch(kube, "node-a", interval_s=0.01)
+    watch.follow(watching.is_set)
+    watch.start()
+    try:
+        time.sleep(0.3)  # about thirty ticks with the watch running
+        assert kube.queries == []
+        watching.clear()  # the watch broke: the thread reads the Node again
+        assert wait_for("a read of the node", lambda: kube.queries, timeout_s=30)
+    finally:
+        watch.stop()
+        kube.close()
