@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client import ApiClient
 
 from driver.devices.inventory import DYNAMIC_MIG, AdvertiseConfig
 from driver.kube.http import KubeClient
@@ -31,7 +35,11 @@ LABEL = "gpu.tranche.dev/dynamic-mig"
 
 
 def _label_watch(
-    kube: KubeClient, node: str, changes: list[AdvertiseConfig], backoff: Backoff
+    kube: KubeClient,
+    node: str,
+    changes: list[AdvertiseConfig],
+    backoff: Backoff,
+    on_node: Callable[[dict[str, Any]], object] | None = None,
 ) -> NodeLabelWatch:
     """A node running the default advertising, watched for the label."""
     return NodeLabelWatch(
@@ -41,38 +49,47 @@ def _label_watch(
         base=AdvertiseConfig(),
         current=AdvertiseConfig(),
         on_change=changes.append,
+        on_node=on_node,
         backoff=backoff,
     )
+
+
+@contextmanager
+def _node_behind_relay(cluster: Cluster) -> Iterator[tuple[ApiClient, str, TcpRelay, KubeClient]]:
+    """A fresh Node, and a client that reaches the API server through a relay the test can
+    take down (which also breaks the connections it carries)."""
+    name = fresh_node_name("labels")
+    relay = TcpRelay(cluster.server)
+    relay.up()
+    with cluster.api_client() as api:
+        add_node(api, name)
+        try:
+            with KubeClient(replace(from_file(Path(cluster.kubeconfig)), server=relay.url)) as kube:
+                yield api, name, relay, kube
+        finally:
+            client.CoreV1Api(api).delete_node(name)
+            relay.down()
 
 
 def test_a_label_set_while_the_api_server_is_away_is_seen_after_it_comes_back(
     cluster: Cluster,
 ) -> None:
-    name = fresh_node_name("labels")
-    relay = TcpRelay(cluster.server)
-    relay.up()
     changes: list[AdvertiseConfig] = []
-    with cluster.api_client() as api:
-        add_node(api, name)
+    with _node_behind_relay(cluster) as (_api, name, relay, kube):
+        watch = _label_watch(kube, name, changes, Backoff(0.2, 0.5))
+        watch.start()
         try:
-            with KubeClient(replace(from_file(Path(cluster.kubeconfig)), server=relay.url)) as kube:
-                watch = _label_watch(kube, name, changes, Backoff(0.2, 0.5))
-                watch.start()
-                try:
-                    wait_for("the list and the watch", lambda: relay.accepted >= 2)
-                    kubectl(cluster, "label", "node", name, "example.com/rack=r7")
-                    relay.down()  # breaks the watch; the next attempts are refused
-                    kubectl(cluster, "label", "node", name, f"{LABEL}=true")
-                    time.sleep(1.0)  # several failed relists
-                    assert changes == []
-                    relay.up()
-                    wait_for("the change after the relist", lambda: changes)
-                    assert changes == [DYNAMIC_MIG]
-                finally:
-                    watch.stop()
+            wait_for("the list and the watch", lambda: relay.accepted >= 2)
+            kubectl(cluster, "label", "node", name, "example.com/rack=r7")
+            relay.down()  # breaks the watch; the next attempts are refused
+            kubectl(cluster, "label", "node", name, f"{LABEL}=true")
+            time.sleep(1.0)  # several failed relists
+            assert changes == []
+            relay.up()
+            wait_for("the change after the relist", lambda: changes)
+            assert changes == [DYNAMIC_MIG]
         finally:
-            client.CoreV1Api(api).delete_node(name)
-            relay.down()
+            watch.stop()
 
 
 def test_a_service_account_without_watch_on_nodes_is_named_once_and_changes_nothing(
@@ -108,45 +125,27 @@ def test_the_node_watch_hands_a_device_plugin_to_the_bridge_check_at_once(
     """As wired in ``kubelet_plugin.main``: the device-plugin check reads nothing itself
     (its reads an hour apart here) while the label watch runs, and still refuses as soon as
     a device plugin advertises on the Node. A broken watch hands the reads back to it."""
-    name = fresh_node_name("labels")
-    relay = TcpRelay(cluster.server)
-    relay.up()
     changes: list[AdvertiseConfig] = []
-    with cluster.api_client() as api:
-        add_node(api, name)
+    with _node_behind_relay(cluster) as (api, name, relay, kube):
+        bridge = DevicePluginWatch(kube, name, interval_s=3600)
+        watch = _label_watch(kube, name, changes, Backoff(0.2, 0.5), on_node=bridge.observe)
+        bridge.follow(watch.watching)
+        bridge.start()
+        watch.start()
         try:
-            with KubeClient(replace(from_file(Path(cluster.kubeconfig)), server=relay.url)) as kube:
-                bridge = DevicePluginWatch(kube, name, interval_s=3600)
-                watch = NodeLabelWatch(
-                    kube,
-                    name,
-                    LABEL,
-                    base=AdvertiseConfig(),
-                    current=AdvertiseConfig(),
-                    on_change=changes.append,
-                    on_node=bridge.observe,
-                    backoff=Backoff(0.2, 0.5),
-                )
-                bridge.follow(watch.watching)
-                bridge.start()
-                watch.start()
-                try:
-                    wait_for("the list and the watch", watch.watching)
-                    status = {"status": {"capacity": {"nvidia.com/gpu": "8"}}}
-                    client.CoreV1Api(api).patch_node_status(name, status)
-                    conflict = wait_for("the conflict from the watch", bridge.refusal)
-                    assert f"node {name}" in conflict and "nvidia.com/gpu" in conflict
-                    relay.down()  # breaks the watch; the relists are refused
-                    wait_for("the watch to fail", lambda: not watch.watching())
-                    relay.up()
-                    wait_for("the relist", watch.watching)
-                    gone = {"status": {"capacity": {"nvidia.com/gpu": None}}}
-                    client.CoreV1Api(api).patch_node_status(name, gone)
-                    wait_for("the conflict gone", lambda: bridge.refusal() is None)
-                    assert changes == []
-                finally:
-                    watch.stop()
-                    bridge.stop()
+            wait_for("the list and the watch", watch.watching)
+            status = {"status": {"capacity": {"nvidia.com/gpu": "8"}}}
+            client.CoreV1Api(api).patch_node_status(name, status)
+            conflict = wait_for("the conflict from the watch", bridge.refusal)
+            assert f"node {name}" in conflict and "nvidia.com/gpu" in conflict
+            relay.down()  # breaks the watch; the relists are refused
+            wait_for("the watch to fail", lambda: not watch.watching())
+            relay.up()
+            wait_for("the relist", watch.watching)
+            gone = {"status": {"capacity": {"nvidia.com/gpu": None}}}
+            client.CoreV1Api(api).patch_node_status(name, gone)
+            wait_for("the conflict gone", lambda: bridge.refusal() is None)
+            assert changes == []
         finally:
-            client.CoreV1Api(api).delete_node(name)
-            relay.down()
+            watch.stop()
+            bridge.stop()
