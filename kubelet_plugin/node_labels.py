@@ -88,8 +88,12 @@ class NodeLabelWatch(ListWatch):
         on_node: Callable[[Json], object] | None = None,
         backoff: Backoff | None = None,
         request_timeout_s: float = 10.0,
-        watch_seconds: int = 300,
+        watch_seconds: int = 60,
     ) -> None:
+        """``watch_seconds``: each watch lasts this long, the next resumes where it ended.
+        Short, because the device-plugin check leans on this watch while it runs: a
+        connection that died unnoticed (no reset reached the plugin) ends with the watch's
+        read timeout, 10 s after it, and is relisted."""
         super().__init__(
             kube,
             NODES,

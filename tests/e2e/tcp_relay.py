@@ -2,7 +2,8 @@
 by one client only, without stopping the shared control plane.
 
 While cut, the listening socket is closed (connections are refused) and open
-connections are dropped; TLS passes through untouched.
+connections are dropped; TLS passes through untouched. While stalled, connections stay open
+and new ones are accepted, but nothing is forwarded: a peer gone silent without a reset.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class TcpRelay:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self.accepted = 0  # connections accepted so far
+        self._flowing = threading.Event()
+        self._flowing.set()
 
     @property
     def url(self) -> str:
@@ -62,6 +65,13 @@ class TcpRelay:
             t.join(5)
         self._threads = [t for t in self._threads if t.is_alive()]
 
+    def stall(self) -> None:
+        """Stop forwarding, in both directions, keeping every connection open."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -83,6 +93,8 @@ class TcpRelay:
         peers = {a: b, b: a}
         try:
             while True:
+                if not self._flowing.wait(1.0):
+                    continue
                 readable, _, _ = select.select([a, b], [], [], 1.0)
                 for s in readable:
                     data = s.recv(65536)

@@ -40,6 +40,7 @@ def _label_watch(
     changes: list[AdvertiseConfig],
     backoff: Backoff,
     on_node: Callable[[dict[str, Any]], object] | None = None,
+    watch_seconds: int = 60,
 ) -> NodeLabelWatch:
     """A node running the default advertising, watched for the label."""
     return NodeLabelWatch(
@@ -51,6 +52,7 @@ def _label_watch(
         on_change=changes.append,
         on_node=on_node,
         backoff=backoff,
+        watch_seconds=watch_seconds,
     )
 
 
@@ -88,6 +90,25 @@ def test_a_label_set_while_the_api_server_is_away_is_seen_after_it_comes_back(
             relay.up()
             wait_for("the change after the relist", lambda: changes)
             assert changes == [DYNAMIC_MIG]
+        finally:
+            watch.stop()
+
+
+def test_a_watch_whose_connection_went_silent_is_given_up_and_relisted(
+    cluster: Cluster,
+) -> None:
+    """A connection that stops carrying anything, with no reset (a peer or a middlebox
+    gone), ends at the watch's read timeout (``watch_seconds`` + 10 s; 1 s watches here):
+    the device-plugin check then reads the Node itself until the relist."""
+    with _node_behind_relay(cluster) as (_api, name, relay, kube):
+        watch = _label_watch(kube, name, [], Backoff(0.2, 0.5), watch_seconds=1)
+        watch.start()
+        try:
+            wait_for("the list and the watch", watch.watching)
+            relay.stall()
+            wait_for("the silent watch given up", lambda: not watch.watching(), timeout_s=60)
+            relay.resume()
+            wait_for("the relist", watch.watching)
         finally:
             watch.stop()
 
