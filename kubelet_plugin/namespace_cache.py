@@ -41,8 +41,11 @@ class WatchedNamespaces(ListWatch):
         fallback: NamespaceReader | None = None,
         backoff: Backoff | None = None,
         request_timeout_s: float = 10.0,
-        watch_seconds: int = 300,
+        watch_seconds: int = 60,
     ) -> None:
+        """``watch_seconds``: each watch lasts this long, the next resumes where it ended.
+        Short, so that a connection that died unnoticed (no reset reached the plugin) ends
+        with the watch's read timeout, 10 s after it, and the cache stops answering."""
         super().__init__(
             kube,
             NAMESPACES,

@@ -124,6 +124,36 @@ def test_a_broken_watch_falls_back_to_direct_reads_and_relists(
             relay.down()
 
 
+def test_a_watch_gone_silent_is_given_up_so_a_stale_label_is_not_served_for_long(
+    cluster: Cluster, kube: KubeClient, namespace: str
+) -> None:
+    """A connection that stops carrying anything without a reset (a peer or a middlebox
+    gone) ends at the watch's read timeout (``watch_seconds`` + 10 s; 1 s watches here),
+    and the cache stops answering: a trust label changed meanwhile is not judged from the
+    labels held before."""
+    relay = TcpRelay(cluster.server)
+    relay.up()
+    with cluster.kube(relay.url) as via_relay:
+        direct = CountingReader(via_relay)
+        cache = WatchedNamespaces(
+            via_relay, fallback=direct, backoff=Backoff(0.2, 1.0), watch_seconds=1
+        )
+        cache.start()
+        try:
+            wait_for("the namespace cache to sync", lambda: cache.synced, timeout_s=30)
+            relay.stall()
+            _label(kube, namespace, {LABEL_LEVEL: "dedicated"})
+            wait_for("the silent watch given up", lambda: not cache.synced, timeout_s=60)
+            with pytest.raises(ApiUnavailable, match="its trust level is unknown"):
+                cache.tenant_labels(namespace)  # the direct read stalls too: fails closed
+            relay.resume()
+            wait_for("the cache to relist", lambda: cache.synced and cache.lists >= 2)
+            assert cache.tenant_labels(namespace)[namespace].get(LABEL_LEVEL) == "dedicated"
+        finally:
+            cache.stop()
+            relay.down()
+
+
 def test_a_service_account_that_may_only_get_namespaces_is_named_once_and_still_served(
     cluster: Cluster, kube: KubeClient, namespace: str, tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
