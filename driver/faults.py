@@ -44,6 +44,7 @@ POINTS = (
     "mig:after-intent",
     "mig:after-create",
     "mps:after-spawn",
+    "speculation:after-try",
 )
 
 
