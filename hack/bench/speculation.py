@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from driver.devices.inventory import build_inventory
+from driver.nvml.sim import open_simulated
 from hack.bench.claims import Wanted, create_allocated
 from hack.bench.lab import Lab, plugin_pid
 from hack.bench.machine import wait_idle
@@ -32,13 +34,15 @@ def _round(conn: PluginConnection, claim: ClaimRequest) -> float:
 def rows(
     lab: Lab, result: ScenarioResult, namespace: str, *, conn: PluginConnection, node: str, gpu: str
 ) -> None:
-    """Rows for the plugin on ``conn`` (node ``node``, speculation on) against a fresh one
-    with it off; ``gpu``: a device name of both (the same simulated profile)."""
+    """Rows for the plugin on ``conn`` (node ``node``, speculation on, its GPU ``gpu``)
+    against a fresh one with it off."""
     off = lab.node("prepq", extra_args=("--no-speculative-prepare",))
     lab.wait_slices(off.name, 1)
     off_conn = off.connect()
+    nvml = open_simulated(off.node.sim_state)
+    off_gpu = build_inventory(nvml.list_gpus(), nvml.system_info()).gpus[0].name
     (mine,) = create_allocated(lab.api, namespace, node, [Wanted("spec-on", gpu)])
-    (theirs,) = create_allocated(lab.api, namespace, off.name, [Wanted("spec-off", gpu)])
+    (theirs,) = create_allocated(lab.api, namespace, off.name, [Wanted("spec-off", off_gpu)])
     wait_idle(plugin_pid(off.node))
     on_s: list[float] = []
     off_s: list[float] = []
