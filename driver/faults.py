@@ -44,7 +44,6 @@ POINTS = (
     "mig:after-intent",
     "mig:after-create",
     "mps:after-spawn",
-    "speculation:after-try",
 )
 
 

@@ -224,7 +224,6 @@ def _copy(t: _Totals) -> _Totals:
 
 _LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _NVML_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
-SPECULATION_OUTCOMES = ("confirmed", "contradicted", "unread", "declined")
 
 
 class _LogDrops(Collector):
@@ -298,16 +297,6 @@ class Metrics:
             ["tenant", "reason"],
             registry=registry,
         )
-        self._speculative = Counter(
-            "tranche_speculative_prepares",
-            "Lone one-claim prepares tried from the API server's cache while the quorum read "
-            "ran, by outcome: confirmed (the answer), contradicted or unread (withdrawn, "
-            "prepared from the quorum read), declined (not a whole-GPU claim preparable now).",
-            ["outcome"],
-            registry=registry,
-        )
-        for outcome in SPECULATION_OUTCOMES:
-            self._speculative.labels(outcome=outcome)
         self._nvml = Histogram(
             "tranche_nvml_call_seconds",
             "Latency of NVML calls, by call name.",
@@ -328,11 +317,6 @@ class Metrics:
     def count_error(self, reason: str) -> None:
         """Count an error; ``reason`` outside :data:`ERROR_REASONS` counts as ``internal``."""
         self._errors.labels(reason=reason if reason in ERROR_REASONS else "internal").inc()
-
-    def count_speculative_prepare(self, outcome: str) -> None:
-        """One speculative prepare's ``outcome`` (:data:`SPECULATION_OUTCOMES`)."""
-        if outcome in SPECULATION_OUTCOMES:
-            self._speculative.labels(outcome=outcome).inc()
 
     def count_exception(self, err: BaseException) -> None:
         self.count_error(error_reason(err))

@@ -18,20 +18,11 @@ conflict, a ``DevicePluginConflict`` Event and a count, before anything is read.
 A claim reserved for a PodGroup (``DRAWorkloadResourceClaims``) is resolved to the group's
 pods on this node first (``kubelet_plugin.pod_groups``); a stale reservation fails the claim.
 NodeUnprepareResources needs no read: the checkpoint has everything.
-
-A call for one claim, while no other prepare is in progress, overlaps the quorum read with
-the device work (``cached``, a reader of the API server's watch cache): the claim is read
-from the cache and tried (:meth:`driver.prepare.executor.DeviceState.try_prepare`, whole
-GPUs only) while the quorum read runs; the answer stands only if the quorum read asks for
-the same (:meth:`~driver.prepare.executor.DeviceState.parse` of both equal); otherwise the
-try is withdrawn and the claim prepared from the quorum read. What a prepare answers is
-decided by a quorum read either way (docs/kubelet-plugin.md, "Speculative prepare").
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
@@ -41,7 +32,7 @@ from driver.errors import ApiUnavailable, ClaimError, TrancheError, TrustViolati
 from driver.kube.http import RESOURCE_V1, KubeClient
 from driver.metrics import Metrics
 from driver.prepare.claims import PodRef
-from driver.prepare.executor import DeviceState, Tentative
+from driver.prepare.executor import DeviceState
 from driver.trust.policy import (
     DEFAULT_LEVEL,
     ColocationRefused,
@@ -68,14 +59,9 @@ class ClaimReader(Protocol):
 class ApiClaimReader:
     """Reads ResourceClaims (``resource.k8s.io/v1``) as raw JSON from the API server."""
 
-    def __init__(
-        self, kube: KubeClient, timeout_s: float = READ_TIMEOUT_S, *, cached: bool = False
-    ) -> None:
-        """``cached``: read from the API server's watch cache (``resourceVersion=0``), which
-        may be older than the claim in etcd; else a quorum read."""
+    def __init__(self, kube: KubeClient, timeout_s: float = READ_TIMEOUT_S) -> None:
         self._kube = kube
         self._timeout_s = timeout_s
-        self._query = {"resourceVersion": "0"} if cached else None
 
     def read(self, ref: ClaimRef) -> Mapping[str, Any]:
         return read_raw(
@@ -83,7 +69,6 @@ class ApiClaimReader:
             f"{RESOURCE_V1}/namespaces/{ref.namespace}/resourceclaims/{ref.name}",
             f"claim {ref.namespace}/{ref.name}",
             missing=" (deleted before it was prepared)",
-            query=self._query,
             timeout_s=self._timeout_s,
         )
 
@@ -108,10 +93,7 @@ class PluginDriver:
         read_workers: int = 8,
         refusal: Callable[[], str | None] | None = None,
         pod_groups: PodGroupResolver | None = None,
-        cached: ClaimReader | None = None,
     ) -> None:
-        """``cached``: a reader that may answer from a stale copy; with it, a lone
-        one-claim prepare is tried from it while the quorum read (``reader``) runs."""
         self._state = state
         self._reader = reader
         self._namespaces = namespaces
@@ -121,9 +103,6 @@ class PluginDriver:
         self._refusal = refusal or (lambda: None)
         self._pod_groups = pod_groups
         self._pool = ThreadPoolExecutor(max_workers=read_workers, thread_name_prefix="claim-read")
-        self._cached = cached
-        self._calls = 0  # prepare calls in progress: a speculative read only when alone
-        self._calls_lock = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -132,19 +111,6 @@ class PluginDriver:
         conflict = self._refusal()
         if conflict is not None:
             return {ref.uid: self._refuse(ref, conflict) for ref in claims}
-        with self._calls_lock:
-            self._calls += 1
-            alone = self._calls == 1
-        try:
-            cached = self._cached if alone and len(claims) == 1 else None
-            if cached is not None and self._namespaces.synced:
-                return {claims[0].uid: self._prepare_one(claims[0], cached)}
-            return self._prepare(claims)
-        finally:
-            with self._calls_lock:
-                self._calls -= 1
-
-    def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         namespaces = list(dict.fromkeys(ref.namespace for ref in claims))
         # From memory (a synced namespace cache) in this thread; else read alongside the claims.
         inline = self._namespaces.synced
@@ -173,90 +139,27 @@ class PluginDriver:
                 )
                 results[ref.uid] = PrepareResult(error=str(e), reason=error_reason(e))
                 continue
-            results[ref.uid] = self._prepare_read(ref, claim, tenancy)
+            group_pods, group_error = self._group_pods(claim, ref)
+            refusals: list[TrustViolation] = []
+            results[ref.uid] = self._state.prepare(
+                claim,
+                ref,
+                tenancy,
+                refusals.append,
+                group_pods=group_pods,
+                group_error=group_error,
+            )
+            for refusal in refusals:
+                self._audit(ref, refusal)
+            if results[ref.uid].error:
+                log.warning(
+                    "prepare failed claim_uid=%s namespace=%s name=%s error=%s",
+                    ref.uid,
+                    ref.namespace,
+                    ref.name,
+                    results[ref.uid].error,
+                )
         return results
-
-    def _prepare_read(
-        self, ref: ClaimRef, claim: Mapping[str, Any], tenancy: Tenancy
-    ) -> PrepareResult:
-        """Prepare ``claim`` (a quorum read), audit its refusals, log its failure."""
-        group_pods, group_error = self._group_pods(claim, ref)
-        refusals: list[TrustViolation] = []
-        result = self._state.prepare(
-            claim, ref, tenancy, refusals.append, group_pods=group_pods, group_error=group_error
-        )
-        return self._answered(ref, result, refusals)
-
-    def _answered(
-        self, ref: ClaimRef, result: PrepareResult, refusals: Sequence[TrustViolation]
-    ) -> PrepareResult:
-        for refusal in refusals:
-            self._audit(ref, refusal)
-        if result.error:
-            log.warning(
-                "prepare failed claim_uid=%s namespace=%s name=%s error=%s",
-                ref.uid,
-                ref.namespace,
-                ref.name,
-                result.error,
-            )
-        return result
-
-    def _prepare_one(self, ref: ClaimRef, cached: ClaimReader) -> PrepareResult:
-        """One claim: tried from the cached read while the quorum read runs (module doc)."""
-        quorum = self._pool.submit(self._reader.read, ref)
-        tenancy_read = _now(self._tenancy, ref.namespace)  # the namespace cache is synced
-        tentative: Tentative | None = None
-        refusals: list[TrustViolation] = []
-        try:
-            tenancy = _claim_tenancy(ref, tenancy_read)
-            tentative = self._state.try_prepare(cached.read(ref), ref, tenancy, refusals.append)
-        except TrancheError as e:  # the quorum read's turn to say it
-            log.debug("speculative prepare not tried claim_uid=%s error=%s", ref.uid, e)
-        try:
-            claim = quorum.result()
-            tenancy = _claim_tenancy(ref, tenancy_read)
-        except TrancheError as e:
-            self._take_back(ref, tentative, "unread")
-            log.warning(
-                "claim or namespace read failed claim_uid=%s namespace=%s name=%s error=%s",
-                ref.uid,
-                ref.namespace,
-                ref.name,
-                e,
-            )
-            return PrepareResult(error=str(e), reason=error_reason(e))
-        if tentative is None:
-            self._speculation("declined")
-        elif self._same_ask(claim, ref, tentative):
-            self._speculation("confirmed")
-            return self._answered(ref, tentative.result, refusals)
-        else:
-            self._take_back(ref, tentative, "contradicted")
-        return self._prepare_read(ref, claim, tenancy)
-
-    def _same_ask(self, claim: Mapping[str, Any], ref: ClaimRef, tentative: Tentative) -> bool:
-        """Whether the quorum read asks this node for what the tentative prepare did."""
-        try:
-            return self._state.parse(claim, ref) == tentative.allocation
-        except TrancheError:
-            return False
-
-    def _take_back(self, ref: ClaimRef, tentative: Tentative | None, why: str) -> None:
-        """Withdraw a tentative prepare the quorum read did not confirm."""
-        if tentative is None:
-            return
-        self._speculation(why)
-        if not tentative.created:
-            return
-        try:
-            self._state.withdraw(ref)
-        except (TrancheError, OSError) as e:  # kept recorded; the next prepare settles it
-            log.error("tentative prepare not withdrawn claim_uid=%s error=%s", ref.uid, e)
-
-    def _speculation(self, outcome: str) -> None:
-        if self._metrics is not None:
-            self._metrics.count_speculative_prepare(outcome)
 
     def _group_pods(
         self, claim: Mapping[str, Any], ref: ClaimRef

@@ -245,7 +245,6 @@ class NodePlugin:
             metrics=metrics,
             refusal=self.device_plugins.refusal if self.device_plugins else None,
             pod_groups=PodGroupResolver(kube, settings.node_name, self._pod_group_version),
-            cached=ApiClaimReader(kube, cached=True) if settings.speculative_prepare else None,
         )
         measured = MeasuredDriver(self.plugin_driver, metrics)
         self.driver: StatusWritingDriver | MeasuredDriver = (

@@ -78,7 +78,6 @@ class PluginSettings(BaseModel):
     health_policy: HealthPolicy = HealthPolicy()
     device_plugin_check: bool = True
     claim_status: bool = True
-    speculative_prepare: bool = True
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -260,14 +259,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default on); off, the plugin writes no ResourceClaim",
         default=True,
     )
-    add_switch(
-        p,
-        "--speculative-prepare",
-        "prepare a lone whole-GPU claim from the API server's cache while the quorum read "
-        "runs, and answer only what the quorum read confirms (default on); off, every "
-        "prepare waits for its quorum read first",
-        default=True,
-    )
     add_switch(p, "--dry-run", "validate the configuration and print it, then exit")
 
 
@@ -325,7 +316,6 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             health_policy=parse_health_policy(args.health_policy),
             device_plugin_check=args.device_plugin_check,
             claim_status=args.claim_status,
-            speculative_prepare=args.speculative_prepare,
             log_format=args.log_format,
             log_level=args.log_level,
         )

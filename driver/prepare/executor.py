@@ -5,18 +5,12 @@ under a node-wide file lock:
 
 prepare
     read the checkpoint; a ``PrepareCompleted`` claim returns its recorded answer
-    (the same every time) unless the claim now holds other devices (it was allocated
-    again: the old preparation is rolled back); a ``PrepareStarted`` claim is rolled
-    back; the guards (exclusivity, and any the caller adds) run; ``PrepareStarted`` is recorded;
+    (the same every time); a ``PrepareStarted`` claim is rolled back; the guards
+    (exclusivity, and any the caller adds) run; ``PrepareStarted`` is recorded;
     each step is applied; the CDI spec is written; ``PrepareCompleted`` is recorded.
 unprepare
     undo the steps in reverse, remove the CDI spec, drop the claim (its
     allocation record moves to the history). An unknown claim succeeds.
-
-:meth:`DeviceState.try_prepare` prepares from a read that may be stale (the API server's
-cache), only where a wrong guess leaves nothing to undo but the claim's spec and file (a
-whole GPU); :meth:`DeviceState.withdraw` takes such a guess back. The caller answers only
-what a quorum read confirms (``kubelet_plugin.dra_driver``).
 
 Step kinds are applied by :class:`StepHandler` objects keyed by kind, so a new
 sharing mode adds a handler, not branches here. A plan with a step kind that
@@ -83,23 +77,6 @@ from driver.trust.policy import Tenancy
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 10.0
-
-
-class _Declined(Exception):
-    """A tentative prepare that would replace a prepared claim: left to the quorum read."""
-
-
-@dataclass(frozen=True)
-class Tentative:
-    """A prepare made from a read that may be stale (:meth:`DeviceState.try_prepare`).
-
-    ``allocation``: what the read asked for, to compare with a quorum read's; ``created``:
-    this call prepared the claim (rather than answering a claim prepared before), so a
-    quorum read that disagrees must :meth:`DeviceState.withdraw` it."""
-
-    result: PrepareResult
-    allocation: ClaimAllocation
-    created: bool
 
 
 class GpuControl(Protocol):
@@ -493,84 +470,24 @@ class DeviceState:
         try:
             if group_error is not None:
                 raise group_error
-            allocation = self.parse(claim, ref, group_pods=group_pods)
+            allocation = parse_claim(
+                claim,
+                ref,
+                driver_name=self.driver_name,
+                node_name=self.node_name,
+                device_names=_Names(self.inventory, self.shares),
+                group_pods=group_pods,
+            )
             planned = (allocation, build_plan(allocation, self.inventory, self.shares))
         except TrancheError as e:
             problem = e
         try:
             with self._locked():
-                return self._prepare_locked(ref, planned, problem, tenancy, on_refused)[0]
+                return self._prepare_locked(ref, planned, problem, tenancy, on_refused)
         except (TrancheError, OSError) as e:
             return PrepareResult(
                 error=f"claim {ref.namespace}/{ref.name}: {e}", reason=error_reason(e)
             )
-
-    def parse(
-        self,
-        claim: Mapping[str, Any],
-        ref: ClaimRef,
-        *,
-        group_pods: Mapping[str, Sequence[PodRef]] | None = None,
-    ) -> ClaimAllocation:
-        """What ``claim`` asks of this node (:func:`driver.prepare.claims.parse_claim`):
-        everything a prepare takes from the claim. Raises ClaimError or ConfigError."""
-        return parse_claim(
-            claim,
-            ref,
-            driver_name=self.driver_name,
-            node_name=self.node_name,
-            device_names=_Names(self.inventory, self.shares),
-            group_pods=group_pods,
-        )
-
-    def try_prepare(
-        self,
-        claim: Mapping[str, Any],
-        ref: ClaimRef,
-        tenancy: Tenancy | None = None,
-        on_refused: Callable[[TrustViolation], None] | None = None,
-    ) -> Tentative | None:
-        """Prepare ``claim`` read from a source that may be stale, or do nothing (None).
-
-        Only a claim this node can prepare now, reserved for no PodGroup, whose every step
-        undoes nothing (whole GPUs: nothing on the GPU changes) is tried, so that a guess
-        the quorum read contradicts costs one :meth:`withdraw`: its spec and claim file.
-        The result is an answer only once a quorum read of the claim is parsed into the same
-        :class:`Tentative.allocation`; a refusal handed to ``on_refused`` counts only then.
-        Everything else is as :meth:`prepare`, under the same lock."""
-        try:
-            allocation = self.parse(claim, ref)
-            if allocation.pod_groups:
-                return None
-            plan = build_plan(allocation, self.inventory, self.shares)
-        except TrancheError:
-            return None  # the quorum read decides what to say about it
-        if not all(undoes_nothing(self.handlers.get(s.kind)) for s in plan.steps):
-            return None
-        try:
-            with self._locked():
-                result, created = self._prepare_locked(
-                    ref, (allocation, plan), None, tenancy, on_refused, tentative=True
-                )
-                self._faults.reached("speculation:after-try")
-        except _Declined:
-            return None
-        except (TrancheError, OSError) as e:
-            result = PrepareResult(
-                error=f"claim {ref.namespace}/{ref.name}: {e}", reason=error_reason(e)
-            )
-            created = False
-        return Tentative(result, allocation, created)
-
-    def withdraw(self, ref: ClaimRef) -> None:
-        """Take back a :meth:`try_prepare` that a quorum read contradicted: roll the claim
-        back (its spec and file; whole GPUs change nothing else). Raises on failure; the
-        claim then stays recorded and a later prepare or unprepare of it settles it."""
-        with self._locked():
-            state = self._load()
-            record = state.claims.get(ref.uid)
-            if record is not None:
-                self._roll_back(state, record)
 
     def _prepare_locked(
         self,
@@ -579,44 +496,21 @@ class DeviceState:
         problem: TrancheError | None,
         tenancy: Tenancy | None = None,
         on_refused: Callable[[TrustViolation], None] | None = None,
-        *,
-        tentative: bool = False,
-    ) -> tuple[PrepareResult, bool]:
-        """The prepare under the lock, and whether it prepared the claim (a new record).
-        ``tentative`` (a read that may be stale): a prepared claim is never replaced."""
+    ) -> PrepareResult:
         self._faults.reached("prepare:after-lock")
         state = self._load()
         record = state.claims.get(ref.uid)
-        if (
-            record is not None
-            and record.state == "PrepareCompleted"
-            and planned is not None
-            and _held(record.plan) != _held(planned[1])
-        ):
-            # The claim was deallocated and allocated again (or a tentative prepare from a
-            # stale read survived a crash): the recorded answer names devices it no longer has.
-            if tentative:
-                raise _Declined  # unless the stale read is the one that differs: the quorum's
-            log.warning(
-                "prepared claim holds other devices now claim_uid=%s recorded=%s allocated=%s; "
-                "preparing it again",
-                ref.uid,
-                ",".join(sorted(d[2] for d in _held(record.plan))),
-                ",".join(sorted(d[2] for d in _held(planned[1]))),
-            )
-            self._roll_back(state, record)
-            record = None
         if record is not None and record.state == "PrepareCompleted":
             gone = self._missing(record)
             if not gone:
-                return _answer(record), False
-            return self._reapply(state, record, gone), False
+                return _answer(record)
+            return self._reapply(state, record, gone)
         if record is not None:
             self._roll_back(state, record)
             self._faults.reached("prepare:after-rollback")
         if planned is None:
             assert problem is not None
-            return PrepareResult(error=str(problem), reason=error_reason(problem)), False
+            return PrepareResult(error=str(problem), reason=error_reason(problem))
         allocation, plan = planned
         # Guards, trust rules and shared settings look only at claims on the plan's GPUs
         # (and, for trust, other tenants' claims): a prepare costs the same on a full node.
@@ -647,7 +541,7 @@ class DeviceState:
         except TrancheError as e:
             if isinstance(e, TrustViolation) and on_refused is not None:
                 on_refused(e)
-            return PrepareResult(error=str(e), reason=error_reason(e)), False
+            return PrepareResult(error=str(e), reason=error_reason(e))
 
         now = self._clock()
         record = ClaimRecord(
@@ -677,10 +571,7 @@ class DeviceState:
         except (TrancheError, OSError) as e:
             log.warning("prepare failed claim_uid=%s error=%s; rolling back", ref.uid, e)
             self._roll_back(state, record)
-            return (
-                PrepareResult(error=f"claim {allocation.key}: {e}", reason=error_reason(e)),
-                False,
-            )
+            return PrepareResult(error=f"claim {allocation.key}: {e}", reason=error_reason(e))
         completed_at = self._clock()
         allocated = _allocation_record(allocation, plan, uuids, completed_at)
         record = record.model_copy(
@@ -697,7 +588,7 @@ class DeviceState:
         log.debug(
             "prepared claim_uid=%s claim=%s devices=%d", ref.uid, allocation.key, len(devices)
         )
-        return _answer(record), True
+        return _answer(record)
 
     def _missing(self, record: ClaimRecord) -> str:
         """What the recorded answer of ``record`` names that no longer exists ("" if none):
@@ -920,11 +811,6 @@ def _with_uuids(record: ClaimRecord, uuids: Mapping[str, str]) -> ClaimRecord:
         )
         update["allocation"] = record.allocation.model_copy(update={"devices": devices})
     return record.model_copy(update=update)
-
-
-def _held(plan: Plan) -> frozenset[tuple[str, str, str, str | None]]:
-    """The devices a plan holds, as the allocation names them (request, pool, device, share)."""
-    return frozenset((d.request, d.pool, d.device, d.share_id) for d in plan.devices)
 
 
 def _answer(record: ClaimRecord) -> PrepareResult:

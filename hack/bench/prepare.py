@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from driver.devices.inventory import build_inventory
 from driver.nvml.sim import open_simulated
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
-from hack.bench import go_driver, go_kubelet, speculation
+from hack.bench import go_driver, go_kubelet
 from hack.bench.claims import TIME_SLICING, Wanted, create_allocated
 from hack.bench.lab import RESOURCE_V1, BenchNode, Lab, plugin_pid, request_json
 from hack.bench.machine import cpu_seconds, rss_bytes, wait_idle
@@ -254,7 +254,6 @@ def measure(lab: Lab, bench: BenchNode, namespace_name: str, result: ScenarioRes
         namespace=namespace,
         gpus=gpus,
     )
-    speculation.rows(lab, result, namespace, conn=conn, node=bench.name, gpu=gpus[0])
     reads = []
     for _ in range(SINGLE_RUNS // 4):
         t0 = time.perf_counter()

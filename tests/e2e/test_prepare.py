@@ -10,13 +10,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client import CollectorRegistry
 
 from driver.api import ClaimRef
-from driver.metrics import Metrics
 from driver.prepare.cdi import CdiSpecs
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
-from kubelet_plugin.namespace_cache import WatchedNamespaces
 from kubelet_plugin.namespace_reader import ApiNamespaceReader
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import (
@@ -30,7 +27,6 @@ from tests.e2e.dra_objects import (
     simulated_device_state,
     wait_allocated,
 )
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -88,42 +84,3 @@ def test_allocated_claim_is_prepared_and_bad_refs_fail_alone(
             offline.close()
             down.close()
         assert not CdiSpecs(tmp_path / "cdi").path(ref.uid).exists()
-
-
-def test_a_lone_prepare_is_tried_from_the_api_servers_cache_and_confirmed(
-    cluster: Cluster, make_node: Callable[..., str], namespace: str, tmp_path: Path
-) -> None:
-    """The cached read (``resourceVersion=0``) is served by the real API server, and what the
-    quorum read then returns confirms it: the answer is the scheduler's device."""
-    node_name = f"spec-{secrets.token_hex(3)}"
-    node = make_node(node_name, labels={NODE_LABEL: node_name})
-    state = simulated_device_state(tmp_path, node)
-    registry = CollectorRegistry()
-    with (
-        cluster.api_client() as api,
-        cluster.kube() as kube,
-        publishing(api, node, state.inventory),
-        device_class(api) as cls,
-    ):
-        whole_gpu = f'device.attributes["{DRIVER}"].type == "gpu"'
-        name = schedule(api, namespace, node, cls, selectors=[whole_gpu])
-        (device,) = wait_allocated(api, namespace, name)
-        ref = _ref(api, namespace, name)
-        namespaces = WatchedNamespaces(kube)
-        namespaces.start()
-        driver = PluginDriver(
-            state,
-            ApiClaimReader(kube),
-            namespaces,
-            metrics=Metrics(registry),
-            cached=ApiClaimReader(kube, cached=True),
-        )
-        try:
-            wait_for("the namespace cache to sync", lambda: namespaces.synced, timeout_s=30)
-            (prepared,) = driver.prepare([ref])[ref.uid].devices
-        finally:
-            driver.close()
-            namespaces.stop()
-    assert (prepared.device_name, prepared.pool_name) == (device, node)
-    confirmed = {"outcome": "confirmed"}
-    assert registry.get_sample_value("tranche_speculative_prepares_total", confirmed) == 1

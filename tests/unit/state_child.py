@@ -2,8 +2,7 @@
 
 Builds a :class:`DeviceState` over the simulated node in ``WORKDIR`` (state file,
 checkpoint, CDI dir, lock) with fault points from ``TRANCHE_FAULT_POINT``, then
-prepares (claim JSON from ``WORKDIR/claim-<uid>.json``), tries (a speculative prepare) or
-unprepares one claim.
+prepares (claim JSON from ``WORKDIR/claim-<uid>.json``) or unprepares one claim.
 """
 
 from __future__ import annotations
@@ -48,13 +47,7 @@ def main(argv: list[str]) -> int:
     claim = json.loads((workdir / f"claim-{uid}.json").read_text())
     meta = claim["metadata"]
     ref = ClaimRef(uid=uid, namespace=meta["namespace"], name=meta["name"])
-    if op == "try":  # a speculative prepare (from a read that may be stale)
-        tried = state.try_prepare(claim, ref)
-        error = "declined" if tried is None else tried.result.error
-    elif op == "prepare":
-        error = state.prepare(claim, ref).error
-    else:
-        error = state.unprepare(ref).error
+    error = state.prepare(claim, ref).error if op == "prepare" else state.unprepare(ref).error
     print(error)
     return 1 if error else 0
 
