@@ -98,8 +98,10 @@ def test_a_watch_whose_connection_went_silent_is_given_up_and_relisted(
     cluster: Cluster,
 ) -> None:
     """A connection that stops carrying anything, with no reset (a peer or a middlebox
-    gone), ends at the watch's read timeout (``watch_seconds`` + 10 s; 1 s watches here):
-    the device-plugin check then reads the Node itself until the relist."""
+    gone), ends at the watch's read timeout (``watch_seconds`` + 10 s; 1 s watches here),
+    and the watch lists again once the connection carries data. (While no watch delivers
+    the Node, the device-plugin check reads it itself: ``test_bridge_check.py``,
+    ``test_the_thread_reads_the_node_only_while_no_watch_delivers_it``.)"""
     with _node_behind_relay(cluster) as (_api, name, relay, kube):
         watch = _label_watch(kube, name, [], Backoff(0.2, 0.5), watch_seconds=1)
         watch.start()
