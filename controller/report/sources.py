@@ -107,16 +107,16 @@ class BaselineFile:
         if not self.path.exists():
             return []
         snapshots = []
-        with self.path.open(encoding="utf-8") as f:
+        with self.path.open("rb") as f:  # decoded line by line, so a bad byte names its line
             for number, line in enumerate(f, start=1):
                 if line.strip():
                     snapshots.append(self._parse(line, number))
         return snapshots
 
-    def _parse(self, line: str, number: int) -> Snapshot:
+    def _parse(self, line: bytes, number: int) -> Snapshot:
         where = f"{self.path}:{number}"
         try:
-            doc = json.loads(line)
+            doc = json.loads(line.decode("utf-8"))
             time = float(doc["time"])
             values: dict[SeriesKey, float] = {}
             for instance, name, labels, value in doc["series"]:

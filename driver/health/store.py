@@ -98,14 +98,14 @@ class HealthStateFile:
 
     def load(self) -> dict[str, list[Fault]]:
         try:
-            raw = self.path.read_text()
+            raw_bytes = self.path.read_bytes()
         except FileNotFoundError:
             return {}
         except OSError as e:
             log.error("health state file unreadable, starting clean path=%s error=%s", self.path, e)
             return {}
         try:
-            doc = json.loads(raw)
+            doc = json.loads(raw_bytes.decode("utf-8"))  # UnicodeDecodeError is a ValueError
             body = {k: doc[k] for k in ("version", "bootId", "gpus")}
             if doc.get("checksum") != _checksum(body):
                 raise ValueError("checksum mismatch")

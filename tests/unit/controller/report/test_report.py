@@ -249,12 +249,17 @@ def test_a_bad_timeout_is_named(value: str, capsys: pytest.CaptureFixture[str]) 
     assert f"--timeout: {value!r}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "second_line",
+    [b'{"time": "soon"\n', b'{"time": 2, "series": [["\xff", "x", {}, 1]]}\n'],
+    ids=["not json", "not utf-8"],
+)
 def test_corrupt_baseline_is_reported_and_left_alone(
-    plugin: Plugin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    plugin: Plugin, tmp_path: Path, capsys: pytest.CaptureFixture[str], second_line: bytes
 ) -> None:
     url = plugin.url
     baseline = tmp_path / "b.jsonl"
-    baseline.write_text('{"time": 1, "series": []}\n{"time": "soon"\n')
+    baseline.write_bytes(b'{"time": 1, "series": []}\n' + second_line)
     before = baseline.read_bytes()
     assert run(parse(["--metrics-url", url, "--baseline", str(baseline)])) == 1
     assert f"{baseline}:2" in capsys.readouterr().err

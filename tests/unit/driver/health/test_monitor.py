@@ -385,7 +385,7 @@ def test_faults_from_another_boot_are_not_restored(tmp_path: Path) -> None:
     assert all(t == [] for t in rebooted.taints_by_device().values())
 
 
-@pytest.mark.parametrize("damage", ["not json", "checksum", "version"])
+@pytest.mark.parametrize("damage", ["not json", "not utf-8", "checksum", "version"])
 def test_corrupt_state_file_is_reported_and_ignored(
     tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -394,6 +394,8 @@ def test_corrupt_state_file_is_reported_and_ignored(
     monitor.observe_event(xid(95))
     if damage == "not json":
         state.write_text("{")
+    elif damage == "not utf-8":  # a torn write can leave any bytes
+        state.write_bytes(state.read_bytes().replace(b'"bootId"', b'"boot\xffId"'))
     else:
         doc = json.loads(state.read_text())
         if damage == "checksum":
@@ -403,6 +405,8 @@ def test_corrupt_state_file_is_reported_and_ignored(
         state.write_text(json.dumps(doc))
     assert HealthStateFile(state, boot_id="b").load() == {}
     assert str(state) in caplog.text
+    restarted, _ = make(store=HealthStateFile(state, boot_id="b"))  # the plugin still starts
+    assert all(t == [] for t in restarted.taints_by_device().values())
 
 
 def test_metrics_follow_the_state() -> None:
