@@ -118,7 +118,12 @@ def _target(args: argparse.Namespace) -> tuple[str | None, str]:
     target: list[str] = args.target
     if len(target) > 2:
         raise DeviceNotFound(f"expected NODE DEVICE or one UUID, got {len(target)} words")
-    return (target[0], target[1]) if len(target) == 2 else (None, target[0])
+    if len(target) == 2:
+        return target[0], target[1]
+    if "/" in target[0]:  # NODE/DEVICE: split here, so a rule of a device that is gone is found
+        node, name = target[0].split("/", 1)
+        return node, name
+    return None, target[0]
 
 
 def add_taint_arguments(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from controller.devices.cluster import render_table, rows
@@ -12,6 +14,7 @@ from controller.devices.lookup import (
     find_device,
     rule_selects,
 )
+from controller.devices import taint
 from controller.devices.taint import admin_rules, rule_body, rule_name
 from driver.errors import DeviceNotFound
 
@@ -175,3 +178,30 @@ def test_listing_shows_taints_health_and_holders() -> None:
 def test_device_label() -> None:
     d = ClusterDevice(DRIVER, "p", "n", "gpu-1", "gpu", "GPU-1", "")
     assert d.label == "n/gpu-1"
+
+
+@pytest.mark.parametrize("target", [["node-7", "gpu-1a2b3c4d"], ["node-7/gpu-1a2b3c4d"]])
+def test_untaint_removes_the_rule_of_a_device_that_is_gone(
+    target: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both documented target forms find the rule when the node publishes no device any more
+    (a GPU removed, a node deleted); the API calls below are the command's own."""
+    body = rule_body(DEVICES[0], "NoExecute", "RMA", "resource.k8s.io/v1")
+    body["metadata"]["annotations"].update(
+        {"gpu.tranche.dev/node": "node-7", "gpu.tranche.dev/device": "gpu-1a2b3c4d"}
+    )
+    rules_path = "/apis/resource.k8s.io/v1/devicetaintrules"
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(taint, "api_client", lambda kubeconfig: object())
+    monkeypatch.setattr(taint, "rules_api", lambda api: ("resource.k8s.io/v1", rules_path))
+    monkeypatch.setattr(
+        taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=(), rules=(body,))
+    )
+    monkeypatch.setattr(
+        taint, "request", lambda api, what, verb, path, body=None: calls.append((verb, path))
+    )
+    parser = argparse.ArgumentParser()
+    taint.untaint_command.add_arguments(parser, {})
+    assert taint.run_untaint(parser.parse_args(target)) == 0
+    assert calls == [("DELETE", f"{rules_path}/{body['metadata']['name']}")]
+    assert "untainted node-7/gpu-1a2b3c4d" in capsys.readouterr().out
