@@ -226,6 +226,9 @@ class HealthMonitor:
                 )
                 return
             seen = Fault(key, value, fault_class, effect, message, now, now, action)
+            if fault_class is FaultClass.LOST:
+                for gpu in targets:  # as a restored lost fault: a passing probe clears it
+                    gpu.answering = False
             self._after_change([c for g in targets if (c := self._record(g, seen)) is not None])
 
     def observe_probe(self, probe: DeviceProbe, recovery_action: str | None = None) -> None:

@@ -78,6 +78,9 @@ class HealthWatcher:
             self._monitor.observe_watch_error(str(e))
             return
         self._unregistered = set(failed)
+        # A restarted plugin restores an earlier process's `unmonitored`; registering is when
+        # this process learns it can watch (the wait's own failures taint again).
+        self._monitor.observe_watch_ok(still_unmonitored=self._unregistered)
         if failed:
             self._monitor.observe_watch_error("event registration failed", gpus=failed)
 

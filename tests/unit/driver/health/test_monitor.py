@@ -20,6 +20,7 @@ from driver.health.monitor import (
 )
 from driver.health.policy import FaultClass, HealthPolicy
 from driver.health.store import HealthStateFile
+from driver.health.watch import HealthWatcher
 from driver.nvml.types import DeviceProbe, XidEvent
 
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -169,6 +170,21 @@ def test_event_for_an_unknown_gpu_taints_every_gpu() -> None:
     monitor, _ = make()
     monitor.observe_event(XidEvent("", "gpu-lost", 0, T0))
     assert all(monitor.taints_by_device().values())
+
+
+@pytest.mark.parametrize("event", [XidEvent("", "gpu-lost", 0, T0), xid(79)], ids=["lost", "79"])
+def test_a_lost_gpu_from_an_event_heals_when_probes_pass_without_a_recovery_action(
+    event: XidEvent,
+) -> None:
+    """A driver that cannot report the recovery action: a GPU answering probes again after a
+    lost event is cleared, as after a lost probe (else NoExecute until the node reboots)."""
+    monitor, clock = make()
+    monitor.observe_event(event)
+    assert list(effects(monitor).values()) == ["NoExecute"]
+    clock.advance(61)
+    monitor.observe_probe(ok(), recovery_action=None)
+    assert effects(monitor) == {}
+    assert monitor.snapshot().devices[0].health == "Healthy"
 
 
 def test_repeats_within_debounce_are_merged() -> None:
@@ -372,6 +388,25 @@ def test_taints_survive_a_restart_only_while_the_fault_holds(tmp_path: Path) -> 
     after = restarted.taints_by_device()
     assert after["gpu-aaaaaaaa"] == before["gpu-aaaaaaaa"]  # XID 95 still needs a reset
     assert after["gpu-bbbbbbbb"] == []
+
+
+def test_a_restored_unmonitored_taint_is_lifted_once_this_process_registers(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "health.json"
+    monitor, clock = make(store=HealthStateFile(state, boot_id="boot-1"))
+    monitor.observe_watch_error("nvmlEventSetWait: unknown error")
+    restarted = HealthMonitor(
+        POLICY, "node-1", clock=clock, store=HealthStateFile(state, boot_id="boot-1")
+    )
+    restarted.set_devices(DEVICES)
+    assert effects(restarted) == {(KEY_UNMONITORED, ""): "None"}
+    watcher = HealthWatcher(
+        restarted, lambda t: None, lambda u: ok(u), register_events=lambda: [GPU_B]
+    )
+    watcher.register()
+    assert effects(restarted) == {}
+    assert effects(restarted, "gpu-bbbbbbbb") == {(KEY_UNMONITORED, ""): "None"}  # not registered
 
 
 def test_faults_from_another_boot_are_not_restored(tmp_path: Path) -> None:
