@@ -78,6 +78,7 @@ class Reason(StrEnum):
     ISOLATED_GPU = "IsolatedGpu"
     LEVEL_FORBIDS_SHARING = "LevelForbidsSharing"
     DIFFERENT_SHARING_GROUP = "DifferentSharingGroup"
+    TENANTS_OWN_GROUP = "TenantsOwnGroup"
     OTHER_GROUPS_DEVICE = "OtherGroupsDevice"
     NODE_DEDICATED_TO_OTHER = "NodeDedicatedToOther"
 
@@ -282,6 +283,17 @@ def judge_pair(a: Consumer, b: Consumer) -> Verdict:
             False,
             Reason.DIFFERENT_SHARING_GROUP,
             f"sharing groups differ ({ta.sharing_group} and {tb.sharing_group})",
+        )
+    if ta.sharing_group in (ta.tenant, tb.tenant):
+        # A tenant without a valid group label gets its own name as its group; another
+        # tenant's label may name the same value. A group named like one of its tenants is
+        # therefore that tenant's own: nobody else joins it.
+        owner = ta.tenant if ta.sharing_group == ta.tenant else tb.tenant
+        return Verdict(
+            False,
+            Reason.TENANTS_OWN_GROUP,
+            f"sharing group {ta.sharing_group} is tenant {owner}'s own (the group of a tenant "
+            "without a sharing-group label); another tenant may not join it",
         )
     return _ALLOWED
 

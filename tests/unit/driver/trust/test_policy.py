@@ -161,6 +161,18 @@ COLOCATION = {
         False,
         Reason.DIFFERENT_SHARING_GROUP,
     ),
+    "a label naming another tenant's default group does not join it": (
+        C("team-b", SHR, TS, group="team-a"),
+        C("team-a", SHR, TS),  # no label: its group is its name
+        False,
+        Reason.TENANTS_OWN_GROUP,
+    ),
+    "a tenant's default group is not joined from the other side either": (
+        C("team-b", SHR, MPS),
+        C("team-a", SHR, MPS, group="team-b"),
+        False,
+        Reason.TENANTS_OWN_GROUP,
+    ),
 }
 
 
