@@ -238,6 +238,22 @@ def _held_seconds(record: ClaimAllocation, start: float, end: float) -> float:
     return max(until - max(start, record.prepared_at), 0.0)
 
 
+def _holding_units(holders: Mapping[str, list[tuple[ClaimAllocation, float]]]) -> dict[str, int]:
+    """Per device, the holdings a 1/N share divides by: each claim counts its devices on it.
+
+    A claim with two shares of one device (two requests, or a count of two) holds two of its
+    N parts; a claim prepared again within the interval (two records) still counts once.
+    """
+    out: dict[str, int] = {}
+    for uuid, held in holders.items():
+        per_claim: dict[str, int] = {}
+        for record, _ in held:
+            mine = sum(1 for d in record.devices if d.uuid == uuid)
+            per_claim[record.claim_uid] = max(per_claim.get(record.claim_uid, 0), mine)
+        out[uuid] = sum(per_claim.values())
+    return out
+
+
 def integrate(
     start: float,
     end: float,
@@ -279,12 +295,13 @@ def integrate(
             )
         )
 
+    units = _holding_units(holders)
     claims: list[ClaimIncrement] = []
     for record, seconds in active:
         allocated = measured = memory = unmeasured = 0.0
         for device in record.devices:
-            claims_holding = len({r.claim_uid for r, _ in holders[device.uuid]})
-            allocated += seconds * device.fraction(claims_holding)
+            allocated += seconds * device.fraction(units[device.uuid])
+        for device in {d.uuid: d for d in record.devices}.values():  # two shares: one reading
             part = splits.get(device.uuid)
             if part is None:
                 unmeasured += seconds * device.size

@@ -190,6 +190,30 @@ def test_time_slices_are_allocated_one_over_n_and_partial_intervals_count() -> N
     assert got == {"a": pytest.approx(20.0), "b": pytest.approx(10.0), "c": pytest.approx(5.0)}
 
 
+def test_two_shares_of_one_device_in_one_claim_are_billed_as_two_of_n_once_measured() -> None:
+    """A claim allocated the same share device twice (two requests, or a count of two):
+    two of the device's N holdings, and its processes' reading counted once."""
+    share = HeldDevice.time_sliced(GPU, "gpu-1-ts-blue")
+    a = claim("a", {POD_A}, share, share)
+    b = claim("b", {POD_B}, share)
+    usage = DeviceUsage(
+        GPU, 100.0, 10 * GIB, 80 * GIB,
+        (proc(1, GPU, POD_A, 60.0, 6 * GIB), proc(2, GPU, POD_B, 40.0, 4 * GIB)),
+    )  # fmt: skip
+    alone = integrate(0.0, 60.0, [a], {GPU: usage})
+    assert [c.allocated_s for c in alone.claims] == [pytest.approx(60.0)]
+    both = integrate(0.0, 60.0, [a, b], {GPU: usage})
+    got = {c.claim_uid: (c.allocated_s, c.measured_s, c.memory_byte_s) for c in both.claims}
+    assert got == {
+        "a": (pytest.approx(40.0), pytest.approx(36.0), pytest.approx(60.0 * 6 * GIB)),
+        "b": (pytest.approx(20.0), pytest.approx(24.0), pytest.approx(60.0 * 4 * GIB)),
+    }
+    (device,) = both.devices
+    assert sum(c.measured_s for c in both.claims) + device.idle_s + device.unattributed_s == (
+        pytest.approx(device.held_s)
+    )
+
+
 @pytest.fixture
 def sim() -> Sim:
     store = create_state("dgx-h100")
