@@ -90,17 +90,21 @@ class UsageCollector(Collector):
         self._retention = claim_retention_s
         self._tenant_retention = tenant_retention_s
         self._lock = threading.Lock()
-        self._claims: dict[str, _ClaimSeries] = {}
+        # Keyed by the series' labels, not the claim's uid: a claim deleted and created again
+        # under its name continues one counter (two series with one label set would be one
+        # series to Prometheus, which keeps the first).
+        self._claims: dict[tuple[str, str, str], _ClaimSeries] = {}
         self._tenants: dict[tuple[str, str], _TenantSeries] = {}
         self._devices: dict[str, _DeviceSeries] = {}
 
     def add(self, usage: IntervalUsage) -> None:
         with self._lock:
             for inc in usage.claims:
-                series = self._claims.get(inc.claim_uid)
+                key = (inc.namespace, inc.name, inc.tenant)
+                series = self._claims.get(key)
                 if series is None:
                     series = _ClaimSeries(inc.namespace, inc.name, inc.tenant, _Totals(), 0.0)
-                    self._claims[inc.claim_uid] = series
+                    self._claims[key] = series
                 series.last_seen = usage.end
                 tenant = self._tenants.setdefault(
                     (inc.namespace, inc.tenant), _TenantSeries(_Totals(), 0.0)
@@ -119,8 +123,8 @@ class UsageCollector(Collector):
                 d.idle_ratio = dev.idle_ratio
                 d.last_seen = usage.end
             horizon = usage.end - self._retention
-            for uid in [u for u, s in self._claims.items() if s.last_seen < horizon]:
-                del self._claims[uid]
+            for key in [k for k, s in self._claims.items() if s.last_seen < horizon]:
+                del self._claims[key]
             for uuid in [
                 u for u, d in self._devices.items() if d.last_seen < horizon and is_mig_uuid(u)
             ]:

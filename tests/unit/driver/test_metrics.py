@@ -89,6 +89,25 @@ def test_ended_claim_series_leave_after_retention_but_tenant_totals_stay() -> No
     assert got[tenant_key] == 10.0
 
 
+def test_a_claim_created_again_under_its_name_continues_one_series() -> None:
+    """A new uid under the same namespace/name/tenant adds to the series the old claim left
+    (within the retention): one sample per label set, a counter that only grows."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    first = ClaimIncrement("uid-1", "ml", "train", "blue", 30.0, 0.0, 0.0, 0.0)
+    again = ClaimIncrement("uid-2", "ml", "train", "blue", 10.0, 0.0, 0.0, 0.0)
+    metrics.add_usage(IntervalUsage(0.0, 30.0, (first,)))
+    metrics.add_usage(IntervalUsage(40.0, 50.0, (again,)))
+    text = generate_latest(registry).decode()
+    values = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "tranche_claim_gpu_allocated_seconds_total"
+    ]
+    assert values == [40.0]
+
+
 def test_a_tenant_idle_past_its_retention_leaves_and_comes_back_from_zero() -> None:
     """Tenant series are bounded by the namespaces active on the node within the retention
     (a week by default), not by every namespace it ever served (CI namespaces come and go)."""
