@@ -123,15 +123,15 @@ class UsageCollector(Collector):
                 d.idle_ratio = dev.idle_ratio
                 d.last_seen = usage.end
             horizon = usage.end - self._retention
-            for key in [k for k, s in self._claims.items() if s.last_seen < horizon]:
-                del self._claims[key]
+            for claim in [k for k, s in self._claims.items() if s.last_seen < horizon]:
+                del self._claims[claim]
             for uuid in [
                 u for u, d in self._devices.items() if d.last_seen < horizon and is_mig_uuid(u)
             ]:
                 del self._devices[uuid]
             tenant_horizon = usage.end - self._tenant_retention
-            for key in [k for k, t in self._tenants.items() if t.last_seen < tenant_horizon]:
-                del self._tenants[key]
+            for gone in [k for k, t in self._tenants.items() if t.last_seen < tenant_horizon]:
+                del self._tenants[gone]
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:

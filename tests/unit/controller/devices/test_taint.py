@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from controller.devices import taint
 from controller.devices.cluster import render_table, rows
 from controller.devices.lookup import (
     ClusterDevice,
@@ -14,7 +15,6 @@ from controller.devices.lookup import (
     find_device,
     rule_selects,
 )
-from controller.devices import taint
 from controller.devices.taint import admin_rules, rule_body, rule_name
 from driver.errors import DeviceNotFound
 
@@ -201,7 +201,7 @@ def test_untaint_removes_the_rule_of_a_device_that_is_gone(
         taint, "request", lambda api, what, verb, path, body=None: calls.append((verb, path))
     )
     parser = argparse.ArgumentParser()
-    taint.untaint_command.add_arguments(parser, {})
+    taint.untaint_command.add_arguments(parser)
     assert taint.run_untaint(parser.parse_args(target)) == 0
     assert calls == [("DELETE", f"{rules_path}/{body['metadata']['name']}")]
     assert "untainted node-7/gpu-1a2b3c4d" in capsys.readouterr().out

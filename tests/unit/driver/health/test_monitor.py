@@ -401,9 +401,7 @@ def test_a_restored_unmonitored_taint_is_lifted_once_this_process_registers(
     )
     restarted.set_devices(DEVICES)
     assert effects(restarted) == {(KEY_UNMONITORED, ""): "None"}
-    watcher = HealthWatcher(
-        restarted, lambda t: None, lambda u: ok(u), register_events=lambda: [GPU_B]
-    )
+    watcher = HealthWatcher(restarted, lambda t: None, ok, register_events=lambda: [GPU_B])
     watcher.register()
     assert effects(restarted) == {}
     assert effects(restarted, "gpu-bbbbbbbb") == {(KEY_UNMONITORED, ""): "None"}  # not registered
