@@ -73,12 +73,16 @@ class ConnectionPool:
         context: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
     ) -> None:
-        url = urlsplit(server)
+        try:
+            url = urlsplit(server)
+            port = url.port  # ValueError: not a number, or out of range
+        except ValueError as e:
+            raise ValueError(f"server {server!r}: {e}") from None
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"server {server!r} is not an http(s)://HOST[:PORT] URL")
         self.prefix = url.path.rstrip("/")
         self._host = url.hostname
-        self._port = url.port
+        self._port = port
         if url.scheme == "https" and context is None:
             context = ssl.create_default_context()
         self._context = context

@@ -34,10 +34,10 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlencode
 
-from driver.errors import ApiUnavailable, TrancheError
+from driver.errors import ApiUnavailable, ConfigError, TrancheError
 from driver.kube.connections import TRANSPORT_ERRORS, ConnectionPool, shut_down
 from driver.kube.json_doc import JsonTooDeep, decode_object, undecodable
-from driver.kube.kubeconfig import Credentials, load
+from driver.kube.kubeconfig import Credentials, choose, read, unusable
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +137,15 @@ class KubeClient:
         environ: Mapping[str, str] | None = None,
     ) -> KubeClient:
         """A client for the kubeconfig the selection rule picks (:mod:`driver.kube.kubeconfig`);
-        ConfigError naming ``flag`` or the file when there is none usable."""
-        return cls(load(kubeconfig, flag=flag, environ=environ))
+        ConfigError naming ``flag`` or the file when there is none usable, or when its server
+        is not a URL or its CA, client certificate or key does not load (naming the field)."""
+        env = os.environ if environ is None else environ
+        choice = choose(kubeconfig, flag=flag, environ=env)
+        credentials = read(choice, env)
+        try:
+            return cls(credentials)
+        except (ValueError, OSError) as e:  # ssl.SSLError is an OSError
+            raise ConfigError(unusable(choice, e)) from e
 
     def close(self) -> None:
         self._pool.close()
@@ -361,18 +368,44 @@ def _encode(body: object) -> bytes | None:
 
 
 def _ssl_context(creds: Credentials) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=creds.ca_file, cadata=creds.ca_data)
+    """The TLS settings of ``creds``; ValueError naming the CA, certificate or key field (and
+    its file) that does not load."""
+    try:
+        ctx = ssl.create_default_context(cafile=creds.ca_file, cadata=creds.ca_data)
+    except OSError as e:  # ssl.SSLError included
+        ca = _pem_field("certificate-authority", creds.ca_data, creds.ca_file)
+        raise ValueError(f"{ca}: not a readable PEM CA certificate: {_reason(e)}") from e
     if creds.insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     cert, key = creds.cert_data or creds.cert_file, creds.key_data or creds.key_file
     if cert and key:
-        with (
-            _pem_path(creds.cert_data, creds.cert_file) as c,
-            _pem_path(creds.key_data, creds.key_file) as k,
-        ):
-            ctx.load_cert_chain(c, k)
+        try:
+            with (
+                _pem_path(creds.cert_data, creds.cert_file) as c,
+                _pem_path(creds.key_data, creds.key_file) as k,
+            ):
+                ctx.load_cert_chain(c, k)
+        except OSError as e:
+            pair = " and ".join(
+                (
+                    _pem_field("client-certificate", creds.cert_data, creds.cert_file),
+                    _pem_field("client-key", creds.key_data, creds.key_file),
+                )
+            )
+            raise ValueError(f"{pair}: not a readable PEM certificate and key: {_reason(e)}") from e
     return ctx
+
+
+def _pem_field(field: str, data: str | None, path: str | None) -> str:
+    """How an error names a kubeconfig field: ``field-data``, or ``field PATH``."""
+    named = ([f"{field}-data"] if data else []) + ([f"{field} {path}"] if path else [])
+    return ", ".join(named)
+
+
+def _reason(e: OSError) -> str:
+    """An OSError's reason without its errno; an SSLError's as OpenSSL gives it."""
+    return str(e) if isinstance(e, ssl.SSLError) or not e.strerror else e.strerror
 
 
 @contextlib.contextmanager

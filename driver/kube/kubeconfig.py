@@ -82,13 +82,25 @@ def load(
 ) -> Credentials:
     """The credentials the selection rule picks (see the module docstring)."""
     env = os.environ if environ is None else environ
-    choice = choose(kubeconfig, flag=flag, environ=env)
+    return read(choose(kubeconfig, flag=flag, environ=env), env, service_account_dir)
+
+
+def read(
+    choice: Choice, environ: Mapping[str, str], service_account_dir: Path = SERVICE_ACCOUNT_DIR
+) -> Credentials:
+    """The credentials of ``choice``; a ConfigError naming it when they cannot be read."""
     try:
         if choice.path is None:
-            return in_cluster(env, service_account_dir)
+            return in_cluster(environ, service_account_dir)
         return from_file(Path(choice.path))
     except (ValueError, OSError) as e:
-        raise ConfigError(f"{choice.where}: cannot build a Kubernetes client: {e}") from e
+        raise ConfigError(unusable(choice, e)) from e
+
+
+def unusable(choice: Choice, error: Exception) -> str:
+    """The message of a ConfigError for a kubeconfig (or the in-cluster configuration) that
+    cannot give a client."""
+    return f"{choice.where}: cannot build a Kubernetes client: {error}"
 
 
 def in_cluster(environ: Mapping[str, str], service_account_dir: Path) -> Credentials:
