@@ -10,7 +10,6 @@ import ipaddress
 import os
 import socket
 from pathlib import Path
-from typing import TypeVar
 
 from pydantic import (
     BaseModel,
@@ -23,8 +22,9 @@ from pydantic import (
 
 from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
-from driver.flags import add_flag, add_switch, parse_address
+from driver.flags import add_flag, add_switch, choice, named, number, parse_address
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -63,7 +63,7 @@ class ControllerSettings(BaseModel):
     @classmethod
     def _address(cls, v: str, info: ValidationInfo) -> str:
         if v:
-            parse_address(v, "--" + str(info.field_name).replace("_", "-"))
+            parse_address(v, named("--" + str(info.field_name).replace("_", "-")))
         return v
 
     @field_validator("webhook_ip_sans")
@@ -108,21 +108,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--health-address", "HOST:PORT of /healthz and /readyz; empty disables",
              default=":8081")  # fmt: skip
     add_flag(p, "--metrics-address", "HOST:PORT of /metrics; empty disables", default=":9090")
-    add_flag(p, "--log-level", "log level", default="INFO",
-             choices=("DEBUG", "INFO", "WARNING", "ERROR"))  # fmt: skip
+    add_flag(p, "--log-level", "log level", default="INFO", choices=LOG_LEVELS)
 
 
-N = TypeVar("N", int, float)
-
-
-def _number(args: argparse.Namespace, dest: str, kind: type[N]) -> N:
-    value = getattr(args, dest)
-    try:
-        return kind(value)
-    except ValueError:
-        flag = "--" + dest.replace("_", "-")
-        what = "a whole number" if kind is int else "a number"
-        raise ValueError(f"{flag}: {value!r} is not {what}") from None
+def _ips(value: str) -> tuple[str, ...]:
+    """``--webhook-ip-sans``: comma-separated IP addresses; a ConfigError naming the flag."""
+    ips = tuple(s.strip() for s in value.split(",") if s.strip())
+    for ip in ips:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            flag = named("--webhook-ip-sans")
+            raise ConfigError(f"{flag}: {ip!r} is not an IP address") from None
+    return ips
 
 
 def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
@@ -138,15 +136,15 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             webhook_address=args.webhook_address,
             webhook_config=args.webhook_config,
             webhook_service=args.webhook_service,
-            webhook_ip_sans=tuple(s.strip() for s in args.webhook_ip_sans.split(",") if s.strip()),
+            webhook_ip_sans=_ips(args.webhook_ip_sans),
             tls_secret=args.tls_secret,
-            cert_validity_days=_number(args, "cert_validity_days", int),
-            ca_validity_days=_number(args, "ca_validity_days", int),
-            slice_gc_interval_s=_number(args, "slice_gc_interval", float),
-            sync_interval_s=_number(args, "sync_interval", float),
+            cert_validity_days=number(args.cert_validity_days, "--cert-validity-days", int),
+            ca_validity_days=number(args.ca_validity_days, "--ca-validity-days", int),
+            slice_gc_interval_s=number(args.slice_gc_interval, "--slice-gc-interval", float),
+            sync_interval_s=number(args.sync_interval, "--sync-interval", float),
             health_address=args.health_address,
             metrics_address=args.metrics_address,
-            log_level=args.log_level,
+            log_level=choice(args.log_level, "--log-level", LOG_LEVELS),
         )
-    except (ValidationError, ValueError) as e:
+    except (ValidationError, ValueError, ConfigError) as e:
         raise ConfigError(f"invalid setting: {e}") from e

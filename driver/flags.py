@@ -2,7 +2,9 @@
 
 Every flag ``--some-flag`` can also be set through ``TRANCHE_SOME_FLAG``; the
 flag wins over the environment. Values are collected raw here and validated
-once by the command's pydantic settings model.
+once by the command's pydantic settings model; :func:`number` and :func:`choice` convert
+and check a value first, so that an error names the flag and its twin. (argparse checks
+``choices`` only of a value given on the command line, not of a twin's.)
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from driver.errors import ConfigError
+
+N = TypeVar("N", int, float)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -23,6 +28,28 @@ _ADDRESS = re.compile(r"^(?P<host>[^:]*|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
 def env_name(flag: str) -> str:
     """``--kubelet-root-dir`` → ``TRANCHE_KUBELET_ROOT_DIR``."""
     return "TRANCHE_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def named(flag: str) -> str:
+    """How an error names a flag that may have come from its twin: ``--flag [env TRANCHE_FLAG]``."""
+    return f"{flag} [env {env_name(flag)}]"
+
+
+def number(value: str, flag: str, kind: type[N]) -> N:
+    """``value`` of ``flag`` as an int or a float; a ConfigError naming the flag and its twin."""
+    try:
+        return kind(value)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigError(f"{named(flag)}: {value!r} is not {what}") from None
+
+
+def choice(value: str, flag: str, choices: tuple[str, ...]) -> str:
+    """``value`` of ``flag`` when it is one of ``choices``; else a ConfigError naming the flag,
+    its twin and the choices."""
+    if value not in choices:
+        raise ConfigError(f"{named(flag)}: {value!r} is not one of {', '.join(choices)}")
+    return value
 
 
 def add_flag(

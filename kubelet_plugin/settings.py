@@ -11,12 +11,12 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from driver.devices.inventory import AdvertiseConfig, parse_advertise, parse_mig_profiles
 from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
-from driver.flags import add_flag, add_switch, env_name, flag_text, parse_address
+from driver.flags import add_flag, add_switch, choice, flag_text, named, number, parse_address
 from driver.health.policy import HealthPolicy
 from driver.json_or_yaml import NotJsonOrYaml, parse_json_or_yaml
 from driver.sharing import SharingConfig, parse_sharing
@@ -34,6 +34,11 @@ DEFAULT_MIG_NODE_LABEL = "gpu.tranche.dev/dynamic-mig"
 # left +6.7 MiB with 16, +5.1-5.5 MiB with 6, at the same speed). Where the API server is slow
 # and many pods start at once on a node, more threads hide the read latency: raise it.
 DRA_WORKERS = 6
+
+NVML = ("real", "simulated")
+TRUST_LEVELS = tuple(lv.value for lv in TrustLevel)
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class PluginSettings(BaseModel):
@@ -90,9 +95,9 @@ class PluginSettings(BaseModel):
 
     @field_validator("metrics_address", "health_address")
     @classmethod
-    def _address(cls, v: str) -> str:
+    def _address(cls, v: str, info: ValidationInfo) -> str:
         if v:
-            parse_address(v, "address")
+            parse_address(v, named("--" + str(info.field_name).replace("_", "-")))
         return v
 
     @property
@@ -138,7 +143,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--nvml",
         "GPU library: the real libnvidia-ml or the simulation",
         default="real",
-        choices=("real", "simulated"),
+        choices=NVML,
     )
     add_flag(
         p,
@@ -224,7 +229,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--default-trust-level",
         "trust level of namespaces without a trust label (must match the admission policy)",
         default=TrustLevel.ISOLATED.value,
-        choices=tuple(lv.value for lv in TrustLevel),
+        choices=TRUST_LEVELS,
     )
     add_flag(p, "--sample-interval", "seconds between usage samples", default="10")
     add_flag(
@@ -241,10 +246,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "quiet and debounce seconds, probe interval (see docs/health.md)",
         default="",
     )
-    add_flag(p, "--log-format", "log format", default="text", choices=("text", "json"))
-    add_flag(
-        p, "--log-level", "log level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
-    )
+    add_flag(p, "--log-format", "log format", default="text", choices=LOG_FORMATS)
+    add_flag(p, "--log-level", "log level", default="INFO", choices=LOG_LEVELS)
     add_switch(
         p,
         "--device-plugin-check",
@@ -273,16 +276,6 @@ def parse_health_policy(value: str) -> HealthPolicy:
         raise ConfigError(f"{source}: {e}") from e
 
 
-def _integer(value: str, flag: str) -> int:
-    """``value`` of ``flag`` as a whole number; a ConfigError naming the flag and its twin."""
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(
-            f"{flag} [env {env_name(flag)}]: {value!r} is not a whole number"
-        ) from None
-
-
 def settings_from_args(args: argparse.Namespace) -> PluginSettings:
     """Validate once; a bad value raises :class:`ConfigError` naming the flag."""
     if not args.node_name:
@@ -297,7 +290,7 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             host_driver_root=Path(args.host_driver_root) if args.host_driver_root else None,
             cdi_hook_path=args.cdi_hook_path or None,
             state_dir=Path(args.state_dir) if args.state_dir else None,
-            nvml=args.nvml,
+            nvml=choice(args.nvml, "--nvml", NVML),
             proc_root=Path(args.proc_root),
             profile=args.profile,
             sim_state=Path(args.sim_state) if args.sim_state else None,
@@ -310,14 +303,16 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             metrics_address=args.metrics_address,
             health_address=args.health_address,
             rolling_update_uid=args.rolling_update_uid or None,
-            default_trust_level=TrustLevel(args.default_trust_level),
-            sample_interval_s=float(args.sample_interval),
-            grpc_workers=_integer(args.grpc_workers, "--grpc-workers"),
+            default_trust_level=TrustLevel(
+                choice(args.default_trust_level, "--default-trust-level", TRUST_LEVELS)
+            ),
+            sample_interval_s=number(args.sample_interval, "--sample-interval", float),
+            grpc_workers=number(args.grpc_workers, "--grpc-workers", int),
             health_policy=parse_health_policy(args.health_policy),
             device_plugin_check=args.device_plugin_check,
             claim_status=args.claim_status,
-            log_format=args.log_format,
-            log_level=args.log_level,
+            log_format=choice(args.log_format, "--log-format", LOG_FORMATS),
+            log_level=choice(args.log_level, "--log-level", LOG_LEVELS),
         )
     except (ValidationError, ValueError) as e:
         raise ConfigError(f"tranche kubelet-plugin: invalid setting: {e}") from e

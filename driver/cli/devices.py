@@ -32,7 +32,7 @@ from driver.devices.inventory import (
 )
 from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
 from driver.errors import TrancheError
-from driver.flags import add_flag, add_switch
+from driver.flags import add_flag, add_switch, choice
 from driver.health.monitor import HealthMonitor, device_gpu_map
 from driver.health.policy import HealthPolicy
 from driver.health.store import HealthStateFile
@@ -42,6 +42,8 @@ from driver.nvml.host import NvidiaSmiTimeslice
 from driver.nvml.sim import create_state, open_simulated
 
 GIB = 2**30
+NVML = ("real", "simulated")
+OUTPUTS = ("table", "yaml", "json")
 
 
 class DevicesSettings(BaseModel):
@@ -63,7 +65,7 @@ class DevicesSettings(BaseModel):
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--nvml", "GPU library: the real libnvidia-ml or the simulation",
-             default="real", choices=("real", "simulated"))  # fmt: skip
+             default="real", choices=NVML)  # fmt: skip
     add_flag(p, "--driver-root", "directory of the NVIDIA driver: libnvidia-ml.so.1 is "
              "loaded from its lib directories by path", default="/")  # fmt: skip
     add_flag(p, "--profile", "simulation profile: a shipped name or a JSON file",
@@ -97,13 +99,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("KUBECONFIG"),
     )
     add_flag(p, "--output", "table of devices, or the ResourceSlices as YAML or JSON",
-             default="table", choices=("table", "yaml", "json"))  # fmt: skip
+             default="table", choices=OUTPUTS)  # fmt: skip
 
 
 def _settings(args: argparse.Namespace) -> DevicesSettings:
     try:
         return DevicesSettings(
-            nvml=args.nvml,
+            nvml=choice(args.nvml, "--nvml", NVML),
             driver_root=Path(args.driver_root),
             profile=args.profile,
             sim_state=Path(args.sim_state) if args.sim_state else None,
@@ -112,7 +114,7 @@ def _settings(args: argparse.Namespace) -> DevicesSettings:
             advertise=parse_advertise(args.advertise),
             mig_profiles=parse_mig_profiles(args.mig_profiles),
             health_state=Path(args.health_state) if args.health_state else None,
-            output=args.output,
+            output=choice(args.output, "--output", OUTPUTS),
         )
     except ValidationError as e:
         raise TrancheError(f"tranche devices: {e}") from e
