@@ -7,15 +7,17 @@ pick the kubeconfig by the same rule (:func:`driver.kube.kubeconfig.choose`).
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
+from urllib.parse import urlsplit
 
 from kubernetes import client, config
 
 from driver.errors import ConfigError
 from driver.kube.http import RESOURCE_V1, RawAnswer
-from driver.kube.kubeconfig import choose
+from driver.kube.kubeconfig import Choice, choose, unusable
 
 __all__ = ["RESOURCE_V1", "RawAnswer", "api_client", "send"]
 
@@ -38,8 +40,44 @@ def api_client(
             config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         except (config.ConfigException, OSError) as e:
             raise ConfigError(f"{choice.where}: cannot build a Kubernetes client: {e}") from e
-        return client.ApiClient(cfg)
-    return _from_file(choice.path, choice.where)
+        return _checked(client.ApiClient(cfg), choice)
+    return _checked(_from_file(choice.path, choice.where), choice)
+
+
+def _checked(api: client.ApiClient, choice: Choice) -> client.ApiClient:
+    """``api`` once its server is a URL and its CA, client certificate and key load: the
+    kubernetes client would find out only at its first request, and call the API server
+    unreachable. ConfigError naming the kubeconfig and the field."""
+    cfg = api.configuration
+    try:
+        if urlsplit(cfg.host).scheme not in ("http", "https"):
+            raise ValueError(f"server {cfg.host!r} is not an http(s)://HOST[:PORT] URL")
+        _load_tls(cfg)
+    except (ValueError, OSError) as e:  # ssl.SSLError is an OSError
+        api.close()  # type: ignore[no-untyped-call]
+        raise ConfigError(unusable(choice, e)) from e
+    return api
+
+
+def _load_tls(cfg: client.Configuration) -> None:
+    """Load the CA, client certificate and key of ``cfg`` as its requests will; ValueError
+    naming the kubeconfig's fields (the client keeps their data in files of its own)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        if cfg.ssl_ca_cert:
+            ctx.load_verify_locations(cfg.ssl_ca_cert)
+    except OSError as e:
+        raise ValueError(
+            f"certificate-authority(-data): not a readable PEM CA certificate: {e}"
+        ) from e
+    if cfg.cert_file and cfg.key_file:
+        try:
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+        except OSError as e:
+            raise ValueError(
+                "client-certificate(-data) and client-key(-data): "
+                f"not a readable PEM certificate and key: {e}"
+            ) from e
 
 
 def _from_file(path: str, where: str) -> client.ApiClient:

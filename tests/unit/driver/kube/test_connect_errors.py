@@ -1,6 +1,7 @@
 """A kubeconfig whose server, CA, client certificate or key cannot give a client stops
-``KubeClient.connect`` with a ConfigError naming the flag, the file and the field, never a
-raw ValueError, OSError or ssl.SSLError."""
+``KubeClient.connect`` (the plugin's client) with a ConfigError naming the flag, the file and
+the field, never a raw ValueError, OSError or ssl.SSLError; ``api_client`` (the controller's
+and the CLI's) refuses it as it is built, not at its first request as an unreachable server."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from driver.errors import ConfigError
+from driver.kube.client import api_client
 from driver.kube.http import KubeClient
 
 NOT_A_CERTIFICATE = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
@@ -79,6 +81,38 @@ def test_a_client_that_cannot_be_built_names_the_kubeconfig_and_the_field(
     path = kubeconfig(tmp_path, cluster, user)
     with pytest.raises(ConfigError) as caught:
         KubeClient.connect(path, environ={})
+    assert str(caught.value).startswith(
+        f"--kubeconfig {path}: cannot build a Kubernetes client: {says}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("cluster", "user", "says"),
+    [
+        (
+            {"server": "10.0.0.1:6443"},
+            {"token": "t"},
+            "server '10.0.0.1:6443' is not an http(s)://HOST[:PORT] URL",
+        ),
+        (
+            {"server": HTTPS, "certificate-authority-data": b64(NOT_A_CERTIFICATE)},
+            {"token": "t"},
+            "certificate-authority(-data): not a readable PEM CA certificate",
+        ),
+        (
+            INSECURE,
+            {"client-certificate-data": b64("nope"), "client-key-data": b64("nope")},
+            "client-certificate(-data) and client-key(-data): "
+            "not a readable PEM certificate and key",
+        ),
+    ],
+)
+def test_the_kubernetes_client_is_refused_as_it_is_built_naming_the_field(
+    tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any], says: str
+) -> None:
+    path = kubeconfig(tmp_path, cluster, user)
+    with pytest.raises(ConfigError) as caught:
+        api_client(path, environ={})
     assert str(caught.value).startswith(
         f"--kubeconfig {path}: cannot build a Kubernetes client: {says}"
     )
