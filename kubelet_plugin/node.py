@@ -32,7 +32,7 @@ from driver.health.monitor import HealthChange, HealthMonitor, device_gpu_map
 from driver.health.store import HealthStateFile
 from driver.health.watch import HealthWatcher
 from driver.kube.features import LOSSES, ServerFeatures, discover
-from driver.kube.http import ApiError, KubeClient
+from driver.kube.http import KubeClient
 from driver.metrics import Metrics
 from driver.nvml.driver_root import DriverRoot
 from driver.nvml.facade import Nvml
@@ -368,12 +368,10 @@ class NodePlugin:
         return False
 
     def _on_reconnect(self) -> None:
+        """Discovery again once the API server is back; a failure is the publisher's to
+        report and retry (its error keeps ``/readyz`` failing until discovery succeeds)."""
         old = self.features
-        try:
-            new = self.discover_features()
-        except (ApiUnavailable, ApiError) as e:
-            log.warning("discovery after reconnect failed error=%s", e)
-            return
+        new = self.discover_features()
         if old is None or new.slice_layout != old.slice_layout:
             log.info(
                 "slice layout changed after reconnect old=%s new=%s",

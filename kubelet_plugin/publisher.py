@@ -191,12 +191,37 @@ class Publisher:
                 not_before, failed_version = time.monotonic() + self._backoff.next(), version
                 self._wake.set()
             else:
-                self._backoff.reset()
-                not_before, failed_version = 0.0, -1
-                if self._unreachable:
-                    self._unreachable = False
-                    if self._on_reconnect is not None:
-                        self._on_reconnect()
+                if self._reconnected():
+                    self.error = None
+                    self._backoff.reset()
+                    not_before, failed_version = 0.0, -1
+                else:
+                    not_before, failed_version = time.monotonic() + self._backoff.next(), version
+                    self._wake.set()
+
+    def _reconnected(self) -> bool:
+        """After a sync that followed an unreachable API server, run ``on_reconnect``. False
+        when it failed: the error is kept (``/readyz`` names it) and the next sync runs it
+        again. Any exception: a bad answer to rediscovery must not end the sync thread."""
+        if not self._unreachable:
+            return True
+        try:
+            if self._on_reconnect is not None:
+                self._on_reconnect()
+        except Exception as e:
+            self.error = f"after the API server came back: {_describe(e)}"
+            self._count("sync_error")
+            log.warning(
+                "slice publisher reconnect failed node=%s driver=%s error=%s",
+                self.node_name,
+                self.driver_name,
+                self.error,
+                exc_info=e,
+                extra={"node": self.node_name, "driver": self.driver_name},
+            )
+            return False
+        self._unreachable = False
+        return True
 
     def _fail(self, message: str, *, permanent: bool) -> None:
         self.error = message
@@ -248,7 +273,6 @@ class Publisher:
             )
         self.generation = p.generation
         self._published_digest = desired_digest
-        self.error = None
         with self._cond:
             if version == self._version:
                 self._published_version = version
