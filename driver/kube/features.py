@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from driver.errors import ApiUnavailable
 from driver.kube.http import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
@@ -217,26 +218,49 @@ POD_GROUP_VERSIONS = ("v1", "v1beta1", "v1alpha3")
 def pod_group_version(kube: KubeClient) -> str | None:
     """The ``scheduling.k8s.io`` version that serves ``podgroups`` (v1beta1 before v1alpha3),
     None when none does (the Workload API is off by default in Kubernetes 1.37)."""
-    group = kube.send("GET", "/apis/scheduling.k8s.io")
-    if not group.ok:
+    group = served_document(kube, "/apis/scheduling.k8s.io")
+    if group is None:
         return None
-    served = {str(v.get("version")) for v in group.json().get("versions", ())}
+    served = {str(v.get("version")) for v in group.get("versions", ())}
     for version in POD_GROUP_VERSIONS:
         if version not in served:
             continue
-        doc = kube.send("GET", f"/apis/scheduling.k8s.io/{version}")
-        if doc.ok and "podgroups" in served_resources({version: doc.json()})[version]:
+        doc = served_document(kube, f"/apis/scheduling.k8s.io/{version}")
+        if doc is not None and "podgroups" in served_resources({version: doc})[version]:
             return version
     return None
 
 
+def served_document(kube: KubeClient, path: str) -> Json | None:
+    """The discovery document at ``path``; None only when the server answers 404 (not
+    served). Any other failed answer is an :class:`ApiError`: a busy server (503, 429)
+    must not read as one without the API."""
+    answer = kube.send("GET", path)
+    if answer.status == 404:
+        return None
+    if not answer.ok:
+        raise ApiError("GET", path, answer)
+    return answer.json()
+
+
 def discover(kube: KubeClient, node_name: str, driver_name: str) -> ServerFeatures:
-    """Ask the server (discovery plus one dry run); ApiUnreachable/ApiError propagate."""
+    """Ask the server (discovery plus two dry runs). ``ApiUnavailable`` when it cannot
+    answer now: unreachable, busy (5xx, 429) or an answer that is not JSON, so the caller
+    waits and asks again; another error status is an :class:`ApiError`."""
+    try:
+        return _discover(kube, node_name, driver_name)
+    except ApiError as e:
+        if e.status == 429 or e.status >= 500:
+            raise ApiUnavailable(f"discovery: {e}") from e
+        raise
+    except ValueError as e:
+        raise ApiUnavailable(f"discovery: the API server sent invalid JSON: {e}") from e
+
+
+def _discover(kube: KubeClient, node_name: str, driver_name: str) -> ServerFeatures:
     version_doc = kube.request("GET", "/version")
-    group = kube.send("GET", f"/apis/{GROUP}")
-    versions: list[str] = []
-    if group.ok:
-        versions = [str(v["version"]) for v in group.json().get("versions", ())]
+    group = served_document(kube, f"/apis/{GROUP}")
+    versions = [str(v["version"]) for v in group.get("versions", ())] if group else []
     docs = {v: kube.request("GET", f"/apis/{GROUP}/{v}") for v in versions}
     probe: ProbeOutcome | None = None
     if "resourceslices" in served_resources(docs).get("v1", set()):

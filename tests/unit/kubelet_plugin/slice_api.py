@@ -1,5 +1,6 @@
-"""An API server in memory for the slice publisher's tests: the Node, ResourceSlices and
-discovery, unreachable while ``down``; ``answers`` override a path's answer."""
+"""An API server in memory for the slice publisher's and discovery's tests: the Node,
+ResourceSlices and discovery, unreachable while ``down``; ``answers`` override a path's
+answer."""
 
 from __future__ import annotations
 
@@ -34,6 +35,28 @@ def slice_of(node: str, driver: str, devices: list[str]) -> dict[str, Any]:
     }
 
 
+def _version(group: str, version: str) -> dict[str, Any]:
+    return {"groupVersion": f"{group}/{version}", "version": version}
+
+
+# A 1.37 server with the Workload API on: what the plugin's discovery reads.
+DISCOVERY: dict[str, dict[str, Any]] = {
+    "/apis/resource.k8s.io": {"versions": [_version("resource.k8s.io", "v1")]},
+    "/apis/resource.k8s.io/v1": {
+        "resources": [{"name": n} for n in ("resourceslices", "resourceclaims", "devicetaintrules")]
+    },
+    "/apis/scheduling.k8s.io": {"versions": [_version("scheduling.k8s.io", "v1beta1")]},
+    "/apis/scheduling.k8s.io/v1beta1": {"resources": [{"name": "podgroups"}]},
+}
+
+
+def _dry_run(body: Mapping[str, Any]) -> RawAnswer:
+    """A 1.35+ server: counters and devices in one slice are refused, the rest is kept."""
+    if "sharedCounters" in body["spec"] and body["spec"].get("devices"):
+        return answer(422, {"message": "only one of sharedCounters or devices is allowed"})
+    return answer(201, body)
+
+
 class SliceApi(KubeClient):
     def __init__(self) -> None:
         super().__init__(Credentials("https://127.0.0.1:9"))
@@ -55,6 +78,10 @@ class SliceApi(KubeClient):
                 return got
         if path == "/version":
             return answer(200, {"gitVersion": "v1.37.2"})
+        if path in DISCOVERY:
+            return answer(200, DISCOVERY[path])
+        if path == SLICES and (kw.get("query") or {}).get("dryRun"):
+            return _dry_run(kw["body"])
         if path.startswith("/api/v1/nodes/"):
             return answer(200, {"metadata": {"name": path.rsplit("/", 1)[1], "uid": "uid-1"}})
         if path.startswith(SLICES):

@@ -1,0 +1,30 @@
+"""A :class:`NodePlugin` over simulated GPUs in a temporary directory, for tests that need
+the whole object graph but no socket, thread or API server call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from driver.kube.http import KubeClient
+from driver.metrics import Metrics
+from driver.nvml.sim import create_state, open_simulated
+from kubelet_plugin.node import NodePlugin
+from kubelet_plugin.settings import PluginSettings
+
+
+def sim_plugin(tmp_path: Path, kube: KubeClient, node: str = "node-a") -> NodePlugin:
+    create_state("dgx-h100", tmp_path / "sim.json")
+    settings = PluginSettings(
+        node_name=node,
+        nvml="simulated",
+        kubelet_root_dir=tmp_path / "kubelet",
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "state",
+        sim_state=tmp_path / "sim.json",
+    )
+    registry = CollectorRegistry()
+    return NodePlugin(
+        settings, kube, open_simulated(tmp_path / "sim.json"), registry, Metrics(registry)
+    )
