@@ -485,8 +485,14 @@ class NodePlugin:
         """Why this instance should not take the node's work yet (``/readyz``); None when it
         should. Registered with the kubelet is part of it: a rolling update deletes the old
         pod once the new one is ready, and until the kubelet has registered the new
-        instance it sends every prepare to the old one, which is then shutting down."""
-        return self._missing_api or self.publisher.error or self._unregistered()
+        instance it sends every prepare to the old one, which is then shutting down. So are
+        the published slices: until then the scheduler sees no device of this instance."""
+        return (
+            self._missing_api or self.publisher.error or self._unpublished() or self._unregistered()
+        )
+
+    def _unpublished(self) -> str | None:
+        return None if self.publisher.published else "ResourceSlices not published yet"
 
     def _unregistered(self) -> str | None:
         status = self.server.registration.latest

@@ -108,6 +108,7 @@ class Publisher:
         self._published_digest: str | None = None
         self._desired_digest: tuple[int, str] | None = None  # (version, digest), sync thread's
         self.error: str | None = None  # the last failure, None after a successful sync
+        self.published = False  # a sync has made the API server hold a desired set
 
     # --- public interface -------------------------------------------------------------
 
@@ -273,6 +274,7 @@ class Publisher:
             )
         self.generation = p.generation
         self._published_digest = desired_digest
+        self.published = True
         with self._cond:
             if version == self._version:
                 self._published_version = version

@@ -53,7 +53,7 @@ def test_one_busy_answer_to_discovery_is_waited_out(tmp_path: Path, path: str, b
         True,
     )
     assert features.pod_group_version == "v1beta1"
-    assert plugin.ready() == "not registered with the kubelet yet"  # not "does not serve ..."
+    assert plugin.ready() == "ResourceSlices not published yet"  # not "does not serve ..."
 
 
 def test_a_404_on_the_resource_group_means_not_served(tmp_path: Path) -> None:
