@@ -66,6 +66,11 @@ def read_node(kube: KubeClient, node_name: str, *, cached: bool = False) -> dict
         ) from e
     except ValueError as e:
         raise ApiUnavailable(f"read node {node_name}: the API server sent invalid JSON: {e}") from e
+    if not isinstance(node.get("status", {}), Mapping):
+        raise ApiUnavailable(
+            f"read node {node_name}: the answer is no Node: its status is "
+            f"{type(node['status']).__name__}, not an object (kind {node.get('kind')!r})"
+        )
     return node
 
 
@@ -190,4 +195,17 @@ class DevicePluginWatch:
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
             if not self._watching():
-                self.check_once()
+                self._check_kept_alive()
+
+    def _check_kept_alive(self) -> None:
+        """:meth:`check_once`, whatever it meets: an unexpected error keeps the last verdict
+        and the thread, so a device plugin deployed later is still found."""
+        try:
+            self.check_once()
+        except Exception as e:
+            log.exception(
+                "device plugin watch: node not judged node=%s error=%s keeps=%s",
+                self._node,
+                e,
+                "conflict" if self.refusal() else "none",
+            )

@@ -152,6 +152,12 @@ def _nonzero(quantity: object) -> bool:
     return not re.fullmatch(r"\+?0*\.?0*[a-zA-Z]*", str(quantity).strip())
 
 
+def _mapping(value: object) -> Mapping[str, Any]:
+    """``value`` when it is an object, else empty: a field of another shape (an answer that
+    is no Node) advertises nothing."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def check_no_device_plugin(node: Mapping[str, Any], resources: Iterable[str] | None = None) -> None:
     """Refuse to serve legacy names on a node where a device plugin advertises them.
 
@@ -160,12 +166,12 @@ def check_no_device_plugin(node: Mapping[str, Any], resources: Iterable[str] | N
     Raises :class:`DevicePluginConflictError` naming the node, the resource, the
     field and the quantity.
     """
-    name = str((node.get("metadata") or {}).get("name", "<unnamed>"))
-    status = node.get("status") or {}
+    name = str(_mapping(node.get("metadata")).get("name", "<unnamed>"))
+    status = _mapping(node.get("status"))
     wanted = set(resources) if resources is not None else None
     found: list[str] = []
     for field in ("allocatable", "capacity"):
-        for resource, quantity in sorted((status.get(field) or {}).items()):
+        for resource, quantity in sorted(_mapping(status.get(field)).items()):
             served = is_legacy(resource) if wanted is None else resource in wanted
             if served and _nonzero(quantity):
                 found.append(f"status.{field}[{resource}]={quantity}")

@@ -38,9 +38,15 @@ class NodeKube(KubeClient):
         self.allocatable: dict[str, str] = {"cpu": "8"}
         self.down = False
         self.queries: list[dict[str, str]] = []
+        self.next: list[RawAnswer | Exception] = []  # answered (or raised) first, in order
 
     def send(self, method: str, path: str, **kw: object) -> RawAnswer:
         self.queries.append(dict(kw.get("query") or {}))  # type: ignore[call-overload]
+        if self.next:
+            first = self.next.pop(0)
+            if isinstance(first, Exception):
+                raise first
+            return first
         if self.down:
             return RawAnswer(503, "Service Unavailable", b'{"message": "etcd down"}')
         node = {"metadata": {"name": "node-a"}, "status": {"allocatable": self.allocatable}}
@@ -173,3 +179,42 @@ def test_the_thread_reads_the_node_only_while_no_watch_delivers_it() -> None:
     finally:
         watch.stop()
         kube.close()
+
+
+STATUS_200 = RawAnswer(200, "OK", b'{"kind": "Status", "status": "Failure", "message": "x"}')
+
+
+def test_an_answer_that_is_no_node_keeps_the_verdict() -> None:
+    """A ``Status`` answered with 200 (a proxy, a webhook): the Node is not read, so the
+    last verdict stands, as for an API server that cannot be reached."""
+    kube, events = NodeKube(), Events()
+    kube.allocatable["nvidia.com/gpu"] = "8"
+    watch = DevicePluginWatch(kube, "node-a", events=events)
+    try:
+        conflict = watch.check_once()
+        assert conflict is not None
+        kube.next.append(STATUS_200)
+        assert watch.check_once() == conflict
+    finally:
+        kube.close()
+    assert [reason for _, _, reason, _ in events.seen] == [CONFLICT_REASON]
+
+
+@pytest.mark.parametrize(
+    "bad", [STATUS_200, RuntimeError("boom")], ids=["status-answer", "unexpected-error"]
+)
+def test_the_watch_thread_outlives_a_bad_read_and_finds_a_device_plugin_later(
+    bad: RawAnswer | Exception,
+) -> None:
+    kube, events = NodeKube(), Events()
+    kube.next.append(bad)
+    watch = DevicePluginWatch(kube, "node-a", events=events, interval_s=0.01)
+    watch.start()
+    try:
+        wait_for("the bad read and the next", lambda: len(kube.queries) > 2, timeout_s=30)
+        kube.allocatable["nvidia.com/gpu"] = "8"  # a device plugin is deployed later
+        assert events.recorded.wait(30), "the device plugin was never found"
+    finally:
+        watch.stop()
+        kube.close()
+    assert watch.refusal() is not None and events.seen[0][2] == CONFLICT_REASON

@@ -48,6 +48,17 @@ def test_a_node_without_legacy_resources_passes_and_other_vendors_are_ignored() 
     check_no_device_plugin({"metadata": {"name": "bare"}})
 
 
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"kind": "Status", "status": "Failure", "message": "x"},
+        {"metadata": "x", "status": {"allocatable": ["nvidia.com/gpu"], "capacity": "8"}},
+    ],
+)
+def test_fields_that_are_not_objects_advertise_nothing(node: dict[str, Any]) -> None:
+    check_no_device_plugin(node)
+
+
 def test_only_the_named_resources_are_checked_when_given() -> None:
     node = _node({"nvidia.com/mig-1g.10gb": "7"})
     check_no_device_plugin(node, ["nvidia.com/gpu"])
