@@ -47,3 +47,20 @@ def read_raw(
         raise ClaimError(f"{where}: cannot be read: {e}") from e
     except ValueError as e:
         raise ApiUnavailable(f"{where}: the API server sent invalid JSON: {e}") from e
+
+
+def read_raw_if_present(
+    kube: KubeClient,
+    path: str,
+    where: str,
+    *,
+    unknown: str = "",
+    timeout_s: float = READ_TIMEOUT_S,
+) -> dict[str, Any] | None:
+    """:func:`read_raw`, but ``None`` when the object does not exist (``404``)."""
+    try:
+        return read_raw(kube, path, where, missing="", unknown=unknown, timeout_s=timeout_s)
+    except ClaimError as e:
+        if isinstance(e.__cause__, ApiError) and e.__cause__.status == 404:
+            return None
+        raise

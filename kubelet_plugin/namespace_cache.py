@@ -1,13 +1,13 @@
 """Namespace labels kept in memory by a list and watch, for the trust check at prepare.
 
 :class:`WatchedNamespaces` lists every Namespace once, then watches from the list's
-``resourceVersion`` and keeps each namespace's labels, so a prepare needs no namespace
-read. It fails closed and fresh: until the list has arrived, after the watch broke
-(until the relist), and for a namespace the cache does not hold (created a moment ago,
-or deleted), it answers through the direct read (:class:`ApiNamespaceReader`), whose
-failures fail the claim. A ``410 Gone`` or any other watch failure drops the cache and
-relists with exponential back-off. Needs ``list`` and ``watch`` on namespaces (and
-``get`` for the direct read).
+``resourceVersion`` and keeps each namespace's labels, indexed by tenant (a namespace's
+tenant label, else its name), so a prepare needs no namespace read. It fails closed and
+fresh: until the list has arrived, after the watch broke (until the relist), and for a
+namespace the cache does not hold (created a moment ago, or deleted), it answers through
+the direct read (:class:`ApiNamespaceReader`), whose failures fail the claim. A ``410
+Gone`` or any other watch failure drops the cache and relists with exponential back-off.
+Needs ``list`` and ``watch`` on namespaces (and ``get`` for the direct read).
 """
 
 from __future__ import annotations
@@ -17,9 +17,14 @@ import threading
 from collections.abc import Mapping
 
 from driver.kube.http import KubeClient
-from driver.trust.policy import LABEL_TENANT
 from kubelet_plugin.list_watch import Json, ListWatch, describe
-from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels, NamespaceReader, labels_of
+from kubelet_plugin.namespace_reader import (
+    ApiNamespaceReader,
+    Labels,
+    NamespaceReader,
+    labels_of,
+    tenant_of,
+)
 from kubelet_plugin.publisher import Backoff
 
 log = logging.getLogger(__name__)
@@ -57,6 +62,7 @@ class WatchedNamespaces(ListWatch):
         self._fallback = fallback or ApiNamespaceReader(kube)
         self._lock = threading.Lock()
         self._labels: dict[str, dict[str, str]] = {}
+        self._tenants = _Tenants()
         self._synced = False
         self.lists = 0
 
@@ -68,13 +74,8 @@ class WatchedNamespaces(ListWatch):
         with self._lock:
             own = self._labels.get(namespace) if self._synced else None
             if own is not None:
-                found: dict[str, Labels] = {namespace: own}
-                tenant = own.get(LABEL_TENANT)
-                if tenant:
-                    for name, labels in self._labels.items():
-                        if labels.get(LABEL_TENANT) == tenant:
-                            found[name] = labels
-                return found
+                members = self._tenants.members(tenant_of(namespace, own))
+                return {name: self._labels[name] for name in members}
         return self._fallback.tenant_labels(namespace)
 
     def _listed(self, items: list[Json], version: str) -> None:
@@ -83,8 +84,11 @@ class WatchedNamespaces(ListWatch):
             name = _name(item)
             if name is not None:
                 labels[name] = labels_of(item)
+        tenants = _Tenants()
+        for name, own in labels.items():
+            tenants.add(name, own)
         with self._lock:
-            self._labels, self._synced = labels, True
+            self._labels, self._tenants, self._synced = labels, tenants, True
             self.lists += 1
         log.info("namespace cache synced namespaces=%d version=%s", len(labels), version)
 
@@ -93,15 +97,17 @@ class WatchedNamespaces(ListWatch):
         if name is None:
             return
         with self._lock:
-            if kind == "DELETED":
-                self._labels.pop(name, None)
-            else:
+            old = self._labels.pop(name, None)
+            if old is not None:
+                self._tenants.remove(name, old)
+            if kind != "DELETED":
                 self._labels[name] = labels_of(obj)
+                self._tenants.add(name, self._labels[name])
 
     def _forget(self) -> None:
         with self._lock:
             self._synced = False
-            self._labels = {}
+            self._labels, self._tenants = {}, _Tenants()
 
     def _failed(self, e: Exception) -> None:
         log.warning("namespace watch failed; relisting error=%s", describe(e))
@@ -111,6 +117,27 @@ class WatchedNamespaces(ListWatch):
             "namespace watch refused: the plugin's service account needs list and watch on "
             "namespaces; meanwhile each prepare reads its claim's namespace from the API server"
         )
+
+
+class _Tenants:
+    """The namespaces of each tenant, by :func:`tenant_of`: those labelled with it and the
+    unlabelled namespace of its name. Not thread-safe (the cache's lock guards it)."""
+
+    def __init__(self) -> None:
+        self._by_tenant: dict[str, set[str]] = {}
+
+    def add(self, name: str, labels: Labels) -> None:
+        self._by_tenant.setdefault(tenant_of(name, labels), set()).add(name)
+
+    def remove(self, name: str, labels: Labels) -> None:
+        tenant = tenant_of(name, labels)
+        members = self._by_tenant.get(tenant, set())
+        members.discard(name)
+        if not members:
+            self._by_tenant.pop(tenant, None)
+
+    def members(self, tenant: str) -> frozenset[str]:
+        return frozenset(self._by_tenant.get(tenant, ()))
 
 
 def _name(obj: object) -> str | None:

@@ -27,7 +27,7 @@ from driver.nvml.sim import create_state
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
 from kubelet_plugin.dra_driver import PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder
-from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels
+from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels, tenant_of
 from tests.unit.claim_values import claim, config, ref_of, result
 from tests.unit.sharing_node import sharing_state
 from tests.unit.state_child import device_state
@@ -55,11 +55,9 @@ class Namespaces:
         self._labels = labels
 
     def tenant_labels(self, namespace: str) -> dict[str, Labels]:
-        tenant = self._labels[namespace].get(LABEL_TENANT)
+        tenant = tenant_of(namespace, self._labels[namespace])
         return {
-            ns: labels
-            for ns, labels in self._labels.items()
-            if ns == namespace or (tenant and labels.get(LABEL_TENANT) == tenant)
+            ns: labels for ns, labels in self._labels.items() if tenant_of(ns, labels) == tenant
         }
 
 
