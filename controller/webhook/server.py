@@ -145,7 +145,7 @@ class WebhookServer:
         *,
         template_interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
-        self.templates = TemplateWriter(api, template_interval_s)
+        self.templates = TemplateWriter(api, template_interval_s, metrics)
         self._server = _Server((host, port), tls, self.templates, metrics)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="webhook-server", daemon=True

@@ -10,7 +10,8 @@ nothing. It only checks that a template it is about to name is not someone else'
 creates the templates their annotation asks for, in their namespace. A forged review
 therefore costs one list, never an object: nothing is written where no rewritten pod exists.
 The pod waits for its template a moment (the resourceclaim controller retries), which is the
-price of that guarantee.
+price of that guarantee. A template the API server refuses (the claim-trust policy denies an
+isolated namespace's MIG template) is logged and counted, and the pass goes on with the others.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Iterable
 from kubernetes import client
 
 from controller.kube_client import ApiCallError, Json, request
+from controller.metrics import ControllerMetrics
 from controller.webhook.pods import (
     ANNOTATION_REWRITTEN,
     LABEL_MANAGED_BY,
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 DEFAULT_INTERVAL_S = 5.0  # a pass without a wake-up, for pods admitted by another replica
+LOOP = "legacy-templates"  # its label in tranche_controller_loop_errors_total
 
 
 def _base(namespace: str) -> str:
@@ -47,8 +50,14 @@ def _base(namespace: str) -> str:
 class TemplateWriter:
     """Checks templates for the webhook; creates them for pods that exist."""
 
-    def __init__(self, api: client.ApiClient, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        metrics: ControllerMetrics | None = None,
+    ) -> None:
         self._api = api
+        self._metrics = metrics
         self._interval = interval_s
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -100,9 +109,20 @@ class TemplateWriter:
             for spec in specs:
                 wanted[(namespace, spec.name)] = spec
         for (namespace, name), spec in sorted(wanted.items()):
-            if self._create(namespace, spec):
-                created.append(f"{namespace}/{name}")
+            try:
+                if self._create(namespace, spec):
+                    created.append(f"{namespace}/{name}")
+            except ApiCallError as e:  # this template only; the API server answers the others
+                log.warning(
+                    "legacy template not created namespace=%s name=%s error=%r",
+                    namespace, name, str(e),
+                )  # fmt: skip
+                self._count_error()
         return created
+
+    def _count_error(self) -> None:
+        if self._metrics is not None:
+            self._metrics.loop_errors.labels(loop=LOOP).inc()
 
     def _rewritten_pods(self) -> Iterable[Json]:
         token = ""
@@ -132,7 +152,7 @@ class TemplateWriter:
 
     def start(self) -> None:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="legacy-templates", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=LOOP, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -151,5 +171,6 @@ class TemplateWriter:
                 self.sync()
             except TrancheError as e:
                 self.failures += 1
+                self._count_error()
                 log.warning("legacy template pass failed error=%r", str(e))
             self.passes += 1
