@@ -701,15 +701,19 @@ class MpsHandler:
                 self._daemons.stop(key)
 
     def reconcile(self, plans: Sequence[Plan]) -> Sequence[str]:
-        """Stop daemons no prepared claim uses; restart the used ones that died."""
+        """Lift the memory limits of groups no prepared claim holds, stop daemons no
+        prepared claim uses, restart the used ones that died. A limit that cannot be lifted
+        is reported among the lines and never keeps the daemons from being swept."""
         lifted: list[str] = []
+        unlifted: list[str] = []
         if self._limits is not None:
             groups = {s.group_id for p in plans for s in p.steps if isinstance(s, StartMps)}
-            lifted = self._limits.sweep(groups)
+            lifted, unlifted = self._limits.sweep(groups)
         stopped = self._daemons.sweep(_keys_in_use(plans))
         restarted = self._daemons.restart_dead()
         return (
             [f"lifted MPS memory limits of {g}" for g in lifted]
+            + unlifted
             + [f"stopped MPS daemon {k}" for k in stopped]
             + [f"restarted MPS daemon {k}" for k in restarted]
         )

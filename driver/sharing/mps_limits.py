@@ -24,7 +24,7 @@ from typing import Protocol
 
 import pynvml
 
-from driver.errors import ClaimError, NvmlError
+from driver.errors import ClaimError, NvmlError, TrancheError
 from driver.files import write_atomic
 from driver.pod_cgroup import pod_cgroup_paths
 
@@ -120,16 +120,25 @@ class MpsMemoryLimits:
         self._path(group_id).unlink(missing_ok=True)
         log.info("mps memory limits lifted group=%s", group_id)
 
-    def sweep(self, keep: set[str]) -> list[str]:
-        """Lift the limits of every recorded group not in ``keep``; returns those groups."""
+    def sweep(self, keep: set[str]) -> tuple[list[str], list[str]]:
+        """Lift the limits of every recorded group not in ``keep``: the groups lifted, and
+        one line per group that could not be (its record kept, to be tried again at the
+        next start). One failing group never stops the others."""
         if not self._records.is_dir():
-            return []
-        lifted = []
+            return [], []
+        lifted: list[str] = []
+        failed: list[str] = []
         for path in sorted(self._records.glob("*.json")):
-            if path.stem not in keep:
+            if path.stem in keep:
+                continue
+            try:
                 self.remove(path.stem)
-                lifted.append(path.stem)
-        return lifted
+            except (TrancheError, OSError) as e:
+                log.error("mps memory limits not lifted group=%s error=%s", path.stem, e)
+                failed.append(f"could not lift MPS memory limits: {e}")
+                continue
+            lifted.append(path.stem)
+        return lifted, failed
 
     def _path(self, group_id: str) -> Path:
         return self._records / f"{group_id}.json"

@@ -153,6 +153,32 @@ def test_a_limit_no_prepared_claim_uses_is_lifted_at_recovery(enforcing: Path) -
     assert handler.reconcile([]) == []
 
 
+def test_a_limit_that_cannot_be_lifted_at_recovery_leaves_no_unused_daemon_running(
+    enforcing: Path,
+) -> None:
+    config = CONFIG.model_copy(update={"cgroup_root": cgroup_root(enforcing)})
+    state, sharing, nvml = sharing_state(enforcing, config=config)
+    gpus = state.inventory.gpus[:2]
+    for uid, gpu in zip("ab", gpus, strict=True):
+        obj = mps_share_claim(enforcing, uid, f"{gpu.name}-mps-blue", "20Gi")
+        assert state.prepare(obj, ref_of(obj)).error == ""
+    records = sorted((enforcing / "state" / "mps-limits").glob("*.json"))
+    assert len(records) == 2
+    intact = json.loads(records[1].read_text())["limits"][0]["gpu_uuid"]
+    records[0].write_text("{not json")  # the first group's limits cannot be lifted
+    # a restarted plugin whose checkpoint kept no claim reconciles with no plans
+    handler = sharing.handlers["start-mps"]
+    assert isinstance(handler, Reconciler)
+    report = handler.reconcile([])
+    assert sum("could not lift MPS memory limits" in line for line in report) == 1
+    assert f"{records[0]} is unreadable" in " ".join(report)
+    assert sum(line.startswith("stopped MPS daemon") for line in report) == 2
+    assert sharing.daemons.processes() == []
+    assert {nvml.compute_mode(g.uuid) for g in gpus} == {"Default"}
+    assert nvml.memory_limits(intact, POD_CGROUP).hard_bytes is None
+    assert records[0].exists() and not records[1].exists()  # tried again at the next start
+
+
 def test_a_pod_without_a_cgroup_fails_the_claim_naming_the_pods(enforcing: Path) -> None:
     root = cgroup_root(enforcing)
     (root / POD_CGROUP.lstrip("/")).rmdir()
