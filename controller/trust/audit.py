@@ -104,7 +104,8 @@ def consumers(
     default_level: TrustLevel,
     driver: str = DRIVER,
 ) -> list[Consumer]:
-    """One consumer per allocated device result of ``driver``."""
+    """One consumer per allocated device result of ``driver``; results with admin access
+    are not judged (as at prepare: a cluster administrator's grant)."""
     facts = device_facts(slices, driver)
     out: list[Consumer] = []
     for claim in claims:
@@ -115,7 +116,7 @@ def consumers(
         classes = _request_classes(claim)
         resolution = tenancies.get(ns) or resolve_tenants({ns: None}, default_level)[ns]
         for result in results:
-            if result.get("driver") != driver:
+            if result.get("driver") != driver or result.get("adminAccess") is True:
                 continue
             pool, device = result.get("pool", ""), result.get("device", "")
             known = facts.get((pool, device))

@@ -130,6 +130,20 @@ def test_dedicated_node_shared_with_another_tenant_is_reported() -> None:
     assert {v.reason for _, _, v in found[0].verdicts} == {Reason.DEDICATED_NODE}
 
 
+def test_an_admin_access_claim_beside_an_isolated_tenant_is_not_judged() -> None:
+    # A monitoring claim with admin access on an isolated tenant's whole GPU: prepare and
+    # docs/trust.md do not judge it, so neither does the audit.
+    res = resolve_tenants({"team-a": None, "gpu-monitoring": None})
+    monitor = claim("gpu-monitoring", "dcgm", "gpu-aaaa")
+    monitor["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    claims = [claim("team-a", "train", "gpu-aaaa"), monitor]
+    found = colocations(consumers(claims, SLICES, res, res["team-a"].tenancy.level))
+    assert found == []
+    out = io.StringIO()
+    render_text(found, res, out)
+    assert "FORBIDDEN" not in out.getvalue()
+
+
 def test_trust_check_with_the_api_server_down_names_the_request_and_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
