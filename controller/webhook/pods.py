@@ -95,9 +95,38 @@ def _count(value: object, field: str) -> int:
     return int(text)
 
 
+_JSON_KINDS = {
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+}
+
+
+def _object(value: object, field: str) -> Mapping[str, Any]:
+    """``value`` as a JSON object (absent: empty); anything else refuses the pod."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        kind = _JSON_KINDS.get(type(value), type(value).__name__)
+        raise PodRejected(f"{field}: must be an object, not {kind}")
+    return value
+
+
+def _array(value: object, field: str) -> list[Any]:
+    """``value`` as a JSON array (absent: empty); anything else refuses the pod."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        kind = "an object" if isinstance(value, Mapping) else _JSON_KINDS.get(type(value), "")
+        raise PodRejected(f"{field}: must be an array, not {kind or type(value).__name__}")
+    return value
+
+
 def _container_counts(resources: Mapping[str, Any], field: str) -> dict[str, int]:
-    limits = resources.get("limits") or {}
-    requests = resources.get("requests") or {}
+    limits = _object(resources.get("limits"), f"{field}.limits")
+    requests = _object(resources.get("requests"), f"{field}.requests")
     counts: dict[str, int] = {}
     for name in sorted(set(limits) | set(requests)):
         if parse_legacy(name) is None:
@@ -115,18 +144,23 @@ def _container_counts(resources: Mapping[str, Any], field: str) -> dict[str, int
     return counts
 
 
-def mutate_pod(pod: Json) -> Mutation | None:
-    """The rewrite of ``pod``; None when it asks for no legacy resource."""
-    spec = pod.get("spec") or {}
-    existing = {c.get("name") for c in spec.get("resourceClaims") or []}
+def mutate_pod(pod: Mapping[str, Any]) -> Mutation | None:
+    """The rewrite of ``pod``; None when it asks for no legacy resource. PodRejected, naming
+    the field, when it cannot be admitted as written (a field of the wrong JSON type too)."""
+    spec = _object(pod.get("spec"), "spec")
+    old_claims = _array(spec.get("resourceClaims"), "spec.resourceClaims")
+    existing = {
+        _object(c, f"spec.resourceClaims[{i}]").get("name") for i, c in enumerate(old_claims)
+    }
     patch: list[Json] = []
-    claims: list[Json] = list(spec.get("resourceClaims") or [])
+    claims: list[Json] = list(old_claims)
     templates: dict[str, TemplateSpec] = {}
     notes: list[str] = []
     for key, letter in (("initContainers", "i"), ("containers", "c")):
-        for index, container in enumerate(spec.get(key) or []):
+        for index, item in enumerate(_array(spec.get(key), f"spec.{key}")):
             field = f"spec.{key}[{index}].resources"
-            resources = container.get("resources") or {}
+            container = _object(item, f"spec.{key}[{index}]")
+            resources = _object(container.get("resources"), field)
             counts = _container_counts(resources, field)
             if not counts:
                 continue
@@ -135,7 +169,7 @@ def mutate_pod(pod: Json) -> Mutation | None:
                 for part in ("limits", "requests")
             }
             new_resources = {k: v for k, v in new_resources.items() if v}
-            container_claims = list(resources.get("claims") or [])
+            container_claims = list(_array(resources.get("claims"), f"{field}.claims"))
             for name, count in counts.items():
                 if count == 0:
                     continue
@@ -159,18 +193,19 @@ def mutate_pod(pod: Json) -> Mutation | None:
             )
     if not patch:
         return None
-    if claims != list(spec.get("resourceClaims") or []):
+    if claims != old_claims:
         patch.append({"op": "add", "path": "/spec/resourceClaims", "value": claims})
     summary = ",".join(notes) or ZERO_COUNTS
-    meta = pod.get("metadata") or {}
+    meta = _object(pod.get("metadata"), "metadata")
     patch.append(_add_to_map(meta, "annotations", ANNOTATION_REWRITTEN, summary))
     if templates:
         patch.append(_add_to_map(meta, "labels", LABEL_REWRITTEN, "true"))
     return Mutation(patch=tuple(patch), templates=tuple(templates.values()), summary=summary)
 
 
-def _add_to_map(meta: Json, field: str, key: str, value: str) -> Json:
+def _add_to_map(meta: Mapping[str, Any], field: str, key: str, value: str) -> Json:
     """A JSON-patch op that sets ``metadata.<field>[key]``, creating the map when absent."""
+    _object(meta.get(field), f"metadata.{field}")
     if meta.get(field) is None:
         return {"op": "add", "path": f"/metadata/{field}", "value": {key: value}}
     path = f"/metadata/{field}/" + key.replace("~", "~0").replace("/", "~1")

@@ -41,17 +41,27 @@ def _response(uid: str, allowed: bool, message: str = "", patch: Any = None) -> 
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
 
 
-def review_pod(review: Json, writer: TemplateWriter, metrics: ControllerMetrics) -> Json:
+class NotAReview(ValueError):
+    """The body is JSON but no AdmissionReview with a request: answered 400."""
+
+
+def review_pod(review: object, writer: TemplateWriter, metrics: ControllerMetrics) -> Json:
     """The AdmissionReview answer for one pod review. Writes nothing: the templates the
-    rewrite names are checked here and created by ``writer`` once the pod exists."""
-    req = review.get("request") or {}
+    rewrite names are checked here and created by ``writer`` once the pod exists.
+    NotAReview when ``review`` has no ``request`` object to answer; a pod of the wrong shape
+    is denied, naming the field."""
+    req = review.get("request") if isinstance(review, dict) else None
+    if not isinstance(req, dict):
+        raise NotAReview("the body is not an AdmissionReview: request must be an object")
     uid = str(req.get("uid", ""))
-    pod = req.get("object") or {}
-    namespace = str(req.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
-    name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get(
-        "generateName", "<unnamed>"
-    )
+    pod = {} if req.get("object") is None else req["object"]
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    namespace = str(req.get("namespace") or meta.get("namespace") or "")
+    name = str(meta.get("name") or meta.get("generateName") or "<unnamed>")
     try:
+        if not isinstance(pod, dict):
+            raise PodRejected("request.object: must be an object (the pod)")
         mutation = mutate_pod(pod)
         if mutation is None:
             metrics.admissions.labels(result="unchanged").inc()
@@ -90,8 +100,16 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as e:
             self._send(400, {"message": f"body is not JSON: {e}"})
             return
-        with self.server.metrics.admission_seconds.time():
-            answer = review_pod(review, self.server.writer, self.server.metrics)
+        try:
+            with self.server.metrics.admission_seconds.time():
+                answer = review_pod(review, self.server.writer, self.server.metrics)
+        except NotAReview as e:
+            self._send(400, {"message": str(e)})
+            return
+        except Exception as e:  # an answer, never a dropped connection
+            log.exception("pod review crashed peer=%s", self.client_address[0])
+            self._send(500, {"message": f"tranche controller: {type(e).__name__}: {e}"})
+            return
         self._send(200, answer)
 
     def _send(self, status: int, body: Json) -> None:
