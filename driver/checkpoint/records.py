@@ -18,6 +18,8 @@ ClaimState = Literal["PrepareStarted", "PrepareCompleted"]
 
 class _Model(BaseModel):
     # extra="ignore": a checkpoint written by a newer plugin still loads after a downgrade.
+    # The plan's models forbid unknown fields (they also hold the opaque config a user
+    # writes), so the checkpoint reads claims with extra="ignore" (driver.checkpoint.store).
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 

@@ -22,10 +22,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 REPLACE_POINT = "checkpoint:before-replace"
 DEFAULT_HISTORY = 512
+MAX_PROBLEMS = 3  # fields a corrupt file's reason names; a file of another format fails them all
 
 LoadKind = Literal["new", "ok", "other-boot", "corrupt"]
 HistoryKey = tuple[str, float]
@@ -317,10 +318,10 @@ class Checkpoint:
                 continue
             try:
                 body, boot_id = files.decode_claim(raw)
-                record = ClaimRecord.model_validate(body)
+                record = _claim_record(body)
                 if record.uid != uid:
                     raise ValueError(f"holds claim {record.uid}, not {uid}")
-            except (ValueError, ValidationError) as e:
+            except ValueError as e:
                 reason = str(e).splitlines()[0]
                 moved = self._move_aside(path) if quarantine else None
                 changed = changed or quarantine
@@ -372,9 +373,9 @@ class Checkpoint:
             return
         for body, boot_id in files.decode_started(raw):
             try:
-                record = ClaimRecord.model_validate(body)
-            except ValidationError as e:
-                log.warning("checkpoint started line skipped reason=%s", str(e).splitlines()[0])
+                record = _claim_record(body)
+            except ValueError as e:
+                log.warning("checkpoint started line skipped reason=%s", e)
                 continue
             if record.state != "PrepareStarted" or (
                 record.uid in view.claims and record.uid not in view.started
@@ -482,9 +483,13 @@ class Checkpoint:
                 self._trim(current)
 
     def save(self, state: CheckpointData) -> None:
-        """Replace the whole checkpoint with ``state`` (its history trimmed to the limit)."""
-        if len(state.history) > self.history_limit:
-            del state.history[: len(state.history) - self.history_limit]
+        """Replace the claims with ``state``'s, each file written with this boot's id.
+
+        ``state``'s history is added to the history file's, not put in its place: the file
+        is read back, as compaction does, because a loaded ``state`` holds only what memory
+        kept (``history_memory_s``). The file keeps its newest ``history_limit`` records,
+        none of a claim ``state`` holds (such a record would mark that claim ended).
+        """
         for uid in state.claims:
             if not files.safe_uid(uid):
                 raise CheckpointError(f"claim uid {uid!r} cannot name a checkpoint file")
@@ -503,7 +508,7 @@ class Checkpoint:
                 for uid, path in list(files.claim_files(self.directory)):
                     if uid not in state.claims:
                         path.unlink(missing_ok=True)
-                self._write_history(state.history)
+                history = self._rewrite_history(_current_keys(state.claims), state.history)
                 files.fsync_directory(self.directory)
                 files.empty_file(self._started)  # its claims now have their files
             except BaseException:
@@ -512,7 +517,7 @@ class Checkpoint:
             fresh = _View(after, found=True)
             fresh.claims = {uid: r.model_copy() for uid, r in state.claims.items()}
             fresh.boot_ids = dict.fromkeys(state.claims, self.boot_id)
-            fresh.add_history(state.history)
+            fresh.add_history(history)
             self._trim(fresh)
             self._view = fresh
 
@@ -565,20 +570,32 @@ class Checkpoint:
         )
 
     def _compact(self, view: _View) -> None:
-        """Rewrite the history file with its last ``history_limit`` records, read back from
-        the file (memory may keep only the recent ones), each once, none of a claim that is
-        still prepared."""
+        """Rewrite the history file with its last ``history_limit`` records, none of a claim
+        that is still prepared."""
         # The records dropped here are what marks their claims ended: their files' deletions
         # (not fsynced one by one) are made durable first.
         files.fsync_directory(self.directory)
-        on_file = _View(None, found=True)
-        on_file.add_history(_history_records(files.decode_history(self._history.read_bytes())))
-        current = _current_keys(view)
-        kept = [r for k, r in on_file.history.items() if k not in current][-self.history_limit :]
-        self._write_history(kept)
+        kept = self._rewrite_history(_current_keys(view.claims))
         if self.history_memory_s is None:
             view.history = {_key(r): r for r in kept}
         view.history_lines = len(kept)
+
+    def _rewrite_history(
+        self, current: set[HistoryKey], added: Iterable[AllocationRecord] = ()
+    ) -> list[AllocationRecord]:
+        """Rewrite the history file with its own records (memory may keep only the recent
+        ones) and ``added`` ones it lacks, each once, the last ``history_limit`` of them,
+        none whose key is in ``current``; the records kept."""
+        on_file = _View(None, found=True)
+        try:
+            raw = self._history.read_bytes()
+        except FileNotFoundError:
+            raw = b""
+        on_file.add_history(_history_records(files.decode_history(raw)))
+        on_file.add_history([r for r in added if _key(r) not in on_file.history])
+        kept = [r for k, r in on_file.history.items() if k not in current][-self.history_limit :]
+        self._write_history(kept)
+        return kept
 
     def _trim(self, view: _View) -> None:
         if self.history_memory_s is not None:
@@ -600,7 +617,7 @@ class Checkpoint:
         """Convert ``checkpoint.json`` into claim files; a corrupt one is moved aside."""
         try:
             state, boot_id = _parse_legacy(self.path.read_bytes())
-        except (ValueError, ValidationError) as e:
+        except ValueError as e:
             moved = self._move_aside(self.path)
             remove_stale_temporaries(self.path.parent, self.path.name)
             self._leave_tombstone()
@@ -649,7 +666,7 @@ class Checkpoint:
             legacy, boot_id = _parse_legacy(self.path.read_bytes())
         except FileNotFoundError:
             return status
-        except (ValueError, ValidationError) as e:
+        except ValueError as e:
             reason = str(e).splitlines()[0]
             return LoadStatus("corrupt", f"checkpoint {self.path} is corrupt ({reason})")
         for uid, record in legacy.claims.items():
@@ -666,11 +683,56 @@ class Checkpoint:
 
 def _parse_legacy(raw: bytes) -> tuple[CheckpointData, str]:
     data, boot_id = files.decode_legacy(raw)
-    return CheckpointData.model_validate(data), boot_id
+    try:
+        return CheckpointData.model_validate(data, extra="ignore"), boot_id
+    except ValidationError as e:
+        raise ValueError(_problems(e, "data", data)) from e
 
 
-def _current_keys(view: _View) -> set[HistoryKey]:
-    return {_key(c.allocation) for c in view.claims.values() if c.allocation is not None}
+def _claim_record(body: dict[str, Any]) -> ClaimRecord:
+    """The record of a claim file or journal line; ValueError naming each bad field.
+
+    Fields this version does not know (a newer plugin's) are ignored at every level: the
+    plan's models reject them elsewhere (they hold a claim's opaque config, where an unknown
+    field is a user's typo), but in the checkpoint one would make the file look corrupt and
+    its claim be forgotten. A value this version does not know (a step kind) still fails.
+    """
+    try:
+        return ClaimRecord.model_validate(body, extra="ignore")
+    except ValidationError as e:
+        raise ValueError(_problems(e, "claim", body)) from e
+
+
+def _problems(err: ValidationError, root: str, document: object) -> str:
+    """``err``'s problems as ``<field path>: <message>``, the path from ``root`` as the file
+    spells it (``claim.plan.steps.0.gpu_uuid``)."""
+    problems = err.errors(include_url=False)
+    parts = [f"{_path(root, p['loc'], document)}: {p['msg']}" for p in problems[:MAX_PROBLEMS]]
+    if len(problems) > MAX_PROBLEMS:
+        parts.append(f"and {len(problems) - MAX_PROBLEMS} more")
+    return "; ".join(parts)
+
+
+def _path(root: str, loc: tuple[int | str, ...], document: object) -> str:
+    """``loc`` followed through ``document``, without the member tags pydantic puts in the
+    location of a union's error (``steps.0.attach-gpu.gpu_uuid``): they name no field."""
+    parts, node = [root], document
+    for n, part in enumerate(loc):
+        last = n == len(loc) - 1
+        if isinstance(node, Mapping) and part not in node and not last:
+            continue  # a tag: the next part is a key of this same object
+        parts.append(str(part))
+        if isinstance(node, Mapping):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            node = None
+    return ".".join(parts)
+
+
+def _current_keys(claims: Mapping[str, ClaimRecord]) -> set[HistoryKey]:
+    return {_key(c.allocation) for c in claims.values() if c.allocation is not None}
 
 
 def _history_records(bodies: Iterable[dict[str, object]]) -> Iterable[AllocationRecord]:

@@ -46,6 +46,8 @@ class ShareTarget:
 
 
 class _Frozen(BaseModel):
+    # extra="forbid" for plans built here; the checkpoint reads a stored plan with
+    # extra="ignore", so a field a newer plugin added does not make its file corrupt.
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 

@@ -25,14 +25,18 @@ NODE = "node-a"
 BOOT_ID = "boot-1"
 
 
-def device_state(workdir: Path, faults: FaultPoints, boot_id: str = BOOT_ID) -> DeviceState:
+def device_state(
+    workdir: Path, faults: FaultPoints, boot_id: str = BOOT_ID, checkpoint: Checkpoint | None = None
+) -> DeviceState:
+    """``checkpoint``: one of ``WORKDIR/checkpoint.json`` built by the caller (its clock, its
+    memory window); by default one with ``boot_id`` and ``faults``."""
     nvml = open_simulated(workdir / "sim.json")
     inventory = build_inventory(nvml.list_gpus(), nvml.system_info(), DYNAMIC_MIG)
     return DeviceState(
         nvml,
         inventory,
         CdiSpecs(workdir / "cdi", faults),
-        Checkpoint(workdir / "checkpoint.json", boot_id=boot_id, faults=faults),
+        checkpoint or Checkpoint(workdir / "checkpoint.json", boot_id=boot_id, faults=faults),
         lock_path=workdir / "pu.lock",
         driver_name=DRIVER,
         node_name=NODE,

@@ -4,15 +4,23 @@ conversion of the single-file checkpoint, and a second process's writes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from driver.checkpoint.files import Generation, digest, encode_history
+from driver.checkpoint.files import (
+    Generation,
+    decode_claim,
+    digest,
+    encode_claim,
+    encode_history,
+)
 from driver.checkpoint.store import (
     AllocatedDeviceRecord,
     AllocationRecord,
@@ -108,7 +116,7 @@ def test_round_trip_one_file_per_claim(tmp_path: Path) -> None:
     assert [a.claim for a in read_allocations(path)] == ["c-u2", "train"]
 
 
-def test_save_replaces_everything_and_bounds_the_history(tmp_path: Path) -> None:
+def test_save_replaces_the_claims_and_bounds_the_history(tmp_path: Path) -> None:
     cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b", history_limit=2)
     cp.put(record("gone"))
     state = sample()
@@ -273,17 +281,92 @@ def test_a_claim_file_under_another_name_is_corrupt(tmp_path: Path) -> None:
     assert state.claims == {}
 
 
+def rewritten(raw: bytes, change: Callable[[dict[str, Any]], object]) -> bytes:
+    """A claim file or journal line with ``change`` made to its claim, checksum and all."""
+    body, boot_id = decode_claim(raw)
+    change(body)
+    return encode_claim(body, boot_id)
+
+
+def newer_plugin_fields(body: dict[str, Any]) -> None:
+    """Fields a newer plugin might add, at every level of a claim: the plan's models
+    forbid unknown fields (they hold a claim's opaque config), the records do not."""
+    body["futureField"] = {"x": 1}
+    body["plan"]["futureField"] = 1
+    body["plan"]["devices"][0]["numaNode"] = 1
+    body["plan"]["devices"][0]["sharing"]["futureKnob"] = True
+    body["plan"]["steps"][0]["retries"] = 2
+    body["devices"][0]["futureField"] = "x"
+    body["allocation"]["devices"][0]["futureField"] = "x"
+
+
 def test_fields_from_a_newer_plugin_do_not_look_corrupt(tmp_path: Path) -> None:
     cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
     cp.put(record("u1"))
-    doc = json.loads(claim_file(tmp_path).read_text())
-    doc["claim"]["futureField"] = {"x": 1}
-    del doc["checksum"]
-    doc["checksum"] = digest(doc)
-    claim_file(tmp_path).write_text(json.dumps(doc))
+    cp.put(started("u2"))
+    for path in (claim_file(tmp_path), journal(tmp_path)):
+        path.write_bytes(rewritten(path.read_bytes(), newer_plugin_fields))
     state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
     assert status.kind == "ok"
-    assert state.claims["u1"].name == "train"
+    assert state.claims == {"u1": record("u1"), "u2": started("u2")}
+    assert claim_file(tmp_path).exists()
+
+
+def set_step_uuid(body: dict[str, Any]) -> None:
+    body["plan"]["steps"][0]["gpu_uuid"] = 7
+
+
+def drop_pool(body: dict[str, Any]) -> None:
+    del body["devices"][0]["poolName"]
+
+
+def set_step_kind(body: dict[str, Any]) -> None:
+    body["plan"]["steps"][0]["kind"] = "attach-tpu"  # a newer plugin's step: none to undo it
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (set_step_uuid, "claim.plan.steps.0.gpu_uuid: Input should be a valid string"),
+        (drop_pool, "claim.devices.0.poolName: Field required"),
+        (set_step_kind, "claim.plan.steps.0: Input tag 'attach-tpu' found using 'kind'"),
+    ],
+)
+def test_a_claim_file_that_fails_validation_is_corrupt_and_names_the_field(
+    tmp_path: Path, change: Callable[[dict[str, Any]], None], reason: str
+) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(record("u1"))
+    claim_file(tmp_path).write_bytes(rewritten(claim_file(tmp_path).read_bytes(), change))
+    state, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert status.kind == "corrupt" and state.claims == {}
+    assert f"{claim_file(tmp_path)} ({reason}" in status.message
+
+
+def test_a_journal_line_that_fails_validation_is_logged_with_the_field(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(started("u1"))
+    journal(tmp_path).write_bytes(rewritten(journal(tmp_path).read_bytes(), set_step_uuid))
+    with caplog.at_level(logging.WARNING, logger="driver.checkpoint.store"):
+        state, _ = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert state.claims == {}
+    assert "reason=claim.plan.steps.0.gpu_uuid: Input should be a valid string" in caplog.text
+
+
+def test_many_bad_fields_are_named_up_to_three(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
+    cp.put(record("u1"))
+
+    def damage(body: dict[str, Any]) -> None:
+        for key in ("namespace", "name", "startedAt", "completedAt", "state"):
+            body[key] = []
+
+    claim_file(tmp_path).write_bytes(rewritten(claim_file(tmp_path).read_bytes(), damage))
+    _, status = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
+    assert "claim.namespace: Input should be a valid string; claim.name: " in status.message
+    assert "; and 2 more; moved to " in status.message
 
 
 def test_checkpoint_from_another_boot_keeps_claims(tmp_path: Path) -> None:
@@ -403,6 +486,20 @@ def test_a_corrupt_single_file_checkpoint_is_moved_aside(tmp_path: Path) -> None
     assert status.moved_to.read_text() == "garbage"
     assert state.claims == {}
     assert cp.load(locked=True)[1].kind == "new"
+
+
+def test_a_single_file_checkpoint_that_fails_validation_names_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    data = sample().model_dump(mode="json", by_alias=True)
+    data["claims"]["u1"]["plan"]["steps"][0]["gpu_uuid"] = 7
+    doc: dict[str, Any] = {"version": 1, "bootId": "b", "data": data}
+    doc["checksum"] = digest(doc)
+    path.write_text(json.dumps(doc))
+    reason = "data.claims.u1.plan.steps.0.gpu_uuid: Input should be a valid string"
+    cp = Checkpoint(path, boot_id="b")
+    for locked in (False, True):
+        status = cp.load(locked=locked)[1]
+        assert status.kind == "corrupt" and f"({reason})" in status.message
 
 
 def test_a_conversion_killed_midway_is_finished_once(tmp_path: Path) -> None:
@@ -545,6 +642,34 @@ def test_memory_keeps_only_recently_ended_claims_and_the_file_keeps_the_history(
         path, boot_id="b", history_limit=3, history_memory_s=60.0, clock=lambda: now[0]
     )
     assert [a.claim for a in restarted.load()[0].history] == ["c-u8", "c-u9"]
+
+
+def test_save_keeps_the_history_memory_has_forgotten(tmp_path: Path) -> None:
+    """Recovery after a reboot saves the claims it loaded, whose history is what memory
+    kept; the records only the file still holds (billing reads them) stay in it."""
+    path = tmp_path / "checkpoint.json"
+    now = [0.0]
+
+    def checkpoint(boot_id: str) -> Checkpoint:
+        return Checkpoint(path, boot_id=boot_id, history_memory_s=60.0, clock=lambda: now[0])
+
+    cp = checkpoint("boot-1")
+    for i in range(3):
+        now[0] = 30.0 * i + 1
+        cp.put(record(f"u{i}", prepared_at=30.0 * i))
+        cp.remove(f"u{i}", ended(f"u{i}", 30.0 * i))
+    cp.put(record("kept", prepared_at=100.0))
+    now[0] = 3600.0  # the node rebooted an hour later
+    rebooted = checkpoint("boot-2")
+    state, status = rebooted.load(locked=True)
+    assert (status.kind, state.history) == ("other-boot", [])
+    rebooted.save(state)
+    assert [a.claim for a in read_allocations(path)] == ["c-u0", "c-u1", "c-u2", "train"]
+    assert checkpoint("boot-2").load(locked=True)[1].kind == "ok"
+    state.history = [ended("later", 3000.0)]  # a record the file lacks is added to it
+    rebooted.save(state)
+    ended_claims = [a.claim for a in read_allocations(path) if a.unprepared_at is not None]
+    assert ended_claims == ["c-u0", "c-u1", "c-u2", "c-later"]
 
 
 def test_a_claim_file_with_its_ended_record_in_the_history_is_unprepared(tmp_path: Path) -> None:

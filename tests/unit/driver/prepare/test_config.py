@@ -61,6 +61,16 @@ def test_mps_settings_parse_quantities() -> None:
         ({"apiVersion": V1, "kind": "TpuConfig"}, f"{WHERE}.kind"),
         (gpu({"strategy": "Exclusive", "colour": "red"}), f"{WHERE}.sharing.colour"),
         (gpu({"strategy": "Sometimes"}), f"{WHERE}.sharing.strategy"),
+        # The checkpoint reads these models with unknown fields ignored; a claim's config not.
+        (
+            gpu({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentag": 50}}),
+            f"{WHERE}.sharing.mpsConfig.defaultActiveThreadPercentag: Extra inputs are not "
+            "permitted",
+        ),
+        (
+            gpu({"strategy": "TimeSlicing", "timeSlicingConfig": {"intervall": "Long"}}),
+            f"{WHERE}.sharing.timeSlicingConfig.intervall: Extra inputs are not permitted",
+        ),
         (
             gpu({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
             f"{WHERE}.sharing.mpsConfig.defaultActiveThreadPercentage",

@@ -11,13 +11,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from driver.api import ClaimRef
-from driver.checkpoint.store import Checkpoint
+from driver.checkpoint import files
+from driver.checkpoint.store import Checkpoint, read_allocations
 from driver.faults import NO_FAULTS, POINTS
 from driver.nvml.sim import SimControl, SimStore, create_state, open_simulated
 from driver.nvml.types import DeviceProbe
@@ -398,6 +400,77 @@ def test_recover_sweeps_orphans_and_reports_corruption(node: Path) -> None:
     assert "u1.json (not JSON" in report.checkpoint.message
     assert report.orphan_specs_removed == ("u1",)
     assert list((node / "checkpoint.d").glob("u1.json.corrupt-*"))
+
+
+def from_a_newer_plugin(raw: bytes) -> bytes:
+    """A claim file or journal line as a newer plugin might write it: a field this version
+    does not know in the plan, its device, the device's sharing and its first step."""
+    body, boot_id = files.decode_claim(raw)
+    body["plan"]["placement"] = "spread"
+    body["plan"]["devices"][0]["numaNode"] = 1
+    body["plan"]["devices"][0]["sharing"]["futureKnob"] = True
+    body["plan"]["steps"][0]["retries"] = 2
+    return files.encode_claim(body, boot_id)
+
+
+def test_a_claim_file_of_a_newer_plugin_keeps_its_claim_and_its_gpu(node: Path) -> None:
+    """A rolling update's older plugin: the claim is kept, not moved aside as corrupt, so its
+    spec is no orphan and no other claim is granted its GPU."""
+    gpu = gpus(node)[0]
+    obj = new_claim(node, "u1", [gpu])
+    first = device_state(node, NO_FAULTS).prepare(obj, ref_of(obj))
+    assert first.error == ""
+    path = node / "checkpoint.d" / "u1.json"
+    path.write_bytes(from_a_newer_plugin(path.read_bytes()))
+    ds = device_state(node, NO_FAULTS)
+    report = ds.recover()
+    assert (report.checkpoint.kind, report.orphan_specs_removed) == ("ok", ())
+    assert recorded(node) == {"u1": "PrepareCompleted"}
+    assert cdi_files(node) == ["gpu.tranche.dev-claim_u1.json"]
+    other = new_claim(node, "u2", [gpu], namespace="team-b")
+    assert "already prepared for claim team-a/c-u1 (u1)" in ds.prepare(other, ref_of(other)).error
+    assert ds.prepare(obj, ref_of(obj)) == first
+    assert ds.unprepare(ref_of(obj)).error == ""
+    assert cdi_files(node) == [] and recorded(node) == {}
+
+
+def test_a_journal_line_of_a_newer_plugin_is_rolled_back(node: Path) -> None:
+    gpu = gpus(node)[1]
+    new_claim(node, "u1", [gpu], [config(TS_LONG)])
+    assert run_child(node, "prepare", "u1", "prepare:after-cdi") == 137
+    journal = node / "checkpoint.d" / "started.jsonl"
+    journal.write_bytes(from_a_newer_plugin(journal.read_bytes()))
+    uuid = device_state(node, NO_FAULTS).inventory.gpu_of(gpu).uuid
+    report = device_state(node, NO_FAULTS).recover()
+    assert (report.checkpoint.kind, report.rolled_back) == ("ok", ("u1",))
+    assert open_simulated(node / "sim.json").timeslice(uuid) == 0
+    assert cdi_files(node) == [] and recorded(node) == {}
+
+
+def test_recovery_after_a_reboot_keeps_the_history_memory_has_forgotten(node: Path) -> None:
+    """The plugin keeps ended records in memory for ten minutes; the history file keeps the
+    older ones (billing), and rewriting every claim file after a reboot leaves them there."""
+    names = gpus(node)
+    ds = device_state(node, NO_FAULTS)
+    for i in range(3):
+        obj = new_claim(node, f"u{i}", [names[0]])
+        assert ds.prepare(obj, ref_of(obj)).error == ""
+        assert ds.unprepare(ref_of(obj)).error == ""
+    kept = new_claim(node, "kept", [names[1]])
+    assert ds.prepare(kept, ref_of(kept)).error == ""
+    later = time.time() + 3600  # the node rebooted an hour later
+    checkpoint = Checkpoint(
+        node / "checkpoint.json", boot_id="boot-2", history_memory_s=600, clock=lambda: later
+    )
+    report = device_state(node, NO_FAULTS, checkpoint=checkpoint).recover()
+    assert (report.checkpoint.kind, report.revalidated) == ("other-boot", ("kept",))
+    allocations = read_allocations(node / "checkpoint.json")
+    assert [(a.claim_uid, a.unprepared_at is not None) for a in allocations] == [
+        ("u0", True),
+        ("u1", True),
+        ("u2", True),
+        ("kept", False),
+    ]
 
 
 def test_other_boot_keeps_claims_and_rewrites_specs(node: Path) -> None:
