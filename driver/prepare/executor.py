@@ -71,6 +71,7 @@ from driver.prepare.plan import (
     Step,
     build_plan,
 )
+from driver.prepare.timeslice_guard import timeslice_guard
 from driver.prepare.trust_check import check_claim, judged_with, mechanism_of
 from driver.trust.policy import Tenancy
 
@@ -311,7 +312,7 @@ class DeviceState:
         driver_name: str,
         node_name: str,
         handlers: Mapping[str, StepHandler] | None = None,
-        guards: Sequence[Guard] = (exclusivity_guard,),
+        guards: Sequence[Guard] = (timeslice_guard, exclusivity_guard),
         faults: FaultPoints = NO_FAULTS,
         clock: Callable[[], float] = time.time,
         lock_timeout_s: float = LOCK_TIMEOUT_S,

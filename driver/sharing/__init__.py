@@ -17,6 +17,7 @@ from driver.faults import NO_FAULTS, FaultPoints
 from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
 from driver.prepare.executor import Guard, StepHandler, TimeSliceHandler, exclusivity_guard
 from driver.prepare.plan import ShareTarget
+from driver.prepare.timeslice_guard import timeslice_guard
 from driver.sharing import mps_shm
 from driver.sharing.devices import mps_memory_enforced, share_devices, share_targets
 from driver.sharing.guard import ModeGuard
@@ -146,7 +147,11 @@ class SharingNode:
                 self.daemons, inventory, nvml, self.shares.__contains__, self.limits
             ),
         }
-        self.guards: tuple[Guard, ...] = (ModeGuard(self.shares), exclusivity_guard)
+        self.guards: tuple[Guard, ...] = (
+            ModeGuard(self.shares),
+            timeslice_guard,
+            exclusivity_guard,
+        )
 
     def extra_devices(self, inventory: Inventory) -> dict[str, list[dict[str, Any]]]:
         """Share devices per GPU name, for ``build_slices(extra_devices=...)``."""

@@ -144,7 +144,9 @@ def test_time_slice_shares_set_the_interval_until_the_last_leaves(node: Path) ->
     }
     # b (Default) still holds the share: a claim asking another interval is refused
     c = claim("c", [shared(device, "s-c")], [config(long)], name="c-c")
-    assert "overlaps" in state.prepare(c, ref_of(c)).error
+    error = state.prepare(c, ref_of(c)).error
+    assert "config[0].opaque.parameters.sharing.timeSlicingConfig.interval: interval Long" in error
+    assert "time-sliced with interval Default for claim team-a/c-b (b)" in error
     assert state.unprepare(ref_of(claims[1])).error == ""
     assert state.prepare(c, ref_of(c)).error == ""
     assert nvml.timeslice(gpu.uuid) == 3
