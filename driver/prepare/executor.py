@@ -345,29 +345,56 @@ class DeviceState:
         if not self._thread_lock.acquire(timeout=self._lock_timeout_s):
             raise RetryableError(f"lock {self.lock_path}: busy for {self._lock_timeout_s}s")
         try:
+            fd = self._lock_file(deadline)
             try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-            except FileNotFoundError:  # its directory is not there (yet, or any more)
-                self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError as e:
-                        if time.monotonic() > deadline:
-                            raise RetryableError(
-                                f"lock {self.lock_path}: held by another process for "
-                                f"{self._lock_timeout_s}s"
-                            ) from e
-                        time.sleep(0.05)
                 with self.checkpoint.exclusive():
                     yield
             finally:
                 os.close(fd)
         finally:
             self._thread_lock.release()
+
+    def _open_lock_file(self) -> int:
+        try:
+            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except FileNotFoundError:  # its directory is not there (yet, or any more)
+            self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def _lock_file(self, deadline: float) -> int:
+        """An open ``fd`` of the file the lock path names, ``flock``-ed. A file deleted or
+        replaced while this process waited for it is let go and the path opened again: a
+        process opening the path now would lock the new file, not the one locked here."""
+        while True:
+            fd = self._open_lock_file()
+            try:
+                self._flock(fd, deadline)
+                if _names(self.lock_path, fd):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+            log.info(
+                "lock file replaced while waiting for it path=%s; locking again", self.lock_path
+            )
+            if time.monotonic() > deadline:
+                raise RetryableError(
+                    f"lock {self.lock_path}: replaced while waiting for {self._lock_timeout_s}s"
+                )
+
+    def _flock(self, fd: int, deadline: float) -> None:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError as e:
+                if time.monotonic() > deadline:
+                    raise RetryableError(
+                        f"lock {self.lock_path}: held by another process for "
+                        f"{self._lock_timeout_s}s"
+                    ) from e
+                time.sleep(0.05)
 
     def _sharing_gpus(self, state: CheckpointData, plan: Plan) -> CheckpointData:
         """The claims of ``state`` with a device on a GPU of ``plan``: all that the guards,
@@ -793,6 +820,16 @@ class _Names:
         except DeviceNotFound:
             return False
         return True
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (same device and inode)."""
+    try:
+        named = path.stat()
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def plan_mode(plan: Plan) -> str:

@@ -7,11 +7,14 @@ leaked (CDI files, checkpoint entries, time-slice settings).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +258,52 @@ def test_lock_holds_across_processes(node: Path) -> None:
     finally:
         holder.communicate("")
     assert device_state(node, NO_FAULTS).prepare(obj, ref_of(obj)).error == ""
+
+
+def _opened(path: Path) -> list[str]:
+    """What this process's open files named ``path`` are now (`` (deleted)`` when unlinked)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(path)):
+                found.append(target)
+    return found
+
+
+def _until(done: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_lock_file_deleted_while_waiting_for_it_is_not_locked(node: Path) -> None:
+    """A plugin pod waiting for the node lock has the lock file open. If the file is deleted
+    meanwhile (the plugin directory cleaned up), a third pod makes a new one and locks it;
+    when the first holder lets go, the waiter must not take the deleted file's lock and
+    prepare beside the third: it waits for the file the path names now."""
+    first, waiter, third = (device_state(node, NO_FAULTS) for _ in range(3))
+    waiter._lock_timeout_s = 30.0  # a loaded machine: it waits for both holders in turn
+    inside: list[str] = []
+
+    def wait_for_the_lock() -> None:
+        with waiter._locked():
+            inside.append("waiter")
+
+    holding = first._locked()
+    holding.__enter__()
+    thread = threading.Thread(target=wait_for_the_lock)
+    thread.start()
+    _until(lambda: len(_opened(first.lock_path)) == 2)  # the waiter has it open too
+    first.lock_path.unlink()
+    with third._locked():
+        holding.__exit__(None, None, None)
+        _until(lambda: bool(inside) or _opened(first.lock_path) == [str(first.lock_path)] * 2)
+        time.sleep(0.1)
+        assert inside == []
+    thread.join()
+    assert inside == ["waiter"]
 
 
 def run_child(node: Path, op: str, uid: str, fault: str) -> int:
