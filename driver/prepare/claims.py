@@ -12,6 +12,7 @@ malformed opaque config) naming the claim as ``namespace/name`` and the field.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,8 @@ from driver.errors import ClaimError, ConfigError
 from driver.prepare.config import ConfigEntry, parse_entries
 
 RESULTS = "status.allocation.devices.results"
+# What a CDI device name allows (driver/prepare/cdi.py); a share ID ends the claim's names.
+_SHARE_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 CONFIGS = "status.allocation.devices.config"
 
 
@@ -81,6 +84,19 @@ def _obj(value: object) -> Mapping[str, Any]:
 
 def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+def _share_id(value: object, where: str) -> str | None:
+    """A result's ``shareID``: it names the claim's CDI device, so it must be a CDI name part
+    (the API server gives a UUID). Absent or empty: the device is not shared."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not _SHARE_ID.match(value):
+        raise ClaimError(
+            f"{where}.shareID {value!r} is not a valid share ID (letters, digits and "
+            "'_.:-', starting and ending with a letter or digit, such as a UUID)"
+        )
+    return value
 
 
 def _node_selector_excludes(selector: Mapping[str, Any], node_name: str) -> bool:
@@ -167,7 +183,7 @@ def parse_claim(
         name = result.get("device")
         if not isinstance(name, str) or name not in device_names:
             raise ClaimError(f"{where}.device {name!r} is not a device of node {node_name!r}")
-        share_id = result.get("shareID")
+        share_id = _share_id(result.get("shareID"), where)
         capacity = _obj(result.get("consumedCapacity"))
         devices.append(
             AllocatedDevice(
@@ -175,7 +191,7 @@ def parse_claim(
                 request=request,
                 pool=pool,
                 device=name,
-                share_id=share_id if isinstance(share_id, str) and share_id else None,
+                share_id=share_id,
                 consumed_capacity={str(k): str(v) for k, v in capacity.items()},
                 admin_access=bool(result.get("adminAccess")),
             )

@@ -602,7 +602,7 @@ class DeviceState:
             return PrepareResult(error=f"claim {allocation.key}: {e}", reason=error_reason(e))
         completed_at = self._clock()
         allocated = _allocation_record(allocation, plan, uuids, completed_at)
-        record = record.model_copy(
+        completed = record.model_copy(
             update={
                 "state": "PrepareCompleted",
                 "completed_at": completed_at,
@@ -611,7 +611,18 @@ class DeviceState:
                 "allocation": allocated.model_copy(update={"tenant": record.tenant}),
             }
         )
-        self.checkpoint.put(record)
+        try:
+            self.checkpoint.put(completed)
+        except (TrancheError, OSError) as e:
+            # Without its record nothing would undo the claim: not the kubelet's unprepare
+            # (an unknown claim), and for a whole GPU not start-up either (no started line).
+            log.warning("prepare not recorded claim_uid=%s error=%s; rolling back", ref.uid, e)
+            self._roll_back(state, record)
+            return PrepareResult(
+                error=f"claim {allocation.key}: recording it prepared failed: {e}",
+                reason=error_reason(e),
+            )
+        record = completed
         self._faults.reached("prepare:after-completed")
         log.debug(
             "prepared claim_uid=%s claim=%s devices=%d", ref.uid, allocation.key, len(devices)

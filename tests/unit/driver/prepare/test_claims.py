@@ -165,3 +165,13 @@ def test_a_pod_reservation_needs_no_group_lookup_and_other_consumers_are_ignored
     alloc = parse(obj)
     assert [p.name for p in alloc.reserved_for] == ["trainer-0"]
     assert alloc.pod_groups == ()
+
+
+@pytest.mark.parametrize("share_id", ["not a uuid/", "-a1b2", 42])
+def test_a_share_id_that_is_no_cdi_name_part_is_refused(share_id: Any) -> None:
+    obj = claim("uid-1", [result("gpu-00000000"), result("gpu-00000001", shareID=share_id)])
+    with pytest.raises(ClaimError) as e:
+        parse(obj)
+    assert str(e.value).startswith(
+        f"claim team-a/train: status.allocation.devices.results[1].shareID {share_id!r} "
+    )

@@ -8,6 +8,7 @@ leaked (CDI files, checkpoint entries, time-slice settings).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import subprocess
@@ -214,6 +215,50 @@ def test_bad_claims_fail_alone(node: Path) -> None:
     assert "results[0].device 'gpu-ffffffff'" in ds.prepare(unknown, ref_of(unknown)).error
     assert ds.prepare(good, ref_of(good)).error == ""
     assert recorded(node) == {"ok": "PrepareCompleted"}
+
+
+def test_a_share_id_that_cannot_name_a_cdi_device_fails_that_claim_alone(node: Path) -> None:
+    """A result whose shareID is no CDI name part (a hand-written status) fails its claim with
+    the field named, before anything is set: no time slice, no record, no spec."""
+    gpu = gpus(node)[0]
+    ds = device_state(node, NO_FAULTS)
+    obj = claim("u1", [result(gpu, shareID="not a uuid/")], [config(TS_LONG)], name="c-u1")
+    err = ds.prepare(obj, ref_of(obj)).error
+    assert err.startswith("claim team-a/c-u1: status.allocation.devices.results[0].shareID ")
+    assert "'not a uuid/' is not a valid share ID" in err
+    assert recorded(node) == {} and cdi_files(node) == []
+    assert open_simulated(node / "sim.json").timeslice(ds.inventory.gpu_of(gpu).uuid) == 0
+
+
+@pytest.mark.parametrize("written", [False, True], ids=["not-written", "written-then-failed"])
+@pytest.mark.parametrize("configs", [None, [config(TS_LONG)]], ids=["whole-gpu", "time-sliced"])
+def test_a_failed_prepare_completed_write_rolls_the_claim_back(
+    node: Path, configs: Any, written: bool
+) -> None:
+    """Recording PrepareCompleted fails (ENOSPC, EIO): the claim's error says so and nothing
+    is left that its missing record could no longer undo: no CDI spec, no record, the time
+    slice reset. The kubelet's retry prepares it."""
+    gpu = gpus(node)[1]
+    ds = device_state(node, NO_FAULTS)
+    obj = new_claim(node, "u1", [gpu], configs)
+    put = ds.checkpoint.put
+
+    def full_disk(record: Any) -> None:
+        if record.state != "PrepareCompleted":
+            return put(record)
+        if written:
+            put(record)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ds.checkpoint.put = full_disk  # type: ignore[method-assign]
+    err = ds.prepare(obj, ref_of(obj)).error
+    assert (
+        err == "claim team-a/c-u1: recording it prepared failed: [Errno 28] No space left on device"
+    )
+    assert cdi_files(node) == [] and recorded(node) == {}
+    assert open_simulated(node / "sim.json").timeslice(ds.inventory.gpu_of(gpu).uuid) == 0
+    ds.checkpoint.put = put  # type: ignore[method-assign]
+    _retried_then_unprepared(ds, node, obj)
 
 
 def test_unavailable_step_kind_fails_clearly(node: Path) -> None:
