@@ -55,10 +55,11 @@ def request(
     *,
     body: Json | None = None,
     query: Mapping[str, str] | None = None,
+    timeout_s: float = 30.0,
 ) -> Json | None:
     """Send ``method path`` with a JSON body; the JSON answer, or None when ``what`` is absent."""
     try:
-        answer = send(api, method, path, body=body, query=query)
+        answer = send(api, method, path, body=body, query=query, timeout_s=timeout_s)
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise ApiUnavailable(f"{what}: the API server cannot be reached: {e}") from e
     if answer.status == 404:

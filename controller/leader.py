@@ -5,6 +5,12 @@ clock: a lease is free when its record (holder, renew time) has not changed
 for ``lease_duration_s`` since this process first saw it, so clock skew
 between replicas does not matter. Updates carry the resourceVersion, so of
 two replicas racing for a free lease exactly one wins.
+
+A leader acts only while its last successful renew is younger than
+``renew_deadline_s``, also while a renew request is still waiting: each lease
+request's timeout is bounded by the time left before that deadline, and
+``is_leader`` turns false when it passes, well before another replica may take
+the lease (``lease_duration_s`` after it last saw the record change).
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ class LeaseConfig:
     retry_period_s: float = 2.0
 
 
+_MIN_TIMEOUT_S = 0.1
+
+
 def _micro_time() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -62,7 +71,17 @@ class LeaderElector:
 
     @property
     def is_leader(self) -> bool:
-        return self._leader
+        """Leading, and the last successful renew is younger than the renew deadline."""
+        return self._leader and self._renew_left() > 0
+
+    def _renew_left(self) -> float:
+        return self._cfg.renew_deadline_s - (self._clock() - self._last_renew)
+
+    def _timeout(self) -> float:
+        """A lease request's timeout: as leader, the time left before the renew deadline."""
+        if not self._leader:
+            return self._cfg.renew_deadline_s
+        return max(self._renew_left(), _MIN_TIMEOUT_S)
 
     def _path(self, name: str = "") -> str:
         base = f"/apis/coordination.k8s.io/v1/namespaces/{self._cfg.namespace}/leases"
@@ -78,7 +97,9 @@ class LeaderElector:
             "leaseDurationSeconds": max(1, round(cfg.lease_duration_s)),
             "renewTime": _micro_time(),
         }
-        current = request(self._api, f"read {what}", "GET", self._path(cfg.name))
+        current = request(
+            self._api, f"read {what}", "GET", self._path(cfg.name), timeout_s=self._timeout()
+        )
         if current is None:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
@@ -104,7 +125,7 @@ class LeaderElector:
 
     def _write(self, what: str, method: str, path: str, body: Json, now: float) -> bool:
         try:
-            request(self._api, f"write {what}", method, path, body=body)
+            request(self._api, f"write {what}", method, path, body=body, timeout_s=self._timeout())
         except ApiCallError as e:
             if e.status == 409:  # another replica wrote first
                 return False
@@ -147,10 +168,8 @@ class LeaderElector:
                     log.warning("lease round failed lease=%s error=%s", self._cfg.name, e)
                 else:
                     log.exception("lease round failed unexpectedly lease=%s", self._cfg.name)
-                held = False
                 # A leader that cannot renew within the deadline must stop acting as one.
-                if self._leader and self._clock() - self._last_renew < self._cfg.renew_deadline_s:
-                    held = True
+                held = self.is_leader
             self._set(held)
             self._stop.wait(self._cfg.retry_period_s)
 

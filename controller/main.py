@@ -86,6 +86,7 @@ class Controller:
     def run_once(self, leader: bool | None = None) -> None:
         """One pass of every loop; ``leader`` overrides the elector (tests)."""
         is_leader = self.elector.is_leader if leader is None else leader
+        leading = (lambda: self.elector.is_leader) if leader is None else (lambda: leader)
         if self.tls is not None:
             try:
                 outcome = self.tls.sync(may_write=is_leader)
@@ -106,7 +107,7 @@ class Controller:
         if is_leader and interval > 0 and now - self._last_gc >= interval:
             self._last_gc = now
             try:
-                result = collect_orphaned_slices(self.api, self.settings.driver_name)
+                result = collect_orphaned_slices(self.api, self.settings.driver_name, leading)
                 self.metrics.slices_deleted.inc(len(result.deleted))
             except TrancheError as e:
                 self.metrics.loop_errors.labels(loop="slice-gc").inc()

@@ -5,12 +5,14 @@ would keep advertising devices the scheduler can never use. Each pass lists
 the driver's slices and the nodes, and deletes the slices whose
 ``spec.nodeName`` names no node, with the slice's UID as a precondition so
 a slice recreated in between is left alone. Slices without a node name
-(network-attached pools) are never touched.
+(network-attached pools) are never touched. Leadership is checked again before
+each delete, so a replica that lost the lease mid-pass stops deleting.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kubernetes import client
@@ -44,8 +46,10 @@ def _all(api: client.ApiClient, what: str, path: str, query: dict[str, str]) -> 
             return items
 
 
-def collect_orphaned_slices(api: client.ApiClient, driver_name: str) -> GcResult:
-    """One pass; returns the names of the slices deleted."""
+def collect_orphaned_slices(
+    api: client.ApiClient, driver_name: str, leading: Callable[[], bool] = lambda: True
+) -> GcResult:
+    """One pass; returns the names of the slices deleted. Stops once ``leading()`` is false."""
     slices = _all(
         api,
         f"list resourceslices of driver {driver_name}",
@@ -59,14 +63,15 @@ def collect_orphaned_slices(api: client.ApiClient, driver_name: str) -> GcResult
         for n in _all(api, "list nodes", "/api/v1/nodes", {})
     }
     deleted: list[str] = []
-    kept = 0
     for s in slices:
         meta: Json = s.get("metadata") or {}
         node = (s.get("spec") or {}).get("nodeName")
         if not node or node in nodes:
-            kept += 1
             continue
         name = meta["name"]
+        if not leading():
+            log.warning("slice clean-up stopped, no longer the leader driver=%s", driver_name)
+            break
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta["uid"]}}
         try:
             request(
@@ -78,11 +83,10 @@ def collect_orphaned_slices(api: client.ApiClient, driver_name: str) -> GcResult
             )
         except ApiCallError as e:
             if e.status == 409:  # replaced since the list: not ours to delete
-                kept += 1
                 continue
             raise
         log.info(
             "orphaned resourceslice deleted slice=%s node=%s driver=%s", name, node, driver_name
         )
         deleted.append(name)
-    return GcResult(tuple(deleted), kept)
+    return GcResult(tuple(deleted), len(slices) - len(deleted))
