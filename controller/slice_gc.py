@@ -5,7 +5,9 @@ would keep advertising devices the scheduler can never use. Each pass lists
 the driver's slices and the nodes, and deletes the slices whose
 ``spec.nodeName`` names no node, with the slice's UID as a precondition so
 a slice recreated in between is left alone. Slices without a node name
-(network-attached pools) are never touched. Leadership is checked again before
+(network-attached pools) and slices of another driver are never touched. A list
+answered without an ``items`` list (404 from a misrouted proxy, an empty body)
+fails the pass: it is not read as "no nodes". Leadership is checked again before
 each delete, so a replica that lost the lease mid-pass stops deleting.
 """
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from kubernetes import client
 
 from controller.kube_client import ApiCallError, Json, request
+from driver.errors import PermanentError
 from driver.kube.client import RESOURCE_V1
 
 log = logging.getLogger(__name__)
@@ -40,10 +43,21 @@ def _all(api: client.ApiClient, what: str, path: str, query: dict[str, str]) -> 
             path,
             query={**query, "limit": "500", **({"continue": token} if token else {})},
         )
-        items.extend((page or {}).get("items") or [])
+        items.extend(_items(what, page))
         token = ((page or {}).get("metadata") or {}).get("continue") or ""
         if not token:
             return items
+
+
+def _items(what: str, page: Json | None) -> list[Json]:
+    """A page's items; a missing list is an error, never "nothing there"."""
+    if page is None:
+        raise PermanentError(f"{what}: not found (404): the list is not served at this path")
+    items = page.get("items")
+    if not isinstance(items, list):
+        got = "missing" if items is None else f"a {type(items).__name__}"
+        raise PermanentError(f"{what}: the answer's items is {got}, not a list")
+    return items
 
 
 def collect_orphaned_slices(
@@ -65,8 +79,9 @@ def collect_orphaned_slices(
     deleted: list[str] = []
     for s in slices:
         meta: Json = s.get("metadata") or {}
-        node = (s.get("spec") or {}).get("nodeName")
-        if not node or node in nodes:
+        spec: Json = s.get("spec") or {}
+        node = spec.get("nodeName")
+        if spec.get("driver") != driver_name or not node or node in nodes:
             continue
         name = meta["name"]
         if not leading():
