@@ -149,7 +149,8 @@ def _not_found(what: str, wanted: str, candidates: Sequence[str]) -> DeviceNotFo
 def find_device(devices: Sequence[ClusterDevice], node: str | None, name: str) -> ClusterDevice:
     """The device ``name`` (device name or UUID) on ``node`` (any node when None).
 
-    Without a node, ``name`` may also be ``NODE/DEVICE``.
+    Without a node, ``name`` may also be ``NODE/DEVICE``; a device name found on several
+    nodes is refused, listing them (names are unique per node only).
     """
     if node is None and "/" in name:
         node, name = name.split("/", 1)
@@ -159,9 +160,16 @@ def find_device(devices: Sequence[ClusterDevice], node: str | None, name: str) -
         raise _not_found(
             f"node {node!r} has no devices of this driver ({len(nodes)} nodes have)", node, nodes
         )
-    for d in on_node:
-        if name in (d.name, d.uuid):
-            return d
+    found = [d for d in on_node if name in (d.name, d.uuid)]
+    if len(found) > 1:
+        labels = tuple(sorted(d.label for d in found))
+        raise DeviceNotFound(
+            f"device {name!r} is on {len(found)} nodes ({', '.join(labels)}); "
+            "name one as NODE DEVICE or NODE/DEVICE",
+            matches=labels,
+        )
+    if found:
+        return found[0]
     if name.upper().startswith("GPU-"):
         migs = [d.label for d in on_node if d.parent_uuid == name]
         if migs:

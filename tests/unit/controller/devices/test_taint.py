@@ -205,3 +205,32 @@ def test_untaint_removes_the_rule_of_a_device_that_is_gone(
     assert taint.run_untaint(parser.parse_args(target)) == 0
     assert calls == [("DELETE", f"{rules_path}/{body['metadata']['name']}")]
     assert "untainted node-7/gpu-1a2b3c4d" in capsys.readouterr().out
+
+
+def test_taint_refuses_a_device_name_found_on_several_nodes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Device names are unique per node only: a bare ``gpu-0`` names no one device, so
+    nothing is tainted and the message lists each node's device."""
+    devices = devices_from_slices(
+        [slice_(node, 1, [device("gpu-0", f"GPU-{node}")]) for node in ("node-b", "node-a")]
+    )
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(taint, "api_client", lambda kubeconfig: object())
+    monkeypatch.setattr(taint, "rules_api", lambda api: ("resource.k8s.io/v1", "/rules"))
+    monkeypatch.setattr(
+        taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=tuple(devices))
+    )
+    monkeypatch.setattr(
+        taint, "request", lambda api, what, verb, path, body=None: calls.append((verb, path))
+    )
+    parser = argparse.ArgumentParser()
+    taint.add_taint_arguments(parser, {})
+    args = parser.parse_args(["gpu-0", "--effect", "NoExecute", "--reason", "fan"])
+    assert taint.run_taint(args) == 1
+    assert calls == []
+    err = capsys.readouterr().err
+    assert "device 'gpu-0' is on 2 nodes (node-a/gpu-0, node-b/gpu-0)" in err
+    assert "NODE DEVICE" in err
+    assert taint.run_taint(parser.parse_args(["node-b", "gpu-0", "--reason", "fan"])) == 0
+    assert [verb for verb, _ in calls] == ["GET", "POST"]
