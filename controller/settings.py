@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -22,9 +23,11 @@ from pydantic import (
 
 from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
-from driver.flags import add_flag, add_switch, choice, named, number, parse_address
+from driver.flags import add_flag, add_switch, choice, env_name, named, number, parse_address
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# An object name: a DNS subdomain (RFC 1123), at most 253 characters.
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -64,6 +67,17 @@ class ControllerSettings(BaseModel):
     def _address(cls, v: str, info: ValidationInfo) -> str:
         if v:
             parse_address(v, named("--" + str(info.field_name).replace("_", "-")))
+        return v
+
+    @field_validator("lease_name", "webhook_config", "webhook_service", "tls_secret")
+    @classmethod
+    def _object_name(cls, v: str, info: ValidationInfo) -> str:
+        if len(v) > 253 or not _DNS_SUBDOMAIN.fullmatch(v):
+            flag = "--" + str(info.field_name).replace("_", "-")
+            raise ValueError(
+                f"{flag} [env {env_name(flag)}]: {v!r} is not an object name (a DNS subdomain: "
+                "lowercase letters, digits, '-' and '.', at most 253 characters)"
+            )
         return v
 
     @field_validator("webhook_ip_sans")
