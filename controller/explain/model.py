@@ -311,7 +311,10 @@ class Constraint:
     match_attribute: str
 
     def covers(self, request: str) -> bool:
-        return not self.requests or request.split("/", maxsplit=1)[0] in self.requests
+        """A constraint names a request (all its subrequests) or one ``request/subrequest``."""
+        if not self.requests or request in self.requests:
+            return True
+        return request.split("/", maxsplit=1)[0] in self.requests
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,20 @@ def test_constraint_names_the_largest_domain() -> None:
     assert split.summary == "largest free NVLink domain: 4 GPU(s), the claim needs 5"
 
 
+@pytest.mark.parametrize("names", [["gpu"], ["gpu/big"]])
+def test_a_constraint_covers_a_subrequest_named_by_itself_or_its_request(
+    names: list[str],
+) -> None:
+    """The DRA API lets a constraint name ``request/subrequest``: it binds that alternative."""
+    big = {"name": "big", "deviceClassName": "gpu.tranche.dev", "count": 5}
+    obj = claim("c", {"name": "gpu", "firstAvailable": [big]})
+    obj["spec"]["devices"]["constraints"] = [{"requests": names, "matchAttribute": NVL}]
+    e = explain_one(WORLD, obj, node_selector={"node": "split"})
+    assert e.fits == ()
+    (split,) = [g for g in e.groups if "split" in g.nodes]
+    assert split.summary == "largest free NVLink domain: 4 GPU(s), the claim needs 5"
+
+
 def test_nodes_are_grouped_and_closest_come_first() -> None:
     e = explain_one(WORLD, claim("c", request(count=8)))
     text = render_explanation(e)
