@@ -411,8 +411,10 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
         (top, _), *_ = taints.most_common(1)
         tainted = [d.name for d in cur if _blocking(d, request)]
         key = next(t for d in cur for t in _blocking(d, request) if t.text() == top)
+        # Tolerations live on ``exactly`` or on each firstAvailable subrequest.
+        holder = f"subrequest {name}" if "/" in name else f"request {name}"
         hint = (
-            f"add a toleration to request {name.split('/')[0]} "
+            f"add a toleration to {holder} "
             f"(key: {key.key}, operator: Exists, effect: {key.effect}) or clear the taint "
             "(tranche untaint) once the device is healthy"
         )

@@ -161,6 +161,26 @@ def test_a_constraint_covers_a_subrequest_named_by_itself_or_its_request(
     assert split.summary == "largest free NVLink domain: 4 GPU(s), the claim needs 5"
 
 
+@pytest.mark.parametrize(
+    ("body", "holder"),
+    [
+        (request(count=2), "request gpu"),
+        (
+            {"name": "gpu", "firstAvailable": [
+                {"name": "two", "deviceClassName": "gpu.tranche.dev", "count": 2}]},
+            "subrequest gpu/two",
+        ),
+    ],
+    ids=["exactly", "first-available"],
+)  # fmt: skip
+def test_the_taint_hint_names_where_the_toleration_goes(body: dict[str, Any], holder: str) -> None:
+    """Tolerations live on ``exactly`` or on each firstAvailable subrequest."""
+    e = explain_one(WORLD, claim("c", body), node_selector={"node": "tainted"})
+    (tainted,) = [v.reason for v in e.closest if v.node == "tainted"]
+    assert tainted is not None
+    assert tainted.hint.startswith(f"add a toleration to {holder} (key: gpu.tranche.dev/xid")
+
+
 def test_nodes_are_grouped_and_closest_come_first() -> None:
     e = explain_one(WORLD, claim("c", request(count=8)))
     text = render_explanation(e)
