@@ -107,7 +107,9 @@ class MigJournal:
         except FileNotFoundError:
             return {}
         try:
-            return _JournalFile.model_validate_json(raw).entries
+            # A field a newer plugin added is ignored: were the journal moved aside, the
+            # instances it names would count as an administrator's static MIG devices.
+            return _JournalFile.model_validate_json(raw, extra="ignore").entries
         except ValidationError as e:
             bad = self.path.with_name(self.path.name + ".corrupt")
             self.path.replace(bad)

@@ -97,7 +97,11 @@ class DaemonSpec:
             uuid=str(raw["uuid"]),
             gpu_uuid=str(raw["gpu_uuid"]),
             whole_gpu=bool(raw["whole_gpu"]),
-            defaults=MpsConfig.model_validate(defaults) if isinstance(defaults, dict) else None,
+            defaults=(  # a newer plugin's field does not orphan the running daemon
+                MpsConfig.model_validate(defaults, extra="ignore")
+                if isinstance(defaults, dict)
+                else None
+            ),
         )
 
 

@@ -176,6 +176,29 @@ def test_recovery_adopts_owned_and_destroys_unowned_instances(node: Path) -> Non
     assert nvml.gpu(b.parent.uuid).mig_instances == ()
 
 
+def test_a_journal_with_a_newer_plugins_field_is_read_not_moved_aside(node: Path) -> None:
+    """After a downgrade, the instances a newer plugin journalled are still the driver's:
+    recovered, and destroyed at unprepare (a journal moved aside would leave them behind)."""
+    mig = slot(node, index=2)
+    state, _, nvml = sharing_state(node)
+    obj = new_claim(node, "m1", mig.name)
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    path = node / "state" / "mig-journal.json"
+    doc = json.loads(path.read_text())
+    doc["writtenBy"] = "tranche 9.9"
+    for entry in doc["entries"].values():
+        entry["memoryBytes"] = 10 << 30
+    path.write_text(json.dumps(doc))
+
+    older = sharing_state(node)[0]
+    older.recover()
+    assert len(journal(node)) == 1
+    assert older.unprepare(ref_of(obj)).error == ""
+    assert nvml.gpu(mig.parent.uuid).mig_instances == ()
+    assert journal(node) == {}
+    assert not list((node / "state").glob("mig-journal.json.corrupt*"))
+
+
 def run_child(node: Path, op: str, uid: str, fault: str = "") -> subprocess.CompletedProcess[str]:
     env = os.environ | {"TRANCHE_FAULT_POINT": fault}
     return subprocess.run(

@@ -483,3 +483,18 @@ def test_a_configured_cgroup_that_is_no_cgroup_fails_the_start_naming_it(tmp_pat
         assert daemons.records() == {}
     finally:
         daemons.sweep(set())  # a daemon started anyway (the bug) is not left running
+
+
+def test_a_daemon_record_with_a_newer_plugins_setting_is_still_read(tmp_path: Path) -> None:
+    """After a downgrade the running daemon stays recorded (adopted or stopped by the sweep),
+    not skipped as unreadable because its limits carry a setting this plugin does not know."""
+    nvml = open_simulated(create_state("dgx-h100"))
+    uuid = nvml.list_gpus()[0].uuid
+    daemons = MpsDaemons(str(tmp_path / "no-mps-control"), tmp_path / "mps", nvml)
+    record = daemons.dir(uuid) / "daemon.json"
+    record.parent.mkdir(parents=True)
+    defaults = {"defaultActiveThreadPercentage": 50, "clientPriority": 1}
+    spec = {"key": uuid, "uuid": uuid, "gpu_uuid": uuid, "whole_gpu": True, "defaults": defaults}
+    record.write_text(json.dumps({"spec": spec, "pgid": None}))
+    ((got, _),) = daemons.records().values()
+    assert got.defaults is not None and got.defaults.default_active_thread_percentage == 50
