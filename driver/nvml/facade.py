@@ -213,7 +213,7 @@ class Nvml:
             memory_bytes=int(self.call("nvmlDeviceGetMemoryInfo", h, gpu=uuid).total),
             pci_bus_id=bus_id,
             pcie_root=self._host.pcie_root(bus_id),
-            numa_node=self._numa_node(h, uuid),
+            numa_node=self._host.numa_node(bus_id),
             multiprocessors=largest.multiprocessors if largest else 0,
             copy_engines=largest.copy_engines if largest else 0,
             decoders=largest.decoders if largest else 0,
@@ -229,15 +229,6 @@ class Nvml:
             mig_instances=self._mig_instances(h, uuid, profiles) if mig_current else (),
             fabric_clique=self._fabric_clique(h, uuid),
         )
-
-    def _numa_node(self, h: Any, uuid: str) -> int | None:
-        try:
-            node = int(self.call("nvmlDeviceGetNumaNodeId", h, gpu=uuid))
-        except NvmlError as e:
-            if e.code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
-                return None
-            raise
-        return node if node >= 0 else None
 
     def _mig_mode(self, h: Any, uuid: str) -> tuple[bool, bool, bool]:
         try:

@@ -1,8 +1,10 @@
 """What the facade needs from the host besides NVML, behind two small seams.
 
-* :class:`HostInfo`: facts NVML does not report: the PCIe root complex of a
-  GPU (from ``/sys/bus/pci/devices/<bdf>``) and a process's cgroup (from
-  ``/proc/<pid>/cgroup``), which maps a GPU process to a pod.
+* :class:`HostInfo`: facts NVML does not report: the PCIe root complex and the
+  NUMA node of a GPU (from ``/sys/bus/pci/devices/<bdf>``; NVML's
+  ``nvmlDeviceGetNumaNodeId`` is the node of the GPU's own memory, which only
+  Grace systems have) and a process's cgroup (from ``/proc/<pid>/cgroup``),
+  which maps a GPU process to a pod.
 * :class:`TimesliceControl`: the CUDA time-slice interval of a GPU. NVML's
   public API has no call for it (``pynvml`` has none; only vGPU scheduler
   calls exist), so on real nodes it goes through the tool NVIDIA's own DRA
@@ -34,6 +36,10 @@ class HostInfo(Protocol):
         """``"pci0000:15"`` for a bus id ``"0000:18:00.0"``; None when unknown."""
         ...
 
+    def numa_node(self, pci_bus_id: str) -> int | None:
+        """The NUMA node the PCI device is attached to; None when unknown (sysfs -1)."""
+        ...
+
     def cgroup(self, pid: int) -> str:
         """The content of ``/proc/<pid>/cgroup``; ``""`` when the process is gone."""
         ...
@@ -61,6 +67,15 @@ class SysfsHost:
         except OSError:
             return None
         return next((part for part in resolved.parts if _ROOT.match(part)), None)
+
+    def numa_node(self, pci_bus_id: str) -> int | None:
+        path = self._sys / "bus" / "pci" / "devices" / pci_bus_id / "numa_node"
+        try:
+            node = int(path.read_text().strip())
+        except (OSError, ValueError) as e:
+            log.debug("numa node unknown pci=%s error=%s", pci_bus_id, e)
+            return None
+        return node if node >= 0 else None
 
     def cgroup(self, pid: int) -> str:
         try:

@@ -1,4 +1,5 @@
-"""The simulation's answers to :mod:`driver.nvml.host`: PCIe roots, cgroups, time-slices."""
+"""The simulation's answers to :mod:`driver.nvml.host`: PCIe roots, NUMA nodes, cgroups,
+time-slices."""
 
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ class SimHost:
             for gpu in state.gpus:
                 if gpu.slot.pci_bus_id.lower() == pci_bus_id.lower():
                     return gpu.slot.pcie_root
+            return None
+
+        return self._store.read(find)
+
+    def numa_node(self, pci_bus_id: str) -> int | None:
+        def find(state: SimState) -> int | None:
+            for gpu in state.gpus:
+                if gpu.slot.pci_bus_id.lower() == pci_bus_id.lower():
+                    return gpu.slot.numa_node
             return None
 
         return self._store.read(find)

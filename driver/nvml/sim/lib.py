@@ -214,10 +214,11 @@ class SimulatedNvmlLib:
         return info
 
     def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
-        gpu, _ = self._read_device(handle)
-        if gpu.slot.numa_node is None:
-            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return gpu.slot.numa_node
+        """The NUMA node of the GPU's own memory: only on coherent-memory systems (Grace:
+        GH200, GB200), which no profile simulates; a slot's ``numa_node`` is the node of
+        its PCI device, which sysfs reports (``SimHost.numa_node``)."""
+        self._read_device(handle)
+        raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
         gpu, inst = self._read_device(handle)
