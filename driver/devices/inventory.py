@@ -377,6 +377,9 @@ def _gpu_slots(
             f"{name} ({info.uuid}): {len(static)} MIG instance(s) exist that the driver did not "
             "create; the whole GPU and overlapping MIG placements are not advertised"
         )
+    if info.mig_error is not None:
+        notes.append(_mig_error_note(name, info))
+        whole_ok = whole_ok and not info.mig_enabled
     if info.mig_capable and info.mig_enabled and not info.mig_toggle_without_reset:
         whole_ok = False
         notes.append(
@@ -422,6 +425,14 @@ def _gpu_slots(
                 slots.setdefault(slot_name, MigDevice(slot_name, info, name, profile, start, size))
     ordered = sorted(slots.values(), key=lambda m: (m.size, m.start, m.profile.name))
     return ordered, whole_ok, notes
+
+
+def _mig_error_note(name: str, info: GpuInfo) -> str:
+    held = ", nor the whole GPU (MIG mode is on: instances may exist)" if info.mig_enabled else ""
+    return (
+        f"{name} ({info.uuid}): NVML's MIG query failed ({info.mig_error}); "
+        f"no MIG slot is advertised{held}"
+    )
 
 
 def _profile_of_instance(inst: MigInstance) -> MigProfile:

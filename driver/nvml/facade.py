@@ -54,6 +54,8 @@ EVENT_MASK = (
 # Compute-instance profile index that takes a whole GI of N compute slices.
 _FULL_CI_PROFILE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 _SKIP_PROFILE = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+# nvmlDeviceGetMigDeviceHandleByIndex: no MIG device at this index (NVIDIA's walkers skip both).
+_NO_MIG_DEVICE = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 NO_LIMIT: int = pynvml.NVML_DEVICE_MEMORY_LIMIT_MAX  # no limit
 _UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
@@ -198,7 +200,7 @@ class Nvml:
         pci = self.call("nvmlDeviceGetPciInfo", h, gpu=uuid)
         bus_id = decode.pci_bus_id(pci.busId)
         mig_capable, mig_current, mig_pending = self._mig_mode(h, uuid)
-        profiles = self._mig_profiles(h, uuid) if mig_capable else ()
+        profiles, instances, mig_error = self._mig_state(h, uuid, mig_capable, mig_current)
         arch = int(self.call("nvmlDeviceGetArchitecture", h, gpu=uuid))
         cc = self.call("nvmlDeviceGetCudaComputeCapability", h, gpu=uuid)
         largest = max(profiles, key=lambda p: p.slice_count, default=None)
@@ -226,7 +228,8 @@ class Nvml:
             mig_toggle_without_reset=mig_capable and arch >= pynvml.NVML_DEVICE_ARCH_HOPPER,
             memory_slices=max((s + n for p in profiles for s, n in p.placements), default=0),
             mig_profiles=profiles,
-            mig_instances=self._mig_instances(h, uuid, profiles) if mig_current else (),
+            mig_instances=instances,
+            mig_error=mig_error,
             fabric_clique=self._fabric_clique(h, uuid),
         )
 
@@ -268,12 +271,35 @@ class Nvml:
             )
         return tuple(profiles)
 
+    def _mig_state(
+        self, h: Any, uuid: str, capable: bool, current: bool
+    ) -> tuple[tuple[MigProfile, ...], tuple[MigInstance, ...], str | None]:
+        """Profiles, instances, and the error that left both out (one GPU's MIG query
+        failing must not stop discovery of the node; a lost GPU still does)."""
+        if not capable:
+            return (), (), None
+        try:
+            profiles = self._mig_profiles(h, uuid)
+            instances = self._mig_instances(h, uuid, profiles) if current else ()
+        except NvmlError as e:
+            if e.code == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise
+            log.warning("mig query failed gpu=%s error=%s", uuid, e)
+            return (), (), str(e)
+        return profiles, instances, None
+
     def _placements(self, h: Any, uuid: str, profile_id: int) -> tuple[tuple[int, int], ...]:
         name = "nvmlDeviceGetGpuInstancePossiblePlacements"
         count = ctypes.c_uint(0)
-        self.call(name, h, profile_id, None, ctypes.pointer(count), gpu=uuid)
-        array = (pynvml.c_nvmlGpuInstancePlacement_t * max(1, count.value))()
-        self.call(name, h, profile_id, array, ctypes.pointer(count), gpu=uuid)
+        try:
+            self.call(name, h, profile_id, None, ctypes.pointer(count), gpu=uuid)
+            array = (pynvml.c_nvmlGpuInstancePlacement_t * max(1, count.value))()
+            self.call(name, h, profile_id, array, ctypes.pointer(count), gpu=uuid)
+        except NvmlError as e:
+            if e.code not in _SKIP_PROFILE:
+                raise
+            log.info("mig placements unavailable gpu=%s profile=%d error=%s", uuid, profile_id, e)
+            return ()
         return tuple((int(array[i].start), int(array[i].size)) for i in range(count.value))
 
     def _fabric_clique(self, h: Any, uuid: str) -> str | None:
@@ -346,7 +372,7 @@ class Nvml:
             try:
                 mig = self.call("nvmlDeviceGetMigDeviceHandleByIndex", h, i, gpu=uuid)
             except NvmlError as e:
-                if e.code == pynvml.NVML_ERROR_NOT_FOUND:
+                if e.code in _NO_MIG_DEVICE:
                     continue
                 raise
             gi_id = int(self.call("nvmlDeviceGetGpuInstanceId", mig, gpu=uuid))

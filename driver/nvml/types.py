@@ -79,6 +79,7 @@ class GpuInfo:
     mig_instances: tuple[MigInstance, ...] = ()
     nvlink_peers: tuple[str, ...] = ()  # UUIDs of GPUs reachable over active NVLinks
     fabric_clique: str | None = None  # NVLink domain id where NVSwitch/fabric reports one
+    mig_error: str | None = None  # NVML's MIG query failed: profiles and instances unknown
 
 
 @dataclass(frozen=True)

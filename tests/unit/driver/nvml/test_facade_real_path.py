@@ -8,6 +8,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.nvml.facade import Nvml
 from driver.nvml.host import SysfsHost
 from driver.nvml.sim import SimulatedNvmlLib, create_state, open_simulated
@@ -47,3 +48,83 @@ def test_sysfs_numa_node_minus_one_missing_or_garbled_is_unknown(tmp_path: Path)
     assert host.numa_node("0000:19:00.0") is None
     assert host.numa_node("0000:1a:00.0") is None
     assert host.numa_node("0000:99:00.0") is None
+
+
+def _fail_on(nvml: Nvml, name: str, uuid: str, code: int) -> None:
+    """Make ``lib.<name>`` fail with ``code`` on GPU ``uuid`` where the simulation succeeds
+    or answers NOT_FOUND (real drivers answer other codes than the simulation)."""
+    lib = nvml._lib
+    orig = getattr(lib, name)
+
+    def fake(h: object, *args: object) -> object:
+        if lib.nvmlDeviceGetUUID(h) == uuid:
+            raise pynvml.NVMLError(code)
+        return orig(h, *args)
+
+    setattr(lib, name, fake)
+
+
+def _h100_with_instance() -> tuple[Nvml, str, str]:
+    nvml = open_simulated(create_state("dgx-h100"))
+    gpu = nvml.list_gpus()[0].uuid
+    nvml.set_mig_mode(gpu, True)
+    mig = nvml.create_mig_instance(gpu, 9, 4).uuid  # 3g.40gb on slices 4..7
+    return nvml, gpu, mig
+
+
+def test_no_mig_device_at_an_index_may_be_invalid_argument_as_nvidias_walkers_expect() -> None:
+    nvml, gpu, mig = _h100_with_instance()
+    lib = nvml._lib
+    orig = lib.nvmlDeviceGetMigDeviceHandleByIndex
+
+    def real_like(h: object, i: int) -> object:
+        try:
+            return orig(h, i)
+        except pynvml.NVMLError as e:
+            if e.value == pynvml.NVML_ERROR_NOT_FOUND:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT) from e
+            raise
+
+    lib.nvmlDeviceGetMigDeviceHandleByIndex = real_like
+    info = nvml.gpu(gpu)
+    assert [m.uuid for m in info.mig_instances] == [mig] and info.mig_error is None
+    assert [m.uuid for m in nvml.mig_instances(gpu)] == [mig]
+
+
+@pytest.mark.parametrize(
+    "code", [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT]
+)
+def test_a_profile_without_placements_is_kept_without_them(code: int) -> None:
+    nvml = open_simulated(create_state("dgx-h100"))
+    gpu = nvml.list_gpus()[0].uuid
+    _fail_on(nvml, "nvmlDeviceGetGpuInstancePossiblePlacements", gpu, code)
+    gpus = nvml.list_gpus()
+    assert len(gpus) == 8
+    placements = {p.name: p.placements for p in gpus[0].mig_profiles}
+    assert len(placements) == 7 and set(placements.values()) == {()}
+    assert gpus[0].mig_error is None
+    assert all(p.placements for p in gpus[1].mig_profiles)
+
+
+def test_an_unexpected_mig_error_leaves_out_that_gpus_mig_rows_not_the_node() -> None:
+    nvml, gpu, _ = _h100_with_instance()
+    _fail_on(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", gpu, pynvml.NVML_ERROR_UNKNOWN)
+    gpus = nvml.list_gpus()
+    assert len(gpus) == 8
+    broken = next(g for g in gpus if g.uuid == gpu)
+    assert broken.mig_profiles == () and broken.mig_instances == ()
+    assert (
+        broken.mig_error is not None and "nvmlDeviceGetMigDeviceHandleByIndex" in broken.mig_error
+    )
+    assert all(g.mig_error is None and g.mig_profiles for g in gpus if g.uuid != gpu)
+
+    inventory = build_inventory(gpus, nvml.system_info(), DYNAMIC_MIG)
+    device = next(d for d in inventory.gpus if d.uuid == gpu)
+    assert not device.advertised and not inventory.migs_of(device.name)
+    assert any(gpu in n and "MIG query failed" in n for n in inventory.notes)
+
+
+def test_a_gpu_lost_during_its_mig_query_is_still_left_out() -> None:
+    nvml, gpu, _ = _h100_with_instance()
+    _fail_on(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", gpu, pynvml.NVML_ERROR_GPU_IS_LOST)
+    assert gpu not in [g.uuid for g in nvml.list_gpus()]
