@@ -145,7 +145,8 @@ def _capacity(values: Mapping[str, int]) -> Json:
 
 
 def _gpu_capacities(info: GpuInfo) -> dict[str, int]:
-    return {
+    """The whole GPU's capacities; those NVML does not report (no MIG) are left out."""
+    values = {
         "memory": info.memory_bytes,
         "multiprocessors": info.multiprocessors,
         "copyEngines": info.copy_engines,
@@ -154,6 +155,7 @@ def _gpu_capacities(info: GpuInfo) -> dict[str, int]:
         "jpegEngines": info.jpeg_engines,
         "ofaEngines": info.ofa_engines,
     }
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _profile_capacities(p: MigProfile) -> dict[str, int]:
@@ -224,7 +226,7 @@ def gpu_counters(gpu: GpuDevice, migs: Sequence[MigDevice]) -> dict[str, int]:
     whole = _gpu_capacities(info)
     counters: dict[str, int] = {}
     for cap, counter in CAPACITY_COUNTERS:
-        value = max(whole[cap], packing.get(cap, 0))
+        value = max(whole.get(cap, 0), packing.get(cap, 0))
         if value > 0:
             counters[counter] = value
     if any(is_media_extended(m.profile) for m in migs):

@@ -64,12 +64,15 @@ class GpuInfo:
     pci_bus_id: str  # "0000:18:00.0" (domain:bus:device.function, lowercase hex)
     pcie_root: str | None  # "pci0000:15", None when unknown
     numa_node: int | None
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-    jpeg_engines: int
-    ofa_engines: int
+    # SMs and engines: NVML reports them only for MIG profiles and devices
+    # (nvmlDeviceGetAttributes refuses a whole GPU's handle), so these are the largest
+    # MIG profile's, and None (unknown) on a GPU without MIG.
+    multiprocessors: int | None
+    copy_engines: int | None
+    decoders: int | None
+    encoders: int | None
+    jpeg_engines: int | None
+    ofa_engines: int | None
     mig_capable: bool
     mig_enabled: bool  # current MIG mode
     mig_pending: bool  # pending MIG mode (applies after reset on Ampere)

@@ -19,6 +19,7 @@ from driver.devices.slices import (
     slice_name,
 )
 from driver.errors import ConfigError
+from driver.nvml.sim import create_state, open_simulated
 from driver.sharing.devices import share_devices
 from driver.sharing.settings import SharingConfig
 from tests.unit.gpu_values import MIB, SYSTEM, a100, h100, l4
@@ -93,6 +94,28 @@ def test_gpu_attributes_match_nvidias_names() -> None:
         "memory", "multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines",
         "ofaEngines",
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("profile", "capacity"),
+    [
+        ("l4-x4", {"memory": quantity(23034 * MIB)}),  # NVML reports no SMs for a whole GPU
+        (
+            "dgx-a100",  # the largest MIG profile's (7g.40gb: 98 of the A100's 108 SMs)
+            {
+                "memory": quantity(40960 * MIB), "multiprocessors": "98", "copyEngines": "7",
+                "decoders": "5", "encoders": "0", "jpegEngines": "1", "ofaEngines": "1",
+            },
+        ),
+    ],
+)  # fmt: skip
+def test_whole_gpu_capacities_are_those_nvml_reports(
+    profile: str, capacity: dict[str, str]
+) -> None:
+    nvml = open_simulated(create_state(profile))
+    inv = build_inventory(nvml.list_gpus(), nvml.system_info(), AdvertiseConfig())
+    gpu = next(d for d in _devices(build_slices(inv, NODE)) if d["name"] == inv.gpus[0].name)
+    assert {k: v["value"] for k, v in gpu["capacity"].items()} == capacity
 
 
 def test_mig_attributes() -> None:

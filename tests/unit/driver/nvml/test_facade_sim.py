@@ -26,12 +26,13 @@ def nvml(store: SimStore) -> Iterator[Nvml]:
     n.shutdown()
 
 
-# profile, GPUs, product name, architecture, CC, memory MiB, SMs, MIG, NVLink peers per GPU
+# profile, GPUs, product name, architecture, CC, memory MiB, SMs (largest MIG profile's;
+# None without MIG), MIG, NVLink peers per GPU
 PROFILES = [
     ("dgx-h100", 8, "NVIDIA H100 80GB HBM3", "Hopper", (9, 0), 81559, 132, True, 7),
     ("dgx-h200", 8, "NVIDIA H200", "Hopper", (9, 0), 143771, 132, True, 7),
     ("dgx-a100", 8, "NVIDIA A100-SXM4-40GB", "Ampere", (8, 0), 40960, 98, True, 7),
-    ("l4-x4", 4, "NVIDIA L4", "Ada Lovelace", (8, 9), 23034, 0, False, 0),
+    ("l4-x4", 4, "NVIDIA L4", "Ada Lovelace", (8, 9), 23034, None, False, 0),
 ]
 
 
@@ -45,7 +46,7 @@ def test_discovery_of_each_profile(
     arch: str,
     cc: tuple[int, int],
     mem_mib: int,
-    sms: int,
+    sms: int | None,
     mig: bool,
     peers: int,
 ) -> None:
