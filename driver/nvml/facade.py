@@ -340,11 +340,22 @@ class Nvml:
     # -- MIG ---------------------------------------------------------------------------------
 
     def set_mig_mode(self, uuid: str, enabled: bool) -> bool:
-        """Set MIG mode; True if it applies now, False if it is pending a GPU reset (Ampere)."""
+        """Set MIG mode; True if it applies now, False if it is pending a GPU reset (Ampere,
+        or ``RESET_REQUIRED`` on a passthrough VM). An activation that failed (``IN_USE``:
+        the GPU is not idle) is an :class:`NvmlError` with NVML's activation status."""
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
         h = self.handle(uuid)
         status = int(self.call("nvmlDeviceSetMigMode", h, mode, gpu=uuid))
-        current, _pending = self.call("nvmlDeviceGetMigMode", h, gpu=uuid)
+        current, pending = self.call("nvmlDeviceGetMigMode", h, gpu=uuid)
+        if status not in (pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_RESET_REQUIRED):
+            on = pynvml.NVML_DEVICE_MIG_ENABLE
+            raise NvmlError(
+                f"NVML nvmlDeviceSetMigMode on GPU {uuid}: MIG mode "
+                f"{'enable' if enabled else 'disable'} was not activated: "
+                f"{decode.error_name(status)} (code {status}); MIG mode is "
+                f"{'on' if current == on else 'off'}, pending {'on' if pending == on else 'off'}",
+                status,
+            )
         applied = current == mode
         log.info(
             "mig mode set gpu=%s enabled=%s applied=%s status=%d", uuid, enabled, applied, status

@@ -38,6 +38,7 @@ _OK: int = pynvml.NVML_SUCCESS
 _P2P_OK: int = pynvml.NVML_P2P_STATUS_OK
 _P2P_NO: int = pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
 _RESET_REQUIRED: int = pynvml.NVML_ERROR_RESET_REQUIRED
+_IN_USE: int = pynvml.NVML_ERROR_IN_USE
 _CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
 # nvmlDeviceSetMemoryLimits_v1 / GetMemoryLimits_v1 exist from this driver branch on.
 MEMORY_LIMITS_DRIVER_MAJOR = 615
@@ -293,9 +294,11 @@ class SimulatedNvmlLib:
             gpu = self._gpu(state, d.gpu)
             if gpu.model.mig is None:
                 raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-            if mode != gpu.mig_current and (gpu.instances or gpu.processes):
+            if mode != gpu.mig_current and gpu.instances:
                 raise _fail(pynvml.NVML_ERROR_IN_USE)
             gpu.mig_pending = mode
+            if mode != gpu.mig_current and gpu.processes:
+                return _IN_USE  # the activation status: not idle, the mode stays pending
             if gpu.model.mig.mode_toggle_needs_reset and mode != gpu.mig_current:
                 return _RESET_REQUIRED
             gpu.mig_current = mode

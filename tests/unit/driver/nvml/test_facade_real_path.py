@@ -9,9 +9,10 @@ import pynvml
 import pytest
 
 from driver.devices.inventory import DYNAMIC_MIG, build_inventory
+from driver.errors import NvmlError
 from driver.nvml.facade import Nvml
 from driver.nvml.host import SysfsHost
-from driver.nvml.sim import SimulatedNvmlLib, create_state, open_simulated
+from driver.nvml.sim import SimControl, SimulatedNvmlLib, create_state, open_simulated
 
 
 def _sysfs(tmp_path: Path, numa: dict[str, str]) -> Path:
@@ -128,3 +129,40 @@ def test_a_gpu_lost_during_its_mig_query_is_still_left_out() -> None:
     nvml, gpu, _ = _h100_with_instance()
     _fail_on(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", gpu, pynvml.NVML_ERROR_GPU_IS_LOST)
     assert gpu not in [g.uuid for g in nvml.list_gpus()]
+
+
+def test_mig_mode_on_a_busy_gpu_is_refused_with_nvmls_activation_status() -> None:
+    store = create_state("dgx-h100")
+    nvml = open_simulated(store)
+    gpu = nvml.list_gpus()[0].uuid
+    SimControl(store).add_process(gpu, 4242, used_memory_bytes=1 << 30)
+    with pytest.raises(NvmlError) as err:
+        nvml.set_mig_mode(gpu, True)
+    assert err.value.code == pynvml.NVML_ERROR_IN_USE
+    assert gpu in str(err.value) and "IN_USE" in str(err.value)
+    assert "pending on" in str(err.value)  # what NVML left behind, for the operator
+    assert not nvml.mig_enabled(gpu)
+
+
+@pytest.mark.parametrize(
+    ("status", "applied"),
+    [(pynvml.NVML_SUCCESS, True), (pynvml.NVML_ERROR_RESET_REQUIRED, False)],
+)
+def test_mig_activation_success_applies_and_reset_required_is_pending(
+    status: int, applied: bool
+) -> None:
+    nvml = open_simulated(create_state("dgx-h100"))
+    gpu = nvml.list_gpus()[0].uuid
+    lib = nvml._lib
+    orig = lib.nvmlDeviceSetMigMode
+
+    def passthrough_vm(h: object, mode: int) -> int:
+        orig(h, mode)
+        if status != pynvml.NVML_SUCCESS:  # a passthrough VM: the mode waits for a reboot
+            lib.store.update(
+                lambda state: setattr(state.gpus[0], "mig_current", pynvml.NVML_DEVICE_MIG_DISABLE)
+            )
+        return status
+
+    lib.nvmlDeviceSetMigMode = passthrough_vm
+    assert nvml.set_mig_mode(gpu, True) is applied
