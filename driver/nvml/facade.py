@@ -3,9 +3,10 @@
 :class:`Nvml` wraps either the real ``pynvml`` module or
 :class:`driver.nvml.sim.SimulatedNvmlLib`; the code here is the same for both.
 It returns the dataclasses of :mod:`driver.nvml.types` and turns every
-``pynvml.NVMLError`` into :class:`driver.errors.NvmlError` carrying the NVML
-code and naming the call and the GPU. Each NVML call's latency goes to the
-optional ``on_call(name, seconds)`` hook (metrics plug in there).
+``pynvml.NVMLError`` (and ``pynvml.NVMLLibraryMismatchError``) into
+:class:`driver.errors.NvmlError` carrying the NVML code and naming the call and the
+GPU. Each NVML call's latency goes to the optional ``on_call(name, seconds)`` hook
+(metrics plug in there).
 
 Thread safety: NVML itself is thread safe; the facade's handle cache and
 event state are guarded by a lock, so one thread may wait for events while
@@ -70,6 +71,13 @@ def _address(handle: Any) -> int | None:
     return int(value) if value is not None else None
 
 
+def _call_error(name: str, gpu: str, code: int, detail: str = "") -> NvmlError:
+    where = f" on GPU {gpu}" if gpu else ""
+    why = f": {detail}" if detail else ""
+    message = f"NVML {name}{where} failed: {decode.error_name(code)} (code {code}){why}"
+    return NvmlError(message, code)
+
+
 class Nvml:
     """Typed NVML for Tranche. Call :meth:`init` first (or use it as a context manager)."""
 
@@ -102,11 +110,11 @@ class Nvml:
         try:
             return fn(*args)
         except pynvml.NVMLError as e:
-            code = int(getattr(e, "value", pynvml.NVML_ERROR_UNKNOWN))
-            where = f" on GPU {gpu}" if gpu else ""
-            raise NvmlError(
-                f"NVML {name}{where} failed: {decode.error_name(code)} (code {code})", code
-            ) from e
+            raise _call_error(name, gpu, int(getattr(e, "value", pynvml.NVML_ERROR_UNKNOWN))) from e
+        except pynvml.NVMLLibraryMismatchError as e:
+            # pynvml's answer to FUNCTION_NOT_FOUND from an unversioned call (a driver older
+            # than the binding); not an NVMLError, so mapped here with the code behind it.
+            raise _call_error(name, gpu, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, str(e)) from e
         finally:
             if self._on_call is not None:
                 self._on_call(name, time.monotonic() - start)

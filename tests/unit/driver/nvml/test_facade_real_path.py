@@ -166,3 +166,17 @@ def test_mig_activation_success_applies_and_reset_required_is_pending(
 
     lib.nvmlDeviceSetMigMode = passthrough_vm
     assert nvml.set_mig_mode(gpu, True) is applied
+
+
+def test_pynvmls_library_mismatch_is_an_nvml_error_naming_the_function() -> None:
+    nvml = open_simulated(create_state("l4-x4"))
+    gpu = nvml.list_gpus()[0].uuid
+
+    def old_driver(h: object) -> object:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called ...")
+
+    nvml._lib.nvmlDeviceGetComputeRunningProcesses = old_driver
+    with pytest.raises(NvmlError) as err:
+        nvml.device_usage(gpu)
+    assert err.value.code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    assert "nvmlDeviceGetComputeRunningProcesses" in str(err.value) and gpu in str(err.value)
