@@ -18,13 +18,15 @@ from dataclasses import asdict, dataclass
 from controller.devices.lookup import DEFAULT_DRIVER, ClusterDevice, ClusterView, read_view
 from controller.kube_client import Json, add_kubeconfig_flag
 from driver.cli import Command, load_commands
-from driver.errors import TrancheError
-from driver.flags import add_flag, add_switch
+from driver.errors import ConfigError, TrancheError
+from driver.flags import add_flag, add_switch, choice
 from driver.kube.client import api_client
 from driver.kube.http import undecodable
 
 HEALTH_PREFIX = "gpu.tranche.dev/"
 ADMIN_KEY = "gpu.tranche.dev/admin"
+
+OUTPUTS = ("table", "json")
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add_flag(
         parser, "--driver-name", "DRA driver name of the devices", default=DEFAULT_DRIVER, env=env
     )
-    add_flag(
-        parser, "--output", "table or json", default="table", choices=("table", "json"), env=env
-    )
+    add_flag(parser, "--output", "table or json", default="table", choices=OUTPUTS, env=env)
     add_flag(parser, "--node", "only this node's devices", env=env)
     add_switch(
         parser,
@@ -125,6 +125,11 @@ def _run_free(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        choice(args.output, "--output", OUTPUTS)  # the twin's value is not checked by argparse
+    except ConfigError as e:
+        print(f"tranche cluster-devices: {e}", file=sys.stderr)
+        return 2
     if args.free:
         return _run_free(args)
     try:

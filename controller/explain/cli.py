@@ -31,12 +31,14 @@ from controller.explain.render import render_explanation, render_free
 from controller.kube_client import Json, add_kubeconfig_flag
 from driver.cli import Command
 from driver.devices.slices import DEFAULT_DRIVER_NAME as DEFAULT_DRIVER
-from driver.errors import TrancheError
-from driver.flags import add_flag, add_switch
+from driver.errors import ConfigError, TrancheError
+from driver.flags import add_flag, add_switch, choice
 from driver.kube.client import api_client
 from driver.trust.policy import resolve_namespace
 
 PROG = "tranche explain"
+
+OUTPUTS = ("text", "json")
 
 
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
@@ -45,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add_flag(
         parser, "--driver-name", "DRA driver name of the devices", default=DEFAULT_DRIVER, env=env
     )
-    add_flag(parser, "--output", "text or json", default="text", choices=("text", "json"), env=env)
+    add_flag(parser, "--output", "text or json", default="text", choices=OUTPUTS, env=env)
     add_flag(parser, "--node", "free: only this node", env=env)
     add_switch(
         parser,
@@ -135,6 +137,7 @@ def explain_objects(
 
 def run(args: argparse.Namespace) -> int:
     try:
+        choice(args.output, "--output", OUTPUTS)  # the twin's value is not checked by argparse
         if args.what != "free" and not args.ref:
             raise ExplainError(f"give the {args.what} as NAMESPACE/NAME")
         api = api_client(args.kubeconfig)
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
             ns_labels=namespace_labels(api, namespace),
             recommendations=args.recommend,
         )
-    except ExplainError as e:
+    except (ExplainError, ConfigError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     except TrancheError as e:

@@ -92,3 +92,26 @@ def test_a_bad_devices_twin_names_the_flag_and_the_variable(
     flag = "--" + variable.removeprefix("TRANCHE_").lower().replace("_", "-")
     assert main(["devices"]) == 1
     assert capsys.readouterr().err.startswith(f"tranche devices: {flag} [env {variable}]: {says}")
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (
+            ["explain", "free"],
+            "tranche explain: --output [env TRANCHE_OUTPUT]: 'yaml' is not one of",
+        ),
+        (["cluster-devices"], "tranche cluster-devices: --output [env TRANCHE_OUTPUT]: 'yaml' is"),
+    ],
+)
+def test_a_bad_output_twin_is_refused_not_read_as_text(
+    command: list[str],
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Refused before any API read (the kubeconfig below does not exist)."""
+    monkeypatch.setenv("TRANCHE_OUTPUT", "yaml")
+    monkeypatch.setenv("TRANCHE_KUBECONFIG", "/nonexistent/kubeconfig")
+    assert main(command) == 2
+    assert capsys.readouterr().err.startswith(says)
