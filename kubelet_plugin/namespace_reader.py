@@ -64,8 +64,11 @@ class ApiNamespaceReader:
         own = labels_of(self._get(where, f"/api/v1/namespaces/{namespace}"))
         tenant = tenant_of(namespace, own)
         found: dict[str, Labels] = {namespace: own}
-        listed = self._get(
-            where, "/api/v1/namespaces", {"labelSelector": f"{LABEL_TENANT}={tenant}"}
+        listed = self._get(  # a 403 here: the plugin may get but not list namespaces
+            f"the namespaces of tenant {tenant} (listed for namespace {namespace}; the plugin "
+            "needs get, list and watch on namespaces)",
+            "/api/v1/namespaces",
+            {"labelSelector": f"{LABEL_TENANT}={tenant}"},
         )
         items = listed.get("items")
         for item in items if isinstance(items, list) else []:

@@ -154,13 +154,14 @@ def test_a_watch_gone_silent_is_given_up_so_a_stale_label_is_not_served_for_long
             relay.down()
 
 
-def test_a_service_account_that_may_only_get_namespaces_is_named_once_and_still_served(
+def test_a_service_account_that_may_only_get_namespaces_is_named_once_and_fails_closed(
     cluster: Cluster, kube: KubeClient, namespace: str, tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     """The chart once granted only ``get`` on namespaces with the MIG label turned off: the
-    watch was refused at every relist. The refusal is one error naming what is missing, and
-    the trust check is still answered, from direct reads."""
+    watch was refused at every relist. The refusal is one error naming what is missing. The
+    trust check is not answered: without ``list`` the tenant's other namespaces (those
+    labelled with its name, perhaps stricter) are unknown, so its level is too."""
     role = f"tranche-ns-get-{namespace}"
     creds = service_account_credentials(cluster, kube, namespace, tmp_path)
     kube.request(
@@ -194,13 +195,16 @@ def test_a_service_account_that_may_only_get_namespaces_is_named_once_and_still_
             try:
                 time.sleep(1.0)  # about ten refused lists
                 assert not cache.synced
-                labels = cache.tenant_labels(namespace)[namespace]
+                with pytest.raises(ApiUnavailable) as refused:
+                    cache.tenant_labels(namespace)
             finally:
                 cache.stop()
     finally:
         kube.request("DELETE", f"{RBAC}/clusterrolebindings/{role}")
         kube.request("DELETE", f"{RBAC}/clusterroles/{role}")
-    assert labels.get(LABEL_LEVEL) == "dedicated"
+    assert f"the namespaces of tenant {namespace}" in str(refused.value)
+    assert "needs get, list and watch on namespaces" in str(refused.value)
+    assert "HTTP 403" in str(refused.value) and "trust level is unknown" in str(refused.value)
     logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(logged) == 1, logged
     assert "needs list and watch on namespaces" in logged[0]
