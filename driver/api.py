@@ -19,6 +19,10 @@ class ClaimRef:
     uid: str
     namespace: str
     name: str
+    # When the caller stops waiting (time.monotonic()); None: no deadline. A prepare that
+    # takes the node lock after it is abandoned: the kubelet has given up on the call and
+    # may already have sent the claim's unprepare, which found nothing to undo.
+    deadline: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

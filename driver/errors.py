@@ -81,6 +81,7 @@ ERROR_REASONS = (
     "claim-status",
     "event",
     "device-plugin-conflict",
+    "deadline",
     "internal",
 )
 

@@ -19,6 +19,7 @@ Rules the kubelet relies on (see ``docs/kubelet-grpc.md``):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn, Protocol
 
@@ -48,6 +49,8 @@ def claim_refs(claims: Sequence[_ClaimMessage], context: grpc.ServicerContext) -
     """The request's claims as :class:`ClaimRef`, duplicates dropped; aborts on a missing field."""
     refs: list[ClaimRef] = []
     seen: set[str] = set()
+    remaining = context.time_remaining()  # None without a deadline (the kubelet sets 45 s)
+    deadline = None if remaining is None else time.monotonic() + remaining
     for index, claim in enumerate(claims):
         for field in ("uid", "namespace", "name"):
             if not getattr(claim, field):
@@ -60,7 +63,9 @@ def claim_refs(claims: Sequence[_ClaimMessage], context: grpc.ServicerContext) -
         if claim.uid in seen:
             continue
         seen.add(claim.uid)
-        refs.append(ClaimRef(uid=claim.uid, namespace=claim.namespace, name=claim.name))
+        refs.append(
+            ClaimRef(uid=claim.uid, namespace=claim.namespace, name=claim.name, deadline=deadline)
+        )
     return refs
 
 

@@ -533,6 +533,15 @@ class DeviceState:
             if not gone:
                 return _answer(record)
             return self._reapply(state, record, gone)
+        if ref.deadline is not None and time.monotonic() > ref.deadline:
+            # The caller gave up while this call waited (a slow API read, the lock): the
+            # kubelet may have unprepared the claim meanwhile and found nothing, so a prepare
+            # now would never be undone. It retries if it still wants the claim.
+            return PrepareResult(
+                error=f"claim {ref.namespace}/{ref.name}: not prepared: the caller's deadline "
+                "passed before the node lock was taken (the kubelet retries the call)",
+                reason="deadline",
+            )
         if record is not None:
             self._roll_back(state, record)
             self._faults.reached("prepare:after-rollback")

@@ -330,6 +330,25 @@ def _prepare_one(channel: grpc.Channel, uid: str) -> dra_v1.NodePrepareResources
     return response
 
 
+def test_the_callers_deadline_reaches_the_driver_with_each_claim(
+    server: PluginServer, driver: RecordingDriver
+) -> None:
+    """The kubelet's 45 s deadline (10 s here) travels with the claims, so a prepare that
+    waited past it is abandoned (driver.prepare.executor); without one, there is none."""
+    request = dra_v1.NodePrepareResourcesRequest(
+        claims=[dra_v1.Claim(namespace="ns", uid="u1", name="c")]
+    )
+    with grpc.insecure_channel(f"unix:{server.endpoint}") as channel:
+        stub = dra_v1_grpc.DRAPluginStub(channel)
+        before = time.monotonic()
+        stub.NodePrepareResources(request, timeout=10)
+        stub.NodePrepareResources(request)
+    (with_deadline,), (without,) = driver.prepared
+    assert with_deadline.deadline is not None
+    assert before + 8 < with_deadline.deadline <= time.monotonic() + 10
+    assert without.deadline is None or without.deadline > time.monotonic() + 3600
+
+
 def test_stop_serves_until_the_kubelet_drops_its_connection(server: PluginServer) -> None:
     """The kubelet deregisters an instance in its plugin manager's next round after the
     registration socket goes, and sends it prepares until then (a rolling update's old pod):

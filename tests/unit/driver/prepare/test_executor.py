@@ -92,6 +92,31 @@ def test_prepare_is_idempotent_and_unprepare_cleans_up(node: Path) -> None:
     ]
 
 
+def test_a_prepare_whose_caller_gave_up_while_it_waited_prepares_nothing(node: Path) -> None:
+    """The kubelet stops waiting at its deadline (45 s) and may then unprepare the claim,
+    which finds nothing to undo: a prepare that takes the node lock only after that would
+    never be undone (a leaked CDI spec, a GPU the exclusivity guard keeps for nobody)."""
+    obj = new_claim(node, "u1", [gpus(node)[0]])
+    ds = device_state(node, NO_FAULTS)
+    holder = device_state(node, NO_FAULTS)  # another call (or plugin pod) holds the lock
+    ref = ref_of(obj)
+    late = ClaimRef(ref.uid, ref.namespace, ref.name, deadline=time.monotonic() + 0.2)
+    answers: list[Any] = []
+    with holder._locked():
+        waiting = threading.Thread(target=lambda: answers.append(ds.prepare(obj, late)))
+        waiting.start()
+        time.sleep(0.5)  # past the deadline, still waiting for the lock
+    waiting.join(10)
+    (answer,) = answers
+    assert "deadline passed" in answer.error and answer.devices == ()
+    assert recorded(node) == {} and cdi_files(node) == []
+    assert ds.unprepare(ref).error == ""  # the kubelet's unprepare (before or after): nothing
+    # In time, the same claim prepares; once prepared, a late retry still gets its answer.
+    first = ds.prepare(obj, ref)
+    assert first.error == ""
+    assert ds.prepare(obj, ClaimRef(ref.uid, ref.namespace, ref.name, deadline=0.0)) == first
+
+
 def test_the_lock_files_directory_is_made_when_it_is_missing(node: Path) -> None:
     """The node lock's directory may be missing at the first prepare or removed later (the
     kubelet's plugin directory cleaned up): the lock file is made again, never an error."""
