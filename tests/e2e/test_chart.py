@@ -925,7 +925,7 @@ def test_only_the_platform_team_sets_namespace_trust_labels(
             rules=[
                 client.V1PolicyRule(
                     api_groups=[""],
-                    resources=["namespaces"],
+                    resources=["namespaces", "namespaces/finalize"],  # a namespaces/* grant
                     verbs=["get", "create", "update", "patch"],
                 )
             ],
@@ -982,6 +982,16 @@ def test_only_the_platform_team_sets_namespace_trust_labels(
                 with pytest.raises(client.ApiException) as err:
                     alice.patch_namespace(mine, {"metadata": {"labels": {LABEL_LEVEL: change}}})
                 assert err.value.status == 403 and LABEL_LEVEL in str(err.value.body)
+            # Nor through the finalize subresource, which stores the object's labels too.
+            relabelled = admin_core.read_namespace(mine)
+            assert relabelled.metadata is not None
+            relabelled.metadata.labels = {
+                **(relabelled.metadata.labels or {}),
+                LABEL_LEVEL: "shared",
+            }
+            with pytest.raises(client.ApiException) as err:
+                alice.replace_namespace_finalize(mine, relabelled)
+            assert err.value.status == 403 and LABEL_LEVEL in str(err.value.body)
             meta = admin_core.read_namespace(mine).metadata
             assert meta is not None and (meta.labels or {}).get(LABEL_LEVEL) == "isolated"
             assert _namespace_refusal(bob, f"bob-{tag}", {**base, LABEL_TENANT: "acme"}) == ""

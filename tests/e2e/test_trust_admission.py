@@ -175,6 +175,35 @@ def test_admission(
     assert rejection in message
 
 
+def test_a_claim_of_a_relabelled_namespace_can_still_be_deleted(
+    trust_policy: client.ApiClient, tenant_namespace: Callable[..., str]
+) -> None:
+    """A level change applies to new claims only (docs/trust.md). The resource claim
+    controller and the scheduler update claims (their finalizer): judged again against the
+    new labels, such an update was refused, and the claim, with its namespace, never went."""
+    ns = tenant_namespace("relabel", SHARED_BLUE)
+    custom, core = client.CustomObjectsApi(trust_policy), client.CoreV1Api(trust_policy)
+    create_claim(
+        custom,
+        claim_object(ns, "share", [exactly("timeslice.gpu.tranche.dev", group_selector("blue"))]),
+    )
+    hold = {"metadata": {"finalizers": ["e2e.tranche.dev/hold"]}}
+    custom.patch_namespaced_custom_object(*RESOURCE, ns, "resourceclaims", "share", hold)
+    core.patch_namespace(ns, {"metadata": {"labels": {LABEL_LEVEL: "isolated"}}})
+    with pytest.raises(client.ApiException) as err:  # the policy still judges new claims
+        create_claim(
+            custom,
+            claim_object(ns, "new", [exactly("timeslice.gpu.tranche.dev", group_selector("blue"))]),
+        )
+    assert err.value.status == 403
+    custom.delete_namespaced_custom_object(*RESOURCE, ns, "resourceclaims", "share")
+    release = {"metadata": {"finalizers": None}}
+    custom.patch_namespaced_custom_object(*RESOURCE, ns, "resourceclaims", "share", release)
+    with pytest.raises(client.ApiException) as gone:
+        custom.get_namespaced_custom_object(*RESOURCE, ns, "resourceclaims", "share")
+    assert gone.value.status == 404
+
+
 # ---- placement with the real scheduler ----------------------------------------------------
 
 
