@@ -56,8 +56,9 @@ class ControllerSettings(BaseModel):
     tls_secret: str = "tranche-webhook-tls"  # noqa: S105 (the Secret's name)
     cert_validity_days: int = Field(default=90, ge=1, le=3650)
     ca_validity_days: int = Field(default=1825, ge=2, le=36500)
-    slice_gc_interval_s: float = Field(default=60.0, ge=0, le=86400)
-    sync_interval_s: float = Field(default=10.0, gt=0, le=3600)
+    slice_gc_interval_s: float = Field(default=60.0, ge=0, le=86400)  # 0 off, else at least 1
+    # At least a second: a pass reads the API server, and a tiny interval would be a busy loop.
+    sync_interval_s: float = Field(default=10.0, ge=1, le=3600)
     health_address: str = ":8081"
     metrics_address: str = ":9090"
     log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
@@ -69,7 +70,16 @@ class ControllerSettings(BaseModel):
             parse_address(v, named("--" + str(info.field_name).replace("_", "-")))
         return v
 
-    @field_validator("lease_name", "webhook_config", "webhook_service", "tls_secret")
+    @field_validator("slice_gc_interval_s")
+    @classmethod
+    def _gc_interval(cls, v: float) -> float:
+        if 0 < v < 1:
+            raise ValueError(
+                f"{named('--slice-gc-interval')}: {v:g} is neither 0 (off) nor at least 1 second"
+            )
+        return v
+
+    @field_validator("lease_name", "webhook_config", "webhook_service", "tls_secret", "driver_name")
     @classmethod
     def _object_name(cls, v: str, info: ValidationInfo) -> str:
         if len(v) > 253 or not _DNS_SUBDOMAIN.fullmatch(v):
@@ -117,8 +127,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--cert-validity-days", "lifetime of the serving certificate", default="90")
     add_flag(p, "--ca-validity-days", "lifetime of the webhook CA", default="1825")
     add_flag(p, "--slice-gc-interval", "seconds between clean-ups of slices whose node is "
-             "gone; 0 disables", default="60")  # fmt: skip
-    add_flag(p, "--sync-interval", "seconds between certificate checks", default="10")
+             "gone (at least 1); 0 disables", default="60")  # fmt: skip
+    add_flag(p, "--sync-interval", "seconds between certificate checks (1 to 3600)", default="10")
     add_flag(p, "--health-address", "HOST:PORT of /healthz and /readyz; empty disables",
              default=":8081")  # fmt: skip
     add_flag(p, "--metrics-address", "HOST:PORT of /metrics; empty disables", default=":9090")

@@ -18,6 +18,9 @@ from controller.settings import add_arguments
         (["--cert-validity-days", "1.5"], "--cert-validity-days"),
         (["--ca-validity-days", "x"], "--ca-validity-days"),
         (["--sync-interval", "0"], "sync_interval_s"),
+        (["--sync-interval", "1e-9"], "sync_interval_s"),  # a busy loop against the API server
+        (["--slice-gc-interval", "0.001"], "--slice-gc-interval [env TRANCHE_SLICE_GC_INTERVAL]"),
+        (["--driver-name", "gpu tranche"], "--driver-name [env TRANCHE_DRIVER_NAME]"),
         (["--lease-name", ""], "--lease-name [env TRANCHE_LEASE_NAME]"),
         (["--tls-secret", ""], "--tls-secret [env TRANCHE_TLS_SECRET]"),
         (["--webhook-config", "Legacy_GPU"], "--webhook-config [env TRANCHE_WEBHOOK_CONFIG]"),
