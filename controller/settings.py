@@ -23,7 +23,7 @@ from pydantic import (
 
 from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
-from driver.flags import add_flag, add_switch, choice, env_name, named, number, parse_address
+from driver.flags import add_flag, add_switch, choice, named, number, parse_address
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # An object name: a DNS subdomain (RFC 1123), at most 253 characters.
@@ -85,7 +85,7 @@ class ControllerSettings(BaseModel):
         if len(v) > 253 or not _DNS_SUBDOMAIN.fullmatch(v):
             flag = "--" + str(info.field_name).replace("_", "-")
             raise ValueError(
-                f"{flag} [env {env_name(flag)}]: {v!r} is not an object name (a DNS subdomain: "
+                f"{named(flag)}: {v!r} is not an object name (a DNS subdomain: "
                 "lowercase letters, digits, '-' and '.', at most 253 characters)"
             )
         return v

@@ -17,14 +17,9 @@ import threading
 from collections.abc import Mapping
 
 from driver.kube.http import KubeClient
+from driver.trust.policy import tenant_of
 from kubelet_plugin.list_watch import Json, ListWatch, describe
-from kubelet_plugin.namespace_reader import (
-    ApiNamespaceReader,
-    Labels,
-    NamespaceReader,
-    labels_of,
-    tenant_of,
-)
+from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels, NamespaceReader, labels_of
 from kubelet_plugin.publisher import Backoff
 
 log = logging.getLogger(__name__)

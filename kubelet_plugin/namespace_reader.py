@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from driver.kube.http import KubeClient
-from driver.trust.policy import LABEL_TENANT
+from driver.trust.policy import LABEL_TENANT, tenant_of
 from kubelet_plugin.api_read import READ_TIMEOUT_S, read_raw, read_raw_if_present
 
 Labels = Mapping[str, str]
@@ -42,12 +42,6 @@ def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
     if not isinstance(labels, Mapping):
         return {}
     return {str(k): str(v) for k, v in labels.items()}
-
-
-def tenant_of(namespace: str, labels: Labels) -> str:
-    """The tenant of a namespace: its tenant label, else its own name (as
-    :func:`driver.trust.policy.resolve_namespace` reads it)."""
-    return labels.get(LABEL_TENANT, "").strip() or namespace
 
 
 class ApiNamespaceReader:

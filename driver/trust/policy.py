@@ -105,6 +105,11 @@ class Resolution:
     problems: tuple[str, ...] = ()
 
 
+def tenant_of(namespace: str, labels: Mapping[str, str]) -> str:
+    """The tenant of a namespace: its tenant label, else its own name."""
+    return labels.get(LABEL_TENANT, "").strip() or namespace
+
+
 def resolve_namespace(
     namespace: str,
     labels: Mapping[str, str] | None,
@@ -114,7 +119,7 @@ def resolve_namespace(
     labels = labels or {}
     problems: list[str] = []
     where = f"namespace {namespace}"
-    tenant = labels.get(LABEL_TENANT, "").strip() or namespace
+    tenant = tenant_of(namespace, labels)
 
     raw_level = labels.get(LABEL_LEVEL)
     if raw_level is None:

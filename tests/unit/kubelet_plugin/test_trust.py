@@ -24,10 +24,10 @@ from driver.kube.http import KubeClient
 from driver.kube.kubeconfig import Credentials
 from driver.metrics import Metrics
 from driver.nvml.sim import create_state
-from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
+from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT, tenant_of
 from kubelet_plugin.dra_driver import PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder
-from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels, tenant_of
+from kubelet_plugin.namespace_reader import ApiNamespaceReader, Labels
 from tests.unit.claim_values import claim, config, ref_of, result
 from tests.unit.sharing_node import sharing_state
 from tests.unit.state_child import device_state
