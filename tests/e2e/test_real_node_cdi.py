@@ -111,26 +111,48 @@ def _pod_log(core: client.CoreV1Api, namespace: str, pod: str) -> str:
     return text
 
 
-def _claim_uid(core: client.CoreV1Api, api: client.ApiClient, namespace: str, pod: str) -> str:
-    def name() -> str | None:
+def _claim_uids(
+    core: client.CoreV1Api, api: client.ApiClient, namespace: str, pod: str, count: int = 1
+) -> list[str]:
+    """The UIDs of the pod's claims made from templates, in the pod's order."""
+
+    def names() -> list[str] | None:
         p = core.read_namespaced_pod(pod, namespace)
-        for st in (p.status.resource_claim_statuses if p.status else None) or []:
-            if st.resource_claim_name:
-                return str(st.resource_claim_name)
-        return None
+        statuses = (p.status.resource_claim_statuses if p.status else None) or []
+        found = [str(st.resource_claim_name) for st in statuses if st.resource_claim_name]
+        return found if len(found) == count else None
 
-    claim_name = wait_for(f"the claim of pod {pod}", name)
-    claim: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        "resource.k8s.io", "v1", namespace, "resourceclaims", claim_name
-    )
-    return str(claim["metadata"]["uid"])
+    uids = []
+    for claim_name in wait_for(f"the claims of pod {pod}", names):
+        claim: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims", claim_name
+        )
+        uids.append(str(claim["metadata"]["uid"]))
+    return uids
 
 
-def _apply_pod(node: CdiNode, namespace: str, file: str, script: str) -> str:
+def _claim_uid(core: client.CoreV1Api, api: client.ApiClient, namespace: str, pod: str) -> str:
+    (uid,) = _claim_uids(core, api, namespace, pod)
+    return uid
+
+
+def _apply_pod(
+    node: CdiNode, namespace: str, file: str, script: str, claims: tuple[str, ...] = ()
+) -> str:
+    """Apply an example with the test image running ``script``; ``claims`` names claims to
+    make from the example's first claim template instead of its own, all used by every
+    container."""
     docs = [d for d in yaml.safe_load_all((EXAMPLES / file).read_text()) if d]
     for d in docs:
         if d["kind"] == "Pod":
             spec = d["spec"]
+            if claims:
+                template = spec["resourceClaims"][0]["resourceClaimTemplateName"]
+                spec["resourceClaims"] = [
+                    {"name": c, "resourceClaimTemplateName": template} for c in claims
+                ]
+                for c in spec["containers"]:
+                    c["resources"] = {"claims": [{"name": name} for name in claims]}
             spec["nodeSelector"] = {"kubernetes.io/hostname": node.name}
             spec["restartPolicy"] = "Never"
             spec["terminationGracePeriodSeconds"] = 1
@@ -200,6 +222,49 @@ def test_a_gpu_pod_finds_libcuda_nvidia_smi_and_only_its_own_gpu(
     assert {"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"} <= set(devices)
 
     _delete_and_unprepared(cdi_node, api, namespace, pod, uid)
+
+
+def test_a_container_of_two_claims_gets_both_gpus_but_one_claims_variables(
+    cdi_node: CdiNode, namespace: str, api: client.ApiClient
+) -> None:
+    """docs/kubelet-plugin.md, "One container, several claims": device nodes add up, so
+    NVML (here the simulated nvidia-smi) sees both GPUs; CDI sets variables, so
+    NVIDIA_VISIBLE_DEVICES and TRANCHE_CLAIM_UID are those of the claim listed last."""
+    core = client.CoreV1Api(api)
+    script = 'echo "CLAIM=$TRANCHE_CLAIM_UID"; ' + SHOW
+    pod = _apply_pod(cdi_node, namespace, "one-gpu.yaml", script, claims=("first", "second"))
+    first, second = _claim_uids(core, api, namespace, pod, count=2)
+    text = _pod_log(core, namespace, pod)
+    listing = text.splitlines()
+
+    def visible_of(uid: str) -> str:
+        spec = json.loads(cdi_node.spec_file(uid).read_text())
+        (env,) = [
+            e
+            for d in spec["devices"]
+            for e in d["containerEdits"].get("env", [])
+            if e.startswith("NVIDIA_VISIBLE_DEVICES=")
+        ]
+        return str(env).removeprefix("NVIDIA_VISIBLE_DEVICES=")
+
+    uuids = [visible_of(first), visible_of(second)]
+    assert uuids[0] != uuids[1]
+    assert f"VISIBLE={uuids[1]}" in listing, text
+    assert f"CLAIM={second}" in listing, text
+    indexes = sorted(cdi_node.gpus.index(u) for u in uuids)
+    smi = [x for x in listing if x.startswith("GPU ")]
+    assert smi == [f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {cdi_node.gpus[i]})" for i in indexes], (
+        text
+    )
+    gpu_nodes = {
+        m.group(3)
+        for x in listing
+        if (m := _DEV_LINE.match(x)) and re.fullmatch(r"/dev/nvidia\d+", m.group(3))
+    }
+    assert gpu_nodes == {f"/dev/nvidia{i}" for i in indexes}, text
+
+    _delete_and_unprepared(cdi_node, api, namespace, pod, first)
+    wait_for(f"CDI spec of {second} removed", lambda: not cdi_node.spec_file(second).exists())
 
 
 def test_an_mps_pod_reaches_the_daemon_the_plugin_started_with_no_mps_setting(

@@ -70,6 +70,8 @@ def open_simulated(store: SimStore | Path, *, on_call: OnCall | None = None) -> 
 def write_driver_root(root: Path, system: SystemInfo, gpus: Sequence[GpuInfo]) -> Path:
     """The simulated driver root (:mod:`driver.nvml.sim.driver_root`) of a node whose NVML
     reports ``system`` and ``gpus``, written at ``root``."""
-    lines = [SimGpuLine(g.index, g.product_name, g.uuid, g.memory_bytes >> 20) for g in gpus]
+    lines = [
+        SimGpuLine(g.index, g.product_name, g.uuid, g.memory_bytes >> 20, g.minor) for g in gpus
+    ]
     major, minor = system.cuda_driver_version
     return create_driver_root(root, system.driver_version, f"{major}.{minor}", lines)

@@ -9,8 +9,11 @@ same code builds the same CDI specs as on a GPU node (:mod:`driver.prepare.drive
   ``etc/ld.so.conf`` naming the directory (no ``ld.so.cache``: the directory scan finds
   them).
 * ``usr/bin/nvidia-smi``: a POSIX shell script that prints the simulated GPUs (``-L`` the
-  ``GPU <i>: <name> (UUID: ...)`` lines, without it a short table), only those
-  ``NVIDIA_VISIBLE_DEVICES`` names when it is set (as in a container).
+  ``GPU <i>: <name> (UUID: ...)`` lines, without it a short table). Where GPU device nodes
+  exist (a container), only the GPUs whose ``/dev/nvidia<minor>`` it has, as NVML finds
+  them: a container of two claims sees both, whichever claim's ``NVIDIA_VISIBLE_DEVICES``
+  the runtime kept. Without any (the node itself), those ``NVIDIA_VISIBLE_DEVICES`` names
+  when it is set, else all.
 * ``usr/bin/nvidia-cuda-mps-control``: the simulated MPS control daemon
   (:mod:`driver.nvml.sim.mps_control`), run by this Python interpreter;
   ``nvidia-cuda-mps-server``, ``nvidia-debugdump`` and ``nvidia-persistenced``: scripts that
@@ -54,6 +57,7 @@ class SimGpuLine:
     name: str
     uuid: str
     memory_mib: int
+    minor: int  # /dev/nvidia<minor>
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -80,20 +84,32 @@ def nvidia_smi_script(gpus: Sequence[SimGpuLine], driver_version: str, cuda: str
         listing = f"GPU {g.index}: {g.name} (UUID: {g.uuid})"
         row = f"| {g.index:>3}  {g.name:<40} {g.uuid:<44} {g.memory_mib:>7}MiB |"
         rows.append(
-            f"show {shlex.quote(g.uuid)} {g.index} {shlex.quote(listing)} {shlex.quote(row)}"
+            f"show {shlex.quote(g.uuid)} {g.index} {g.minor} "
+            f"{shlex.quote(listing)} {shlex.quote(row)}"
         )
     return f"""#!/bin/sh
-# Simulated nvidia-smi (Tranche): the node's simulated GPUs; with NVIDIA_VISIBLE_DEVICES
-# set (a container), only those it names (by UUID or index).
+# Simulated nvidia-smi (Tranche): the node's simulated GPUs. Where GPU device nodes exist
+# (a container), those whose /dev/nvidia<minor> is there, as NVML finds them; otherwise,
+# with NVIDIA_VISIBLE_DEVICES set, only those it names (by UUID or index).
+# TRANCHE_SIM_DEV_DIR stands in for /dev in tests.
 visible="${{NVIDIA_VISIBLE_DEVICES:-all}}"
+dev="${{TRANCHE_SIM_DEV_DIR:-/dev}}"
+nodes=0
+for f in "$dev"/nvidia[0-9]*; do
+  if [ -e "$f" ]; then nodes=1; break; fi
+done
 list=0
 [ "$1" = "-L" ] && list=1
 show() {{
-  case ",$visible," in
-    *,all,*|*",$1,"*|*",$2,"*) ;;
-    *) return ;;
-  esac
-  if [ "$list" = 1 ]; then echo "$3"; else echo "$4"; fi
+  if [ "$nodes" = 1 ]; then
+    [ -e "$dev/nvidia$3" ] || return
+  else
+    case ",$visible," in
+      *,all,*|*",$1,"*|*",$2,"*) ;;
+      *) return ;;
+    esac
+  fi
+  if [ "$list" = 1 ]; then echo "$4"; else echo "$5"; fi
 }}
 if [ "$list" = 0 ]; then
   echo "NVIDIA-SMI {driver_version}  Driver Version: {driver_version}  CUDA Version: {cuda}"

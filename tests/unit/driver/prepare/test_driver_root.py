@@ -300,10 +300,11 @@ def test_the_simulated_nvidia_smi_lists_only_the_visible_gpus(tmp_path: Path) ->
     root = write_driver_root(tmp_path, nvml.system_info(), gpus)
     smi = root / "usr" / "bin" / "nvidia-smi"
 
-    def run(*args: str, visible: str | None = None) -> str:
+    def run(*args: str, visible: str | None = None, dev: Path | None = None) -> str:
         env = {k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}
         if visible is not None:
             env["NVIDIA_VISIBLE_DEVICES"] = visible
+        env["TRANCHE_SIM_DEV_DIR"] = str(dev or tmp_path / "no-gpu-nodes")
         done = subprocess.run(
             [str(smi), *args], env=env, capture_output=True, text=True, timeout=30, check=True
         )
@@ -315,3 +316,30 @@ def test_the_simulated_nvidia_smi_lists_only_the_visible_gpus(tmp_path: Path) ->
     table = run(visible=f"{gpus[0].uuid},{gpus[1].uuid}")
     assert nvml.system_info().driver_version in table
     assert gpus[0].uuid in table and gpus[1].uuid in table and gpus[2].uuid not in table
+
+
+def test_the_simulated_nvidia_smi_in_a_container_lists_the_gpus_whose_nodes_it_has(
+    tmp_path: Path,
+) -> None:
+    """A container of two claims has both GPU nodes but one claim's NVIDIA_VISIBLE_DEVICES
+    (CDI sets variables, the last device's value stays): like NVML, nvidia-smi lists both."""
+    nvml = open_simulated(create_state("dgx-h100", node="n1"))
+    gpus = nvml.list_gpus()
+    root = write_driver_root(tmp_path / "root", nvml.system_info(), gpus)
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidiactl", "nvidia-uvm", f"nvidia{gpus[1].minor}", f"nvidia{gpus[3].minor}"):
+        (dev / name).touch()
+    env = {k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}
+    env |= {"NVIDIA_VISIBLE_DEVICES": gpus[3].uuid, "TRANCHE_SIM_DEV_DIR": str(dev)}
+    done = subprocess.run(
+        [str(root / "usr" / "bin" / "nvidia-smi"), "-L"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert done.stdout.splitlines() == [
+        f"GPU {g.index}: {g.product_name} (UUID: {g.uuid})" for g in (gpus[1], gpus[3])
+    ]
