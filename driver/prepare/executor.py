@@ -100,12 +100,15 @@ class StepHandler(Protocol):
     """Applies and undoes one kind of step. Both must be safe to repeat.
 
     ``others`` in :meth:`undo` are the plans of the other claims still recorded,
-    so a per-GPU setting is reset only when no other claim relies on it.
+    so a per-GPU setting is reset only when no other claim relies on it; ``uuids``
+    are the device UUIDs recorded for the claim (none for a half-prepared one).
     """
 
     def apply(self, step: Step, plan: Plan) -> StepOutcome: ...
 
-    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None: ...
+    def undo(
+        self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -213,7 +216,9 @@ class AttachGpuHandler:
         check_gpu_usable(self._nvml.probe, step)
         return StepOutcome(uuids={step.device: step.gpu_uuid})
 
-    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+    def undo(
+        self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
+    ) -> None:
         return None
 
 
@@ -241,7 +246,9 @@ class TimeSliceHandler:
             for s in other.steps
         )
 
-    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+    def undo(
+        self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
+    ) -> None:
         assert isinstance(step, SetTimeSlice)
         still_used = any(
             isinstance(s, SetTimeSlice) and s.gpu_uuid == step.gpu_uuid
@@ -731,7 +738,7 @@ class DeviceState:
                     f"claim {record.namespace}/{record.name}: cannot undo step {step.kind} "
                     "(no handler on this node)"
                 )
-            handler.undo(step, record.plan, others)
+            handler.undo(step, record.plan, others, record.device_uuids)
             self._faults.reached("unprepare:after-undo-step")
 
     # unprepare -------------------------------------------------------------

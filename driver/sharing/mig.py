@@ -276,13 +276,51 @@ class CreateMigHandler:
             )
         log.info("mig mode enabled gpu=%s device=%s", step.gpu_uuid, step.device)
 
-    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+    def undo(
+        self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
+    ) -> None:
         assert isinstance(step, CreateMigDevice)
         entry = self._journal.load().get(MigJournal.key(step.gpu_uuid, step.start))
-        if entry is None or entry.claim_uid != plan.claim_uid:
-            return  # never created for this claim, or already destroyed
+        if entry is None:
+            # Never created, already destroyed, or the journal was lost (moved aside as
+            # corrupt): the instance at the step's placement with the UUID the claim recorded
+            # is still this claim's (a UUID is never given to another instance).
+            if self._destroy_recorded(step, plan, uuids.get(step.device), others):
+                self._maybe_disable(step.gpu_uuid, others)
+            return
+        if entry.claim_uid != plan.claim_uid:
+            return  # the placement holds another claim's device now
         self._destroy(entry, _owned_keys(others))
         self._maybe_disable(step.gpu_uuid, others)
+
+    def _destroy_recorded(
+        self, step: CreateMigDevice, plan: Plan, uuid: str | None, others: Sequence[Plan]
+    ) -> bool:
+        """Destroy the instance at ``step``'s placement whose UUID is ``uuid``, unless another
+        claim's step owns that placement; true if one was destroyed."""
+        if uuid is None or MigJournal.key(step.gpu_uuid, step.start) in _owned_keys(others):
+            return False
+        found = next(
+            (
+                i
+                for i in self._nvml.mig_instances(step.gpu_uuid)
+                if i.uuid == uuid and i.placement[0] == step.start
+            ),
+            None,
+        )
+        if found is None:
+            return False
+        self._nvml.destroy_mig_instance(step.gpu_uuid, found.gi_id)
+        log.warning(
+            "mig device destroyed by the uuid its claim recorded, without a journal entry "
+            "gpu=%s device=%s gi=%s uuid=%s claim_uid=%s",
+            step.gpu_uuid,
+            step.device,
+            found.gi_id,
+            uuid,
+            plan.claim_uid,
+        )
+        return True
 
     def _live(self, entry: JournalEntry) -> MigInstance | None:
         """The instance ``entry`` names, if it still exists: written in this boot, at the
@@ -401,7 +439,9 @@ class AttachMigHandler:
             uuids={step.device: inst.uuid}, edits={step.device: self._caps.edits(gpu, inst)}
         )
 
-    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+    def undo(
+        self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
+    ) -> None:
         return None
 
 
@@ -431,7 +471,9 @@ class WholeGpuHandler:
             log.info("mig mode disabled gpu=%s for whole-GPU device=%s", step.gpu_uuid, step.device)
         return StepOutcome(uuids={step.device: step.gpu_uuid})
 
-    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+    def undo(
+        self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
+    ) -> None:
         return None
 
 

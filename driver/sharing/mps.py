@@ -693,7 +693,9 @@ class MpsHandler:
         assert isinstance(step, StartMps)
         self._limit(step, plan, pods)
 
-    def undo(self, step: Step, plan: Plan, others: Sequence[Plan]) -> None:
+    def undo(
+        self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
+    ) -> None:
         assert isinstance(step, StartMps)
         if self._limits is not None:
             self._limits.remove(step.group_id)

@@ -199,6 +199,30 @@ def test_a_journal_with_a_newer_plugins_field_is_read_not_moved_aside(node: Path
     assert not list((node / "state").glob("mig-journal.json.corrupt*"))
 
 
+def test_a_corrupt_journal_still_lets_unprepare_destroy_the_claims_mig_device(node: Path) -> None:
+    """The journal moved aside as corrupt: unprepare finds the instance by the UUID the
+    claim recorded at its placement and destroys it, instead of leaving it to be published
+    as an administrator's static MIG device."""
+    mig, other = slot(node, index=2), slot(node, index=0)
+    state, _, nvml = sharing_state(node)
+    obj, kept = new_claim(node, "m1", mig.name), new_claim(node, "m2", other.name)
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    assert state.prepare(kept, ref_of(kept)).error == ""
+    assert len(nvml.gpu(mig.parent.uuid).mig_instances) == 2
+    (node / "state" / "mig-journal.json").write_text('{"entries": {"x": 1}')
+
+    restarted = sharing_state(node)[0]
+    restarted.recover()
+    assert list((node / "state").glob("mig-journal.json.corrupt*"))
+    assert restarted.unprepare(ref_of(obj)).error == ""
+    (left,) = nvml.gpu(mig.parent.uuid).mig_instances  # the other claim's device stays
+    assert left.placement[0] == other.start
+    assert restarted.unprepare(ref_of(kept)).error == ""
+    gpu = nvml.gpu(mig.parent.uuid)
+    assert gpu.mig_instances == ()
+    assert not gpu.mig_enabled
+
+
 def run_child(node: Path, op: str, uid: str, fault: str = "") -> subprocess.CompletedProcess[str]:
     env = os.environ | {"TRANCHE_FAULT_POINT": fault}
     return subprocess.run(
