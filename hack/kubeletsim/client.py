@@ -127,11 +127,16 @@ def choose_services(style: KubeletStyle, info: reg.PluginInfo) -> tuple[str, str
     return dra, health
 
 
-def register(style: KubeletStyle, registration_socket: str) -> Registration:
-    """GetInfo, validate, NotifyRegistrationStatus; raises RegistrationRejectedError on refusal."""
+def register(
+    style: KubeletStyle, registration_socket: str, timeout: float = GET_INFO_TIMEOUT
+) -> Registration:
+    """GetInfo, validate, NotifyRegistrationStatus; raises RegistrationRejectedError on refusal.
+
+    ``timeout``: each call's deadline, the kubelet's 1 s by default; a test that registers
+    once, with no retry, passes a longer one so that a stalled machine does not fail it."""
     with grpc.insecure_channel(f"unix:{registration_socket}") as channel:
         stub = reg_grpc.RegistrationStub(channel)
-        info = stub.GetInfo(reg.InfoRequest(), timeout=GET_INFO_TIMEOUT)
+        info = stub.GetInfo(reg.InfoRequest(), timeout=timeout)
         try:
             if info.type != DRA_PLUGIN_TYPE:
                 raise RegistrationRejectedError(
@@ -146,11 +151,11 @@ def register(style: KubeletStyle, registration_socket: str) -> Registration:
         except RegistrationRejectedError as rejected:
             stub.NotifyRegistrationStatus(
                 reg.RegistrationStatus(plugin_registered=False, error=str(rejected)),
-                timeout=GET_INFO_TIMEOUT,
+                timeout=timeout,
             )
             raise
         stub.NotifyRegistrationStatus(
-            reg.RegistrationStatus(plugin_registered=True), timeout=GET_INFO_TIMEOUT
+            reg.RegistrationStatus(plugin_registered=True), timeout=timeout
         )
     return Registration(
         driver=info.name,

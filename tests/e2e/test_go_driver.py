@@ -57,7 +57,7 @@ def test_the_go_driver_publishes_prepares_and_unprepares_a_claim(
         (claim,) = create_allocated(
             api, namespace, node, [Wanted("go", "device-03", None, go_driver.DRIVER_NAME)]
         )
-        conn = PluginConnection(register(STYLES["1.37"], str(driver.registration)))
+        conn = PluginConnection(register(STYLES["1.37"], str(driver.registration), timeout=10))
         try:
             answer = conn.prepare([claim])[claim.uid]
             assert answer.error == ""

@@ -193,7 +193,14 @@ def test_a_service_account_that_may_only_get_namespaces_is_named_once_and_fails_
             cache = WatchedNamespaces(plugin, backoff=Backoff(0.05, 0.1))
             cache.start()
             try:
-                time.sleep(1.0)  # about ten refused lists
+                # The first refusal (a new connection) may take a while on a busy machine;
+                # then about ten more refused lists, which must not be logged again.
+                wait_for(
+                    "the refusal to be logged",
+                    lambda: [r for r in caplog.records if r.levelno >= logging.WARNING],
+                    timeout_s=30,
+                )
+                time.sleep(1.0)
                 assert not cache.synced
                 with pytest.raises(ApiUnavailable) as refused:
                     cache.tenant_labels(namespace)

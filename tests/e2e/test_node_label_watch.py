@@ -130,7 +130,10 @@ def test_a_service_account_without_watch_on_nodes_is_named_once_and_changes_noth
                 watch = _label_watch(kube, name, changes, Backoff(0.05, 0.1))
                 watch.start()
                 try:
-                    time.sleep(1.0)  # about ten refused lists
+                    # The first refusal (a new connection) may take a while on a busy machine;
+                    # then about ten more refused lists, which must not be logged again.
+                    wait_for("the refusal to be logged", lambda: caplog.records, timeout_s=30)
+                    time.sleep(1.0)
                 finally:
                     watch.stop()
         finally:

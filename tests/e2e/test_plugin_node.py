@@ -569,9 +569,10 @@ def test_plugin_is_alive_and_not_ready_while_the_api_server_is_down_at_start(
             "the plugin to wait only for the kubelet's registration",
             lambda: _readyz(port) == (503, "not registered with the kubelet yet"),
         )
-        register(STYLES["1.37"], str(node.registration_socket))
+        register(STYLES["1.37"], str(node.registration_socket), timeout=10)
         wait_for("the plugin to become ready", lambda: _probe(port, "/readyz") == 200)
-        assert _probe(port, "/healthz") == 200  # now through its own sockets
+        # now through its own sockets (two gRPC calls: a busy plugin may take a moment)
+        wait_for("the liveness probe through the sockets", lambda: _probe(port, "/healthz") == 200)
     finally:
         node.stop()
         relay.down()

@@ -61,7 +61,8 @@ from tests.e2e.sim_nodes import (
 )
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.cluster
+# The module's scenario is set up inside its first test: more than the default 300 s.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 __all__ = ["prometheus_bin"]  # the session fixture, used by this module
 

@@ -137,7 +137,7 @@ def test_report_is_exact_across_restarts_and_a_gap(prometheus_bin: Path) -> None
     with running_prometheus(prometheus_bin, [], prepare_data=write_data) as p:
         # A fractional --timeout is also the query timeout asked of Prometheus, which reads
         # plain seconds but refused "2.5s" (every query failed as bad_data).
-        done = _report(p.url, "--since", "6h", "--output", "json", "--timeout", "2.5")
+        done = _report(p.url, "--since", "6h", "--output", "json", "--timeout", "20.5")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     _check_exact(doc, now)

@@ -133,12 +133,13 @@ def test_a_burst_of_records_is_written_in_a_few_pieces_without_being_asked(
     stream: _GatedStream,
 ) -> None:
     counting = _CountingStream()
-    write_out = configure("json", "INFO", background=True, stream=counting)
+    # A 1 s gathering window, not the default 50 ms: a loaded machine may pause the burst.
+    write_out = configure("json", "INFO", background=True, stream=counting, batch_s=1.0)
     for i in range(200):  # a burst of prepares, each logging a line
         log.info("prepare done claim_uid=u%d", i)
     lines = _wait_for_lines(counting, 200)  # written by the writer thread on its own
     assert [line["msg"] for line in lines] == [f"prepare done claim_uid=u{i}" for i in range(200)]
-    # Gathered for 50 ms after the first record woke the writer: one write, a few more
-    # if this machine paused the burst; a line at a time was 200 writes.
+    # Gathered for the window after the first record woke the writer: one write, a few
+    # more if this machine paused the burst; a line at a time was 200 writes.
     assert counting.writes <= 5
     write_out()

@@ -114,7 +114,6 @@ def test_a_burst_makes_one_call_per_claim_with_the_asked_calls_in_flight(serve: 
     assert plugin.most_in_flight == 4
     assert len(calls.prepare) == 12
     assert calls.prepare_wall >= 3 * 0.05  # 12 calls of 50 ms, 4 at a time
-    assert calls.prepare_wall < 12 * 0.05
 
 
 def test_a_call_with_no_claims_is_an_empty_unprepare(serve: Any) -> None:

@@ -144,7 +144,6 @@ def test_the_command_runs_in_the_image_with_its_environment_only(tmp_path: Path)
     shared = Path(tempfile.mkdtemp(dir="/tmp"))  # /tmp is bound into the image
     seen = shared / "from-the-host"
     seen.write_text("host file\n")
-    mounts = Path("/proc/self/mountinfo").read_text()
     env = subprocess.run(
         [*image.command(), "/proc/self/environ"],
         capture_output=True,
@@ -158,7 +157,9 @@ def test_the_command_runs_in_the_image_with_its_environment_only(tmp_path: Path)
     finally:
         shutil.rmtree(shared)
     assert out.stdout == b"host file\n"
-    assert Path("/proc/self/mountinfo").read_text() == mounts, "mounts leaked to the host"
+    # Only this test's mounts: a real node of the e2e tests mounts and unmounts meanwhile.
+    mountinfo = Path("/proc/self/mountinfo").read_text()
+    assert str(root) not in mountinfo and str(shared) not in mountinfo, "mounts leaked"
 
 
 def test_the_runner_refuses_a_command_line_without_its_separator(tmp_path: Path) -> None:

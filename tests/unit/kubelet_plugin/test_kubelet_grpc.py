@@ -100,7 +100,7 @@ def test_without_health_source_no_health_service_is_advertised(
     srv = PluginServer(DRIVER, root, driver)
     srv.start()
     try:
-        registration = register(STYLES["1.37"], srv.registration_socket)
+        registration = register(STYLES["1.37"], srv.registration_socket, timeout=10)
     finally:
         srv.stop(0)
     assert registration.supported_versions == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
@@ -247,7 +247,7 @@ def test_stale_sockets_are_replaced_at_start(root: Path, driver: RecordingDriver
         stale.close()  # a socket file nobody listens on, as a crashed plugin leaves it
     first.start()
     try:
-        registration = register(STYLES["1.37"], first.registration_socket)
+        registration = register(STYLES["1.37"], first.registration_socket, timeout=10)
         connection = PluginConnection(registration)
         answers = connection.prepare([ClaimRequest("ns", "u1", "c")])
         connection.close()

@@ -35,7 +35,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.paths.append(self.path)
-        self.server.gate.wait(5)
+        self.server.gate.wait(30)
         reply(self, b'{"kind": "Status", "message": "ok"}')
 
     def log_message(self, format: str, *args: object) -> None:

@@ -98,6 +98,7 @@ def test_a_prepare_whose_caller_gave_up_while_it_waited_prepares_nothing(node: P
     never be undone (a leaked CDI spec, a GPU the exclusivity guard keeps for nobody)."""
     obj = new_claim(node, "u1", [gpus(node)[0]])
     ds = device_state(node, NO_FAULTS)
+    ds._lock_timeout_s = 30.0  # a stalled machine must not turn the wait into a lock timeout
     holder = device_state(node, NO_FAULTS)  # another call (or plugin pod) holds the lock
     ref = ref_of(obj)
     late = ClaimRef(ref.uid, ref.namespace, ref.name, deadline=time.monotonic() + 0.2)
