@@ -34,7 +34,7 @@ def _field(allocation: ClaimAllocation, plan: Plan, gpu_uuid: str) -> str:
 
 
 def timeslice_guard(allocation: ClaimAllocation, plan: Plan, state: CheckpointData) -> None:
-    """A :data:`driver.prepare.executor.Guard`: refuse a time-slice interval that differs
+    """A :data:`driver.prepare.steps.Guard`: refuse a time-slice interval that differs
     from the one another recorded claim put in effect on the same GPU."""
     wanted: dict[str, Interval] = {
         s.gpu_uuid: s.interval for s in plan.steps if isinstance(s, SetTimeSlice)

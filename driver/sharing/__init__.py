@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from driver.devices.inventory import Inventory
 from driver.faults import NO_FAULTS, FaultPoints
 from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
-from driver.prepare.executor import Guard, StepHandler, TimeSliceHandler, exclusivity_guard
 from driver.prepare.plan import ShareTarget
+from driver.prepare.steps import Guard, StepHandler, TimeSliceHandler, exclusivity_guard
 from driver.prepare.timeslice_guard import timeslice_guard
 from driver.sharing import mps_shm
 from driver.sharing.devices import mps_memory_enforced, share_devices, share_targets

@@ -46,7 +46,7 @@ def _field(allocation: ClaimAllocation, device: PlannedDevice, is_share: bool) -
 
 
 class ModeGuard:
-    """A :data:`driver.prepare.executor.Guard`: refuse a device whose GPU another prepared
+    """A :data:`driver.prepare.steps.Guard`: refuse a device whose GPU another prepared
     claim uses in a different mode. ``shares`` are the share device names (their mode is the
     device's, so the field to fix is the device, not the config)."""
 

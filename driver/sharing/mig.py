@@ -40,8 +40,8 @@ from driver.faults import NO_FAULTS, FaultPoints
 from driver.files import write_atomic
 from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
 from driver.prepare.cdi import ContainerEdits, mig_caps_minors
-from driver.prepare.executor import StepOutcome, check_gpu_usable
 from driver.prepare.plan import AttachGpu, AttachMigDevice, CreateMigDevice, Plan, Step
+from driver.prepare.steps import StepOutcome, check_gpu_usable
 
 log = logging.getLogger(__name__)
 

@@ -48,8 +48,8 @@ from driver.files import write_atomic
 from driver.nvml.types import MigInstance
 from driver.prepare.cdi import ContainerEdits, Mount
 from driver.prepare.config import MIB, MpsConfig
-from driver.prepare.executor import StepOutcome
 from driver.prepare.plan import Plan, PlannedDevice, StartMps, Step
+from driver.prepare.steps import StepOutcome
 from driver.sharing import mps_shm
 from driver.sharing.mps_limits import MpsMemoryLimits
 

@@ -18,7 +18,7 @@ from driver.nvml.sim import create_state, open_simulated
 from driver.nvml.sim.profiles import PROFILE_DIR
 from driver.nvml.types import MemoryLimit
 from driver.prepare.claims import PodRef
-from driver.prepare.executor import Reconciler
+from driver.prepare.steps import Reconciler
 from tests.unit.claim_values import claim, ref_of, reserved_for_group, result
 from tests.unit.sharing_node import CONFIG, sharing_state
 
