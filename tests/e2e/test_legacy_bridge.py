@@ -32,6 +32,7 @@ from driver.devices.bridge import bridge_device_class
 from driver.devices.inventory import DYNAMIC_MIG, Inventory, build_inventory
 from driver.kube.client import RESOURCE_V1
 from driver.nvml.sim import create_state, open_simulated
+from driver.trust.policy import LABEL_LEVEL
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.dra_objects import NODE_LABEL, publishing
 from tests.e2e.trust_policy import ROOT, docs
@@ -298,3 +299,37 @@ def test_fallback_webhook_rewrites_a_gpu_pod_into_a_claim_the_scheduler_allocate
         "items"
     ]
     assert [t["metadata"]["name"] for t in templates] == ["tranche-legacy-gpu-2"]
+
+
+def test_a_legacy_request_in_a_dedicated_namespace_is_refused_with_the_policys_reason(
+    trust_policy: client.ApiClient,
+    tenant_namespace: Callable[..., str],
+    make_node: Callable[..., str],
+) -> None:
+    """The bridge's class is the shared pool's ``gpu.tranche.dev``; a namespace at trust
+    level ``dedicated`` may only use ``dedicated.gpu.tranche.dev``. The claim the scheduler
+    writes for ``nvidia.com/gpu`` passes the same admission policy as any claim, so the pod
+    stays unscheduled and the scheduler's event carries the policy's reason (docs/install.md,
+    "The bridge")."""
+    api = trust_policy
+    ns = tenant_namespace("bridge-dedicated", {LABEL_LEVEL: "dedicated"})
+    node = make_node("bridge-dedicated", {NODE_LABEL: "bridge-dedicated"})
+    with _classes(api, [bridge_device_class(None)]), publishing(api, node, _inventory("dgx-h100")):
+        _create_pod(api, ns, _pod("legacy", node, {"main": {"nvidia.com/gpu": "1"}}))
+        core = client.CoreV1Api(api)
+
+        def refusals() -> list[str]:
+            events = core.list_namespaced_event(ns, field_selector="involvedObject.name=legacy")
+            return [
+                str(e.message)
+                for e in events.items
+                if e.reason == "FailedScheduling" and "trust level dedicated" in str(e.message)
+            ]
+
+        (message, *_) = wait_for("the scheduler to report the refusal", refusals, timeout_s=120)
+        assert "dedicated.gpu.tranche.dev" in message, message
+        pod = _get_pod(api, ns, "legacy")
+        assert not pod["spec"].get("nodeName"), pod["spec"]
+        assert not pod["status"].get("extendedResourceClaimStatus"), pod["status"]
+        claims = get_json(api, f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims")["items"]
+        assert claims == []
