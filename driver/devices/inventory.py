@@ -270,8 +270,13 @@ def gpu_names(uuids: Iterable[str]) -> dict[str, str]:
 
 
 def profile_token(profile_name: str) -> str:
-    """``1g.10gb+me`` → ``1g10gbme``: the profile as it appears in device names."""
-    return re.sub(r"[^a-z0-9]", "", profile_name.lower())
+    """``1g.10gb+me`` → ``1g10gbme``: the profile as it appears in device names.
+
+    A ``-`` (Blackwell's ``1g.24gb-me``, no media engines: NVML's ``*_NO_ME`` profiles)
+    becomes ``no``, so that it does not share a name with ``1g.24gb+me`` at the same
+    placement (two devices of one name make the API server refuse the node's slices);
+    ``1g.24gb+me.all`` (``*_ALL_ME``) is ``1g24gbmeall``."""
+    return re.sub(r"[^a-z0-9]", "", profile_name.lower().replace("-", "no"))
 
 
 def mig_name(gpu_name: str, profile_name: str, start: int) -> str:
@@ -462,7 +467,7 @@ def parse_advertise(value: str | None, env_source: str = "--advertise") -> Adver
     return AdvertiseConfig.parse(text, source=source)
 
 
-MIG_PROFILE_NAME = re.compile(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)?$")
+MIG_PROFILE_NAME = re.compile(r"^[0-9]+g\.[0-9]+gb([+-][a-z0-9]+(\.[a-z0-9]+)?)?$")
 
 
 def parse_mig_profiles(value: str | None, source: str = "--mig-profiles") -> tuple[str, ...]:

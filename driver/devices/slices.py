@@ -75,7 +75,7 @@ CAPACITY_COUNTERS: tuple[tuple[str, str], ...] = (
     ("jpegEngines", "jpeg-engines"),
     ("ofaEngines", "ofa-engines"),
 )
-MEDIA_EXTENSIONS = "media-extensions"  # one '+me' slot per GPU at a time
+MEDIA_EXTENSIONS = "media-extensions"  # one '+me' or '+me.all' slot per GPU at a time
 
 Json = dict[str, Any]
 
@@ -171,7 +171,9 @@ def _profile_capacities(p: MigProfile) -> dict[str, int]:
 
 
 def is_media_extended(profile: MigProfile) -> bool:
-    return profile.name.endswith("+me")
+    """``+me``, and Blackwell's ``+me.all`` (every media engine): a GPU has one set of media
+    extensions, so at most one such instance at a time. ``-me`` has none."""
+    return profile.name.endswith("+me") or profile.name.endswith("+me.all")
 
 
 @functools.lru_cache(maxsize=64)

@@ -54,10 +54,20 @@ def test_colliding_uuid_prefixes_get_16_digits() -> None:
         ("1g.10gb", 3, "gpu-00000001-mig-1g10gb-3"),
         ("1g.10gb+me", 0, "gpu-00000001-mig-1g10gbme-0"),
         ("7g.80gb", 0, "gpu-00000001-mig-7g80gb-0"),
+        ("1c.3g.40gb", 4, "gpu-00000001-mig-1c3g40gb-4"),
     ],
 )
 def test_mig_names(profile: str, start: int, expected: str) -> None:
     assert mig_name("gpu-00000001", profile, start) == expected
+
+
+def test_blackwells_media_engine_variants_get_names_of_their_own() -> None:
+    """NVML's NO_ME and ALL_ME profiles (``-me``, ``+me.all``) beside ``+me`` and ``+gfx``:
+    one placement of each must be a device of its own name, or the slices are refused."""
+    variants = ["1g.24gb", "1g.24gb+me", "1g.24gb-me", "1g.24gb+me.all", "1g.24gb+gfx"]
+    names = [mig_name("gpu-00000001", v, 0) for v in variants]
+    assert len(set(names)) == len(variants), names
+    assert names[2] == "gpu-00000001-mig-1g24gbnome-0"
 
 
 def test_hopper_advertises_whole_gpu_and_every_placement() -> None:
@@ -270,6 +280,8 @@ def test_mig_profiles_limit_dynamic_placements_but_keep_existing_instances() -> 
 def test_mig_profiles_are_parsed_and_checked() -> None:
     assert parse_mig_profiles(" 1g.10gb, 1g.10gb+me,1g.10gb ") == ("1g.10gb", "1g.10gb+me")
     assert parse_mig_profiles("") == ()
+    blackwell = "1g.24gb-me,1g.24gb+me.all,2g.48gb+gfx"
+    assert parse_mig_profiles(blackwell) == tuple(blackwell.split(","))
     with pytest.raises(ConfigError, match="'3g40gb' is not a GPU-instance profile"):
         parse_mig_profiles("1g.10gb,3g40gb")
 

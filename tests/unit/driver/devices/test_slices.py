@@ -22,7 +22,7 @@ from driver.errors import ConfigError
 from driver.nvml.sim import create_state, open_simulated
 from driver.sharing.devices import share_devices
 from driver.sharing.settings import SharingConfig
-from tests.unit.gpu_values import MIB, SYSTEM, a100, h100, l4
+from tests.unit.gpu_values import H100_PROFILES, MIB, SYSTEM, a100, h100, l4
 
 NODE = "node-a"
 
@@ -161,6 +161,30 @@ def test_counters_prevent_overlap_by_construction() -> None:
             overlap = bool(set(a.memory_slices) & set(b.memory_slices))
             both_me = a.profile.name.endswith("+me") and b.profile.name.endswith("+me")
             assert fits(by_name[a.name], by_name[b.name]) is not (overlap or both_me), (a, b)
+
+
+def test_blackwells_media_engine_variants_are_devices_of_their_own_sharing_one_me_counter() -> None:
+    """NVML's NO_ME and ALL_ME profiles (``-me``, ``+me.all``) beside ``+me``: each placement
+    a device of its own name (one name twice makes the API server refuse the slices), and
+    ``+me`` and ``+me.all`` never on one GPU together (there is one set of media engines)."""
+    plain, me = H100_PROFILES[0], H100_PROFILES[1]
+    variants = (
+        replace(plain, id=13, name="1g.10gb-me", decoders=0, jpeg_engines=0),
+        replace(me, id=15, name="1g.10gb+me.all"),
+    )
+    gpu = replace(h100(0), mig_profiles=H100_PROFILES[:2] + variants)
+    slices = build_slices(build_inventory([gpu], SYSTEM, DYNAMIC_MIG), NODE)
+    names = [d["name"] for d in _devices(slices)]
+    assert len(names) == len(set(names)) == 1 + 4 * 7, names
+    (capacity,) = _counter_sets(slices).values()
+    by_name = _by_name(slices)
+
+    def fits(*profiles_at: str) -> bool:
+        ds = [by_name[f"gpu-00000000-mig-{p}"] for p in profiles_at]
+        return all(sum(_consumed(d).get(k, 0) for d in ds) <= v for k, v in capacity.items())
+
+    assert not fits("1g10gbme-0", "1g10gbmeall-1")
+    assert fits("1g10gbme-0", "1g10gbnome-1") and fits("1g10gbmeall-0", "1g10gbnome-1")
 
 
 @pytest.mark.parametrize(
