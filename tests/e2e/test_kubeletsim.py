@@ -121,7 +121,8 @@ def test_simulated_kubelet_prepares_runs_and_unprepares_a_pod(
             request_json(api, "DELETE", pod_path)  # graceful: the kubelet must finish it
             wait_for("the pod to be gone", lambda: gone(api, pod_path))
             assert [[c.uid for c in call] for call in driver.unprepared] == [[claim_uid]]
-            methods = [c.method for c in sim.calls]
+            # a GetInfo past the kubelet's 1 s on a stalled machine is retried; not compared
+            methods = [c.method for c in sim.calls if c.answer != "unreachable"]
             assert methods == [
                 "DeleteSlices",
                 "GetInfo+Notify",

@@ -179,7 +179,9 @@ def test_prepare_and_unprepare_in_each_kubelet_version(
 
     assert sim.unprepare(DRIVER, claims) == {"uid-1": "", "uid-2": ""}
     assert driver.unprepared == driver.prepared
-    assert [c.method for c in sim.calls] == [
+    # A first GetInfo past the kubelet's 1 s (a stalled machine) is retried, as the kubelet
+    # does; the call that reached nobody is not part of what is compared.
+    assert [c.method for c in sim.calls if c.answer != "unreachable"] == [
         "GetInfo+Notify",
         "NodePrepareResources",
         "NodeUnprepareResources",
