@@ -245,6 +245,26 @@ class _LogDrops(Collector):
         )
 
 
+class _Watches(Collector):
+    """``tranche_watch_current``, read from each watch at each scrape: 1 while it has its
+    collection listed and follows the changes, 0 from a failure (a refused list included)
+    until it lists again."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, Callable[[], bool]] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "tranche_watch_current",
+            "1 while the plugin's watch of this collection is listed and current, 0 while it "
+            "fails or waits to list again (the log says why).",
+            labels=["watch"],
+        )
+        for name, current in sorted(self.current.items()):
+            family.add_metric([name], 1.0 if current() else 0.0)
+        yield family
+
+
 class Metrics:
     """Every metric of the kubelet plugin, registered on ``registry``; ``log_dropped``: the
     log queue's count of dropped records (``driver.logs.LogOutput.dropped``)."""
@@ -260,6 +280,8 @@ class Metrics:
         registry.register(self.usage)
         if log_dropped is not None:
             registry.register(_LogDrops(log_dropped))
+        self._watches = _Watches()
+        registry.register(self._watches)
         self._prepare = Histogram(
             "tranche_prepare_seconds",
             "Time to prepare one claim, by sharing mode.",
@@ -331,6 +353,11 @@ class Metrics:
     def prepared_claims_from(self, count: Callable[[], int]) -> None:
         """Read the prepared claims' count from ``count`` at each scrape (not at each call)."""
         self._prepared.set_function(count)
+
+    def watch_current_from(self, watch: str, current: Callable[[], bool]) -> None:
+        """Read whether ``watch`` is current from ``current`` at each scrape; a later call for
+        the same name (a restarted plugin's new watch) replaces it."""
+        self._watches.current[watch] = current
 
     def set_published_devices(self, count: int) -> None:
         self._published.set(count)

@@ -148,6 +148,7 @@ def serve(
         if plugin.device_plugins is not None:
             plugin.device_plugins.follow(labels.watching)
         labels.start()
+        metrics.watch_current_from("node", labels.watching)
         stoppers.append(labels.stop)
         stop.wait()
         log.info("stopping node=%s", settings.node_name)

@@ -427,7 +427,9 @@ class NodePlugin:
         if self.device_plugins is not None:
             self.device_plugins.start()  # a device plugin deployed later stops new prepares
         self.namespaces.start()
+        self.metrics.watch_current_from("namespaces", self.namespaces.watching)
         self.runtime_errors.start()
+        self.metrics.watch_current_from("pods", self.runtime_errors.watching)
         self.republish()  # the slices are built and queued; written once the sockets are open
         self.watcher.start()
         self.server.start()

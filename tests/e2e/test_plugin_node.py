@@ -462,6 +462,11 @@ def test_metrics_count_prepares_by_mode_and_refusals_by_reason(
     assert metrics["tranche_prepared_claims"] == 1
     assert 'tranche_prepare_seconds_count{mode="mig"}' not in metrics
     assert metrics["tranche_log_records_dropped_total"] == 0  # the plugin's log queue, wired
+    watches = [f'tranche_watch_current{{watch="{w}"}}' for w in ("namespaces", "node", "pods")]
+    wait_for(
+        "every watch of the plugin current",
+        lambda: [_scrape(port).get(w) for w in watches] == [1.0, 1.0, 1.0],
+    )
 
 
 def _down_relay(

@@ -213,3 +213,21 @@ def test_the_prepared_claims_gauge_is_counted_at_each_scrape() -> None:
     assert samples(registry)[("tranche_prepared_claims", ())] == 3
     prepared[0] = 5000
     assert samples(registry)[("tranche_prepared_claims", ())] == 5000
+
+
+def test_each_watch_says_at_each_scrape_whether_it_is_current() -> None:
+    """A watch refused by RBAC (or failing) reads 0 until it lists again, so an alert can
+    catch a plugin that cannot see namespaces before its prepares fail closed."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    assert not [k for k in samples(registry) if k[0] == "tranche_watch_current"]
+    namespaces = [False]
+    metrics.watch_current_from("namespaces", lambda: namespaces[0])
+    metrics.watch_current_from("node", lambda: True)
+    key = ("tranche_watch_current", (("watch", "namespaces"),))
+    assert samples(registry)[key] == 0.0
+    assert samples(registry)[("tranche_watch_current", (("watch", "node"),))] == 1.0
+    namespaces[0] = True
+    assert samples(registry)[key] == 1.0
+    metrics.watch_current_from("namespaces", lambda: False)  # a restarted plugin's watch
+    assert samples(registry)[key] == 0.0
