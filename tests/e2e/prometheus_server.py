@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,7 @@ import pytest
 import yaml
 
 from tests.conftest import unavailable
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-prometheus.sh"
@@ -69,12 +69,6 @@ def prometheus_bin() -> Path:
             "(run `make prometheus-bin`)"
         )
     return Path(lines[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PrometheusError(RuntimeError):

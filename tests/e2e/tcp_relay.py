@@ -14,6 +14,8 @@ import socket
 import threading
 from urllib.parse import urlparse
 
+from tests.ports import free_port
+
 
 class TcpRelay:
     def __init__(self, target_url: str, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -23,10 +25,8 @@ class TcpRelay:
         self._scheme = parsed.scheme
         self.host = host
         self.port = port
-        if not port:
-            with socket.socket() as probe:
-                probe.bind((host, 0))
-                self.port = int(probe.getsockname()[1])
+        if not port:  # it is bound again at each up(): one no outgoing connection takes
+            self.port = free_port(host)
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()

@@ -8,7 +8,6 @@ import functools
 import secrets
 import shutil
 import signal
-import socket
 import tempfile
 import urllib.error
 import urllib.request
@@ -36,6 +35,7 @@ from tests.e2e.sim_nodes import (
     kubectl,
 )
 from tests.e2e.tcp_relay import TcpRelay
+from tests.ports import free_port
 from tests.waiting import wait_for
 
 BRIDGE_CLASSES = REPO / "deploy" / "bridge"
@@ -428,12 +428,6 @@ def test_a_dedicated_node_serves_its_tenant_through_the_dedicated_class_only(
     assert "cannot allocate all claims" in reason
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _scrape(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -448,7 +442,7 @@ def _scrape(port: int) -> dict[str, float]:
 def test_metrics_count_prepares_by_mode_and_refusals_by_reason(
     cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
 ) -> None:
-    port = _free_port()
+    port = free_port()
     pn = sim_node(extra_args=("--metrics-address", f"127.0.0.1:{port}", *DYNAMIC_MIG_ARGS))
     apply_example(cluster, "one-gpu.yaml", namespace, pn.name)
     _prepared(pn, namespace, "one-gpu", "gpu")
@@ -552,7 +546,7 @@ def test_plugin_is_alive_and_not_ready_while_the_api_server_is_down_at_start(
     relay, kubeconfig = _down_relay(cluster, tmp_path_factory)
     name = make_node(f"gpu-probe-{secrets.token_hex(2)}")
     root = Path(tempfile.mkdtemp(prefix="sp", dir="/tmp"))
-    port = _free_port()
+    port = free_port()
     node = SimNode(
         SimNodeConfig(
             node_name=name,

@@ -45,7 +45,6 @@ from tests.e2e.prometheus_server import (
     JOB,
     RULES,
     PrometheusServer,
-    free_port,
     prometheus_bin,
     running_prometheus,
 )
@@ -59,6 +58,7 @@ from tests.e2e.sim_nodes import (
     node_with_plugin,
     sim_gpu_uuids,
 )
+from tests.ports import free_port
 from tests.waiting import wait_for
 
 # The module's scenario is set up inside its first test: more than the default 300 s.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -26,15 +25,10 @@ from controller.report.cli import add_arguments, run
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
 from tests.e2e.sim_nodes import PluginNode, kubectl
+from tests.ports import free_port
 from tests.waiting import wait_for
 
 CLAIM_MEASURED = "tranche_claim_gpu_measured_seconds_total"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pod_spec(node: str) -> dict[str, Any]:
@@ -131,7 +125,7 @@ def test_recommend_on_plugin_endpoints_lists_too_little_data_by_owner(
     sim_node: Callable[..., PluginNode],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    port = _free_port()
+    port = free_port()
     pn = sim_node(extra_args=("--metrics-address", f"127.0.0.1:{port}", "--sample-interval", "1"))
     _workloads(cluster, namespace, pn.name)
     claims = wait_for(
