@@ -10,8 +10,9 @@ checks that nobody listens on it now.
 from __future__ import annotations
 
 import random
-import socket
 from pathlib import Path
+
+from hack.devcluster.processes import port_free
 
 _RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST = 20000  # above the well-known and the Kubernetes components' ports (10250-10259)
@@ -24,15 +25,11 @@ def _ephemeral_start() -> int:
         return 32768
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port on ``host`` that nothing listens on now, below the ephemeral range."""
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now, below the ephemeral range."""
     top = max(_ephemeral_start(), _LOWEST + 1000)
     for _ in range(200):
         port = random.randrange(_LOWEST, top)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError(f"no free port on {host} in {_LOWEST}-{top - 1} after 200 tries")
+        if port_free(port):
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 in {_LOWEST}-{top - 1} after 200 tries")

@@ -19,14 +19,14 @@ from tests.ports import free_port
 
 class TcpRelay:
     def __init__(self, target_url: str, host: str = "127.0.0.1", port: int = 0) -> None:
-        """Relay to ``target_url`` from ``host:port`` (a free port when 0)."""
+        """Relay to ``target_url`` from ``host:port`` (with 0, a free port of 127.0.0.1)."""
         parsed = urlparse(target_url)
         self._target = (parsed.hostname or "127.0.0.1", parsed.port or 443)
         self._scheme = parsed.scheme
         self.host = host
         self.port = port
         if not port:  # it is bound again at each up(): one no outgoing connection takes
-            self.port = free_port(host)
+            self.port = free_port()
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
