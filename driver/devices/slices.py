@@ -173,7 +173,7 @@ def _profile_capacities(p: MigProfile) -> dict[str, int]:
 def is_media_extended(profile: MigProfile) -> bool:
     """``+me``, and Blackwell's ``+me.all`` (every media engine): a GPU has one set of media
     extensions, so at most one such instance at a time. ``-me`` has none."""
-    return profile.name.endswith("+me") or profile.name.endswith("+me.all")
+    return profile.name.endswith(("+me", "+me.all"))
 
 
 @functools.lru_cache(maxsize=64)
