@@ -6,6 +6,7 @@ Layout of a checkpoint named ``<dir>/checkpoint.json`` (``docs/checkpoint.md``):
     <dir>/checkpoint.d/history.jsonl      {"version": 2, "checksum", "record": {...}} per line
     <dir>/checkpoint.d/started.jsonl      PrepareStarted claims, one claim document per line
     <dir>/checkpoint.d/generation         a counter bumped before every change
+    <dir>/checkpoint.d/<claim uid>.hold   a claim whose file was corrupt may still hold devices
 
 A checksum covers the other members of its document as parsed JSON re-serialised
 with sorted keys, so a field added by a newer plugin is not mistaken for
@@ -31,6 +32,7 @@ HISTORY_FILE = "history.jsonl"
 STARTED_FILE = "started.jsonl"
 GENERATION_FILE = "generation"
 CLAIM_SUFFIX = ".json"
+HOLD_SUFFIX = ".hold"
 
 # A claim UID names a file: Kubernetes UIDs are UUIDs; refuse anything that could escape.
 _SAFE_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
@@ -60,6 +62,38 @@ def claim_files(directory: Path) -> Iterator[tuple[str, Path]]:
         if name.startswith(".") or not name.endswith(CLAIM_SUFFIX):
             continue
         yield name[: -len(CLAIM_SUFFIX)], Path(entry.path)
+
+
+def hold_path(directory: Path, uid: str) -> Path:
+    return directory / f"{uid}{HOLD_SUFFIX}"
+
+
+def hold_files(directory: Path) -> Iterator[tuple[str, Path]]:
+    """``(uid, path)`` of every hold file (``driver.checkpoint.store.Hold``)."""
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        name = entry.name
+        if name.endswith(HOLD_SUFFIX) and not name.startswith("."):
+            yield name[: -len(HOLD_SUFFIX)], Path(entry.path)
+
+
+def encode_hold(boot_id: str, moved_to: str, reason: str) -> bytes:
+    doc = {"bootId": boot_id, "movedTo": moved_to, "reason": reason}
+    return (json.dumps(doc, sort_keys=True) + "\n").encode()
+
+
+def decode_hold(raw: bytes) -> tuple[str, str]:
+    """The boot id and moved-aside path a hold file names; ValueError when unreadable."""
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"not JSON: {e}") from e
+    if not isinstance(doc, dict) or not isinstance(doc.get("bootId"), str):
+        raise ValueError("no bootId")
+    return doc["bootId"], str(doc.get("movedTo", ""))
 
 
 def _with_checksum(doc: dict[str, Any]) -> bytes:

@@ -50,6 +50,7 @@ __all__ = [
     "CheckpointData",
     "ClaimRecord",
     "ClaimState",
+    "Hold",
     "LoadStatus",
     "PodRecord",
     "PreparedDeviceRecord",
@@ -76,6 +77,20 @@ class LoadStatus:
     message: str = ""
     moved_to: Path | None = None
     previous_boot_id: str = ""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A claim whose checkpoint file was corrupt and moved aside, and which may still hold
+    devices: nothing says which GPUs, nor for which tenant. Trust checks at prepare fail
+    closed on it (``driver.prepare.trust_check.check_holds``) until the kubelet unprepares
+    the claim (:meth:`Checkpoint.release_hold`), the node reboots (nothing a claim held
+    survives that), or an administrator deletes ``path``."""
+
+    uid: str
+    path: Path  # the hold file: ``checkpoint.d/<uid>.hold``
+    moved_to: str  # where the corrupt claim file went
+    boot_id: str | None  # None when the hold file itself cannot be read: this boot's, then
 
 
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
@@ -119,6 +134,7 @@ class _View:
     history: dict[HistoryKey, AllocationRecord] = field(default_factory=dict)
     history_lines: int = 0
     started: set[str] = field(default_factory=set)  # claims whose record is in the journal
+    holds: dict[str, Hold] = field(default_factory=dict)  # by claim uid
     # Built at the first query, then kept up to date by set_claim and drop_claim.
     _by_gpu: dict[str, set[str]] | None = None
     _by_tenant: dict[TenantKey, set[str]] | None = None
@@ -262,6 +278,41 @@ class Checkpoint:
                     found.update(uids)
             return found
 
+    def holds(self) -> list[Hold]:
+        """The holds of claims this checkpoint holds no completed record of (a claim prepared
+        again since its file was moved aside is known again), as of now (read again if
+        another process changed the checkpoint); a hold whose file an administrator deleted
+        is dropped."""
+        with self._mutex:
+            view, _ = self._fresh(False)
+            if not view.holds:
+                return []
+            for uid, hold in list(view.holds.items()):
+                if not hold.path.exists():
+                    log.info("checkpoint hold file removed claim_uid=%s path=%s", uid, hold.path)
+                    del view.holds[uid]
+            return [
+                h
+                for h in view.holds.values()
+                if h.uid not in view.claims or view.claims[h.uid].state != "PrepareCompleted"
+            ]
+
+    def release_hold(self, uid: str) -> bool:
+        """Delete ``uid``'s hold, if it has one (call under the node lock, after a load): the
+        kubelet unprepared the claim, so it holds nothing any more. True if one was deleted."""
+        with self._mutex:
+            view = self._view
+            if view is None or uid not in view.holds:
+                return False  # the usual case: no file touched
+            view, before, after = self._begin_change()
+            hold = view.holds.pop(uid, None)
+            if hold is not None:
+                hold.path.unlink(missing_ok=True)
+            self._end_change(view, before, after)
+        if hold is not None:
+            log.info("checkpoint hold released claim_uid=%s moved_to=%s", uid, hold.moved_to)
+        return hold is not None
+
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
         """The caller holds the node lock until this ends, so no other process changes the
@@ -323,12 +374,13 @@ class Checkpoint:
                     raise ValueError(f"holds claim {record.uid}, not {uid}")
             except ValueError as e:
                 reason = str(e).splitlines()[0]
-                moved = self._move_aside(path) if quarantine else None
+                moved = self._hold_and_move(uid, path, reason) if quarantine else None
                 changed = changed or quarantine
                 problems.append((path, reason, moved))
                 continue
             view.claims[uid] = record
             view.boot_ids[uid] = boot_id
+        changed = self._read_holds(view, quarantine) or changed
         self._read_started(view, quarantine)
         try:
             raw_history = self._history.read_bytes()
@@ -341,6 +393,40 @@ class Checkpoint:
         if changed:
             _, view.generation = self._bump_generation()
         return view, self._corrupt(problems) if problems else None
+
+    def _hold_and_move(self, uid: str, path: Path, reason: str) -> Path:
+        """Move a corrupt claim file aside, after writing the hold that keeps its claim's
+        devices off limits (the hold first: a process killed between the two finds the
+        corrupt file again, and a hold beside a valid file is harmless)."""
+        hold = files.hold_path(self.directory, uid)
+        moved = self._aside_name(path)
+        write_atomic(hold, files.encode_hold(self.boot_id, str(moved), reason))
+        path.replace(moved)
+        return moved
+
+    def _read_holds(self, view: _View, locked: bool) -> bool:
+        """Add the hold files to ``view``; under the lock, delete those of another boot (a
+        reboot ended every container and device state the claim had). True if one was."""
+        deleted = False
+        for uid, path in files.hold_files(self.directory):
+            try:
+                boot_id: str | None
+                boot_id, moved_to = files.decode_hold(path.read_bytes())
+            except FileNotFoundError:
+                continue
+            except ValueError as e:  # fails closed: held as this boot's
+                log.warning("checkpoint hold file unreadable path=%s reason=%s", path, e)
+                boot_id, moved_to = None, "(unknown: the hold file is unreadable)"
+            if locked and boot_id is not None and boot_id != self.boot_id:
+                path.unlink(missing_ok=True)
+                deleted = True
+                log.info(
+                    "checkpoint hold of another boot released claim_uid=%s boot_id=%s",
+                    uid, boot_id,
+                )  # fmt: skip
+                continue
+            view.holds[uid] = Hold(uid, path, moved_to, boot_id)
+        return deleted
 
     def _drop_ended(self, view: _View, locked: bool) -> bool:
         """Forget the claim files whose ended record is in the history; true if one was deleted.
@@ -404,7 +490,9 @@ class Checkpoint:
             parts.append(f"{path} ({reason}; {where})")
             log.error("checkpoint file corrupt path=%s reason=%s moved_to=%s", path, reason, moved)
         message = (
-            f"checkpoint claim file(s) corrupt: {'; '.join(parts)}; those claims are forgotten"
+            f"checkpoint claim file(s) corrupt: {'; '.join(parts)}; until the kubelet "
+            "unprepares those claims (or an administrator deletes their checkpoint.d/<uid>.hold "
+            "file), no other claim is prepared on this node: which GPUs they hold is unknown"
         )
         return LoadStatus("corrupt", message, moved_to=problems[0][2])
 
@@ -515,6 +603,7 @@ class Checkpoint:
                 self._view = None
                 raise
             fresh = _View(after, found=True)
+            fresh.holds = dict(self._view.holds) if self._view is not None else {}
             fresh.claims = {uid: r.model_copy() for uid, r in state.claims.items()}
             fresh.boot_ids = dict.fromkeys(state.claims, self.boot_id)
             fresh.add_history(history)
@@ -602,13 +691,17 @@ class Checkpoint:
             view.forget_history(self._clock() - self.history_memory_s)
 
     def _move_aside(self, path: Path) -> Path:
+        moved = self._aside_name(path)
+        path.replace(moved)
+        return moved
+
+    def _aside_name(self, path: Path) -> Path:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self._clock()))
         moved = path.with_name(f"{path.name}.corrupt-{stamp}")
         n = 1
         while moved.exists():
             moved = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
             n += 1
-        path.replace(moved)
         return moved
 
     # the single-file checkpoint of earlier plugins ------------------------------

@@ -79,7 +79,7 @@ from driver.prepare.steps import (
     undoes_nothing,
 )
 from driver.prepare.timeslice_guard import timeslice_guard
-from driver.prepare.trust_check import check_claim, judged_with, mechanism_of
+from driver.prepare.trust_check import check_claim, check_holds, judged_with, mechanism_of
 from driver.trust.policy import Tenancy
 
 log = logging.getLogger(__name__)
@@ -355,6 +355,7 @@ class DeviceState:
         near = self._sharing_gpus(state, plan)
         try:
             if tenancy is not None:
+                check_holds(allocation, plan, tenancy, self.checkpoint.holds(), self.node_name)
                 check_claim(
                     allocation,
                     plan,
@@ -545,6 +546,8 @@ class DeviceState:
                 state = self._load()
                 record = state.claims.get(ref.uid)
                 if record is None:
+                    if self.checkpoint.release_hold(ref.uid):  # its checkpoint was corrupt
+                        self._reconcile(state)  # what only it used goes now
                     return UnprepareResult()
                 mode = plan_mode(record.plan)
                 self._undo(state, record)
@@ -555,6 +558,9 @@ class DeviceState:
                     ended = record.allocation.model_copy(update={"unprepared_at": self._clock()})
                 self.checkpoint.remove(ref.uid, ended)
                 self._faults.reached("unprepare:after-removed")
+                if self.checkpoint.release_hold(ref.uid):  # prepared again after a corrupt file
+                    del state.claims[ref.uid]
+                    self._reconcile(state)
         except (TrancheError, OSError) as e:
             return UnprepareResult(
                 error=f"claim {ref.namespace}/{ref.name}: {e}", reason=error_reason(e)
@@ -613,11 +619,12 @@ class DeviceState:
 
     def _reconcile(self, state: CheckpointData) -> list[str]:
         plans = [r.plan for r in state.claims.values() if r.state == "PrepareCompleted"]
+        held = {h.uid for h in self.checkpoint.holds()}
         done: list[str] = []
         for handler in {id(h): h for h in self.handlers.values()}.values():
             if is_reconciler(handler):
                 try:
-                    done.extend(handler.reconcile(plans))
+                    done.extend(handler.reconcile(plans, held))
                 except (TrancheError, OSError) as e:  # e.g. a lost GPU: never the whole node
                     log.error("reconcile failed handler=%s error=%s", type(handler).__name__, e)
                     done.append(f"{type(handler).__name__}: reconcile failed: {e}")

@@ -10,7 +10,7 @@ is held by one claim unless both hold shares of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
@@ -70,9 +70,12 @@ class Reconciler(Protocol):
     :meth:`DeviceState.recover` calls :meth:`reconcile` after its roll-backs with the
     plans of the claims still prepared: the handler adopts what they use and removes
     what nothing uses. It returns one line per thing it changed, for the report.
+    ``held``: the UIDs of claims whose checkpoint file was corrupt
+    (:class:`driver.checkpoint.store.Hold`): what they use is unknown, so what may be
+    theirs is kept. :meth:`DeviceState.unprepare` calls it again when such a claim ends.
     """
 
-    def reconcile(self, plans: Sequence[Plan]) -> Sequence[str]: ...
+    def reconcile(self, plans: Sequence[Plan], held: Collection[str] = ()) -> Sequence[str]: ...
 
 
 @runtime_checkable

@@ -26,14 +26,16 @@ bypassed (a class an administrator wrote, an allocation written by hand).
 
 A recorded claim without tenancy (written by an older plugin) or with a level this
 version does not know fails closed: it counts as a ``dedicated`` tenant of its own
-that shares with nobody.
+that shares with nobody. A claim whose checkpoint file was corrupt (a
+:class:`~driver.checkpoint.store.Hold`) is known by its UID alone: no other claim is
+prepared on the node until it is released (:func:`check_holds`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from driver.checkpoint.store import CheckpointData, ClaimRecord
+from driver.checkpoint.store import CheckpointData, ClaimRecord, Hold
 from driver.prepare.claims import ClaimAllocation
 from driver.prepare.plan import Plan, PlannedDevice
 from driver.trust.policy import (
@@ -188,3 +190,26 @@ def check_claim(
             raise ColocationRefused(
                 f"claim {allocation.key}: {e}", e.reason, e.tenant, e.other_tenant
             ) from e
+
+
+def check_holds(
+    allocation: ClaimAllocation, plan: Plan, tenancy: Tenancy, holds: Iterable[Hold], node: str
+) -> None:
+    """Raise :class:`ColocationRefused` while another claim of the node may hold devices that
+    nothing records (its checkpoint file was corrupt): which GPUs, and whose, is unknown, so
+    every other claim's device could be next to it. Admin-access devices are not judged."""
+    if all(d.admin_access for d in plan.devices):
+        return
+    for hold in holds:
+        if hold.uid == plan.claim_uid:
+            continue  # the same claim, prepared again
+        raise ColocationRefused(
+            f"claim {allocation.key}: claim {hold.uid} may still hold GPUs of node {node}, but "
+            f"its checkpoint file was corrupt (moved to {hold.moved_to}), so which GPUs and "
+            f"which tenant are unknown; {tenancy.describe()} is not prepared on this node until "
+            f"the kubelet unprepares claim {hold.uid} or an administrator deletes {hold.path} "
+            "(docs/checkpoint.md)",
+            Reason.UNKNOWN_HOLDER,
+            tenancy.tenant,
+            None,
+        )

@@ -26,7 +26,7 @@ the node: its entries stay for a later attempt.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -368,8 +368,8 @@ class CreateMigHandler:
             self._nvml.set_mig_mode(gpu_uuid, False)
             log.info("mig mode disabled gpu=%s: no MIG device left", gpu_uuid)
 
-    def reconcile(self, plans: Sequence[Plan]) -> Sequence[str]:
-        """Destroy journalled instances no prepared claim owns; adopt the rest."""
+    def reconcile(self, plans: Sequence[Plan], held: Collection[str] = ()) -> Sequence[str]:
+        """Destroy journalled instances no prepared or ``held`` claim owns; adopt the rest."""
         owned = {
             (p.claim_uid, MigJournal.key(s.gpu_uuid, s.start))
             for p in plans
@@ -379,7 +379,7 @@ class CreateMigHandler:
         keys = {key for _, key in owned}
         done = []
         for key, entry in sorted(self._journal.load().items()):
-            if (entry.claim_uid, key) in owned:
+            if (entry.claim_uid, key) in owned or entry.claim_uid in held:
                 continue
             try:
                 self._destroy(entry, keys)

@@ -36,7 +36,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -706,12 +706,19 @@ class MpsHandler:
             if key not in still:
                 self._daemons.stop(key)
 
-    def reconcile(self, plans: Sequence[Plan]) -> Sequence[str]:
+    def reconcile(self, plans: Sequence[Plan], held: Collection[str] = ()) -> Sequence[str]:
         """Lift the memory limits of groups no prepared claim holds, stop daemons no
         prepared claim uses, restart the used ones that died. A limit that cannot be lifted
-        is reported among the lines and never keeps the daemons from being swept."""
+        is reported among the lines and never keeps the daemons from being swept. While a
+        claim is ``held`` nothing is lifted or stopped: which daemon it uses is unknown."""
         lifted: list[str] = []
         unlifted: list[str] = []
+        if held:
+            log.warning(
+                "mps daemons and limits kept while claims whose checkpoint was corrupt are "
+                "held held=%s", ",".join(sorted(held)),
+            )  # fmt: skip
+            return [f"restarted MPS daemon {k}" for k in self._daemons.restart_dead()]
         if self._limits is not None:
             groups = {s.group_id for p in plans for s in p.steps if isinstance(s, StartMps)}
             lifted, unlifted = self._limits.sweep(groups)

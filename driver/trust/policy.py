@@ -81,6 +81,7 @@ class Reason(StrEnum):
     TENANTS_OWN_GROUP = "TenantsOwnGroup"
     OTHER_GROUPS_DEVICE = "OtherGroupsDevice"
     NODE_DEDICATED_TO_OTHER = "NodeDedicatedToOther"
+    UNKNOWN_HOLDER = "UnknownHolder"
 
 
 @dataclass(frozen=True)

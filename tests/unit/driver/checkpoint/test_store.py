@@ -27,6 +27,7 @@ from driver.checkpoint.store import (
     Checkpoint,
     CheckpointData,
     ClaimRecord,
+    Hold,
     PodRecord,
     PreparedDeviceRecord,
     read_allocations,
@@ -167,14 +168,21 @@ def test_a_corrupt_claim_file_is_moved_aside_and_reported(tmp_path: Path) -> Non
     state, status = other.load()  # without the lock: reported, left alone
     assert (status.kind, status.moved_to, list(state.claims)) == ("corrupt", None, ["u2"])
     assert claim_file(tmp_path).exists()
+    assert other.holds() == []  # nor held: only a process under the lock moves a file aside
     state, status = other.load(locked=True)
     assert status.kind == "corrupt"
     assert f"{claim_file(tmp_path)} (checksum mismatch" in status.message
     assert list(state.claims) == ["u2"]
     assert status.moved_to == claim_file(tmp_path).with_name("u1.json.corrupt-19700101T000000")
     assert status.moved_to.exists() and not claim_file(tmp_path).exists()
+    # Held, until the kubelet unprepares it: the devices it may hold are unknown.
+    hold = tmp_path / "checkpoint.d" / "u1.hold"
+    assert other.holds() == [Hold("u1", hold, str(status.moved_to), "boot-1")]
+    assert cp.holds() == other.holds()  # the first process sees the hold at its next load
     assert other.load(locked=True)[1].kind == "ok"  # reported once
     assert list(cp.load(locked=True)[0].claims) == ["u2"]  # the first process sees it too
+    assert cp.release_hold("u1") and not hold.exists()
+    assert other.holds() == [] and not other.release_hold("u1")
 
 
 @pytest.mark.parametrize(

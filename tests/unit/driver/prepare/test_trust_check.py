@@ -346,3 +346,95 @@ def test_executor_judges_other_tenants_on_every_gpu_and_skips_its_own(tmp_path: 
     for i in range(3):
         assert ds.unprepare(ClaimRef(f"ua{i}", "team-a", f"c-ua{i}")).error == ""
     assert ds.prepare(far, ref_of(far), rival).error == ""
+
+
+def _held_node(tmp_path: Path) -> tuple[Any, list[str], dict[str, Any], Tenancy]:
+    """A node whose claim ``ua`` (tenant acme, a whole GPU) was prepared, then its checkpoint
+    file damaged, then the plugin restarted: the claim is held, devices unknown."""
+    create_state("dgx-h100", tmp_path / "sim.json")
+    ds = device_state(tmp_path, NO_FAULTS)
+    names = [g.name for g in ds.inventory.gpus]
+    acme = Tenancy("team-a", "acme", TrustLevel.SHARED, "blue")
+    held = claim("ua", [result(names[0])], name="c-ua", namespace="team-a")
+    assert ds.prepare(held, ref_of(held), acme).error == ""
+    (tmp_path / "checkpoint.d" / "ua.json").write_bytes(b"\x00 damaged by the disk")
+    restarted = device_state(tmp_path, NO_FAULTS)
+    report = restarted.recover()
+    assert report.checkpoint.kind == "corrupt"
+    assert "until the kubelet unprepares those claims" in report.checkpoint.message
+    return restarted, names, held, acme
+
+
+def test_a_claim_whose_checkpoint_file_was_corrupt_keeps_every_other_claim_off_the_node(
+    tmp_path: Path,
+) -> None:
+    """Its GPUs and tenant are unknown, so no claim shares the node with it, not even one of
+    the same namespace on another GPU, until the kubelet unprepares it."""
+    ds, names, held, acme = _held_node(tmp_path)
+    hold = tmp_path / "checkpoint.d" / "ua.hold"
+    assert hold.exists()
+    refused: list[TrustViolation] = []
+    for n, (namespace, tenancy_) in enumerate(
+        [("team-a", acme), ("team-r", Tenancy("team-r", "rival", TrustLevel.ISOLATED, None))]
+    ):
+        new = claim(f"ub{n}", [result(names[6])], name=f"c-ub{n}", namespace=namespace)
+        error = ds.prepare(new, ref_of(new), tenancy_, refused.append).error
+        assert error.startswith(f"claim {namespace}/c-ub{n}: claim ua may still hold GPUs")
+        assert "ua.json.corrupt-" in error and str(hold) in error
+        assert not (tmp_path / "cdi" / f"gpu.tranche.dev-claim_ub{n}.json").exists()
+    assert [(r.reason, r.tenant) for r in refused if isinstance(r, ColocationRefused)] == [
+        (Reason.UNKNOWN_HOLDER, "acme"), (Reason.UNKNOWN_HOLDER, "rival")
+    ]  # fmt: skip
+
+    # An admin-access device is a cluster administrator's grant: not judged.
+    admin = claim("uz", [result(names[5], adminAccess=True)], name="c-uz", namespace="team-r")
+    assert ds.prepare(admin, ref_of(admin), acme).error == ""
+
+    # The kubelet unprepares the claim (its pod ended): the hold goes, the node takes claims.
+    assert ds.unprepare(ref_of(held)).error == ""
+    assert not hold.exists()
+    assert list((tmp_path / "checkpoint.d").glob("ua.json.corrupt-*"))  # kept for inspection
+    new = claim("ub0", [result(names[6])], name="c-ub0", namespace="team-a")
+    assert ds.prepare(new, ref_of(new), acme).error == ""
+    # A second plugin process sees the release too.
+    other = claim("uc", [result(names[7])], name="c-uc", namespace="team-a")
+    assert device_state(tmp_path, NO_FAULTS).prepare(other, ref_of(other), acme).error == ""
+
+
+def test_the_held_claim_prepared_again_is_known_and_its_unprepare_releases_the_hold(
+    tmp_path: Path,
+) -> None:
+    ds, names, held, acme = _held_node(tmp_path)
+    assert ds.prepare(held, ref_of(held), acme).error == ""  # the kubelet's retry: same claim
+    new = claim("ub", [result(names[6])], name="c-ub", namespace="team-a")
+    assert ds.prepare(new, ref_of(new), acme).error == ""  # its record is back: judged as usual
+    assert ds.unprepare(ref_of(new)).error == ""
+    assert ds.unprepare(ref_of(held)).error == ""
+    assert not (tmp_path / "checkpoint.d" / "ua.hold").exists()  # not back once the file goes
+    assert device_state(tmp_path, NO_FAULTS).prepare(new, ref_of(new), acme).error == ""
+
+
+def test_a_hold_ends_with_a_reboot_or_its_file_but_an_unreadable_one_still_holds(
+    tmp_path: Path,
+) -> None:
+    _, names, _, acme = _held_node(tmp_path)
+    hold = tmp_path / "checkpoint.d" / "ua.hold"
+    new = claim("ub", [result(names[6])], name="c-ub", namespace="team-a")
+    hold.write_bytes(b"not json")  # fails closed, whatever boot it came from
+    after_reboot = device_state(tmp_path, NO_FAULTS, boot_id="boot-2")
+    after_reboot.recover()
+    assert "claim ua may still hold GPUs" in after_reboot.prepare(new, ref_of(new), acme).error
+
+    # An administrator deletes the hold file: the running plugin sees it at once.
+    hold.unlink()
+    assert after_reboot.prepare(new, ref_of(new), acme).error == ""
+
+    # A readable hold of another boot is released at start-up: a reboot ended the claim's
+    # containers and device state. A file moved aside by an older plugin has no hold at all.
+    (tmp_path / "second").mkdir()
+    _, names, _, acme = _held_node(tmp_path / "second")
+    fresh = device_state(tmp_path / "second", NO_FAULTS, boot_id="boot-2")
+    fresh.recover()
+    assert not (tmp_path / "second" / "checkpoint.d" / "ua.hold").exists()
+    assert list((tmp_path / "second" / "checkpoint.d").glob("ua.json.corrupt-*"))
+    assert fresh.prepare(new, ref_of(new), acme).error == ""

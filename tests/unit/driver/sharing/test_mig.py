@@ -223,6 +223,29 @@ def test_a_corrupt_journal_still_lets_unprepare_destroy_the_claims_mig_device(no
     assert not gpu.mig_enabled
 
 
+def test_a_claim_whose_checkpoint_file_was_corrupt_keeps_its_mig_device_until_unprepared(
+    node: Path,
+) -> None:
+    """Its pods may still use the device: start-up adopts the instance its journal entry
+    names instead of destroying it, and the kubelet's unprepare of the claim destroys it."""
+    mig, other = slot(node, index=2), slot(node, index=0)
+    state, _, nvml = sharing_state(node)
+    obj, kept = new_claim(node, "m1", mig.name), new_claim(node, "m2", other.name)
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    assert state.prepare(kept, ref_of(kept)).error == ""
+    (node / "checkpoint.d" / "m1.json").write_text("damaged")
+
+    restarted = sharing_state(node)[0]
+    report = restarted.recover()
+    assert report.checkpoint.kind == "corrupt" and report.reconciled == ()
+    assert len(nvml.gpu(mig.parent.uuid).mig_instances) == 2
+    assert {e["claim_uid"] for e in journal(node).values()} == {"m1", "m2"}
+    assert restarted.unprepare(ref_of(obj)).error == ""
+    (left,) = nvml.gpu(mig.parent.uuid).mig_instances
+    assert left.placement[0] == other.start
+    assert {e["claim_uid"] for e in journal(node).values()} == {"m2"}
+
+
 def run_child(node: Path, op: str, uid: str, fault: str = "") -> subprocess.CompletedProcess[str]:
     env = os.environ | {"TRANCHE_FAULT_POINT": fault}
     return subprocess.run(

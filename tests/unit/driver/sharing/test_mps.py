@@ -261,6 +261,27 @@ def test_recovery_stops_daemons_no_claim_uses(node: Path) -> None:
     assert open_simulated(node / "sim.json").compute_mode(gpu.uuid) == "Default"
 
 
+@pytest.mark.skipif(why_not_shareable() is not None, reason=f"{why_not_shareable()}")
+def test_daemons_are_kept_while_a_claim_whose_checkpoint_file_was_corrupt_is_held(
+    node: Path,
+) -> None:
+    """Which daemon the claim's pods use is unknown: none is stopped until the kubelet
+    unprepares it; then the ones nothing uses are."""
+    state, _, _ = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    obj = new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    (node / "checkpoint.d" / "p1.json").write_text("damaged")
+    fresh: SharingNode = sharing_state(node)[1]
+    restarted = sharing_state(node)[0]
+    report = restarted.recover()
+    assert report.checkpoint.kind == "corrupt" and report.reconciled == ()
+    assert len(fresh.daemons.processes(gpu.uuid)) == 1
+    assert restarted.unprepare(ref_of(obj)).error == ""
+    assert fresh.daemons.processes() == []
+    assert open_simulated(node / "sim.json").compute_mode(gpu.uuid) == "Default"
+
+
 @pytest.mark.parametrize(
     ("memory", "parameters", "field"),
     [
