@@ -1,1 +1,2 @@
-"""NVML access: the facade (:mod:`driver.nvml.facade`), its value types, and the simulation."""
+"""NVML access: the facade (:mod:`driver.nvml.facade`, built from the ``*calls`` modules beside
+it), its value types, and the simulation."""
