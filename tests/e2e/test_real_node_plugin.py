@@ -757,6 +757,42 @@ def test_plugin_killed_mid_prepare_and_the_kubelets_retry_succeeds(
     tn.delete_and_unprepared(namespace, ["one-gpu"], [uid])
 
 
+def test_a_claim_whose_checkpoint_file_was_corrupt_holds_the_node_until_its_pod_ends(
+    tn: TrancheNode, namespace: str
+) -> None:
+    """The plugin restarts and finds a running pod's claim file damaged: it cannot tell which
+    GPU that claim holds, so the next pod's claim (another GPU) is refused at prepare with
+    the reason, until the kubelet unprepares the damaged claim; then the kubelet's retry
+    prepares the next pod."""
+    first = _one_gpu(tn, namespace, "first")
+    tn.running(namespace, "first")
+    uid = first["metadata"]["uid"]
+    checkpoint_dir = tn.plugin.data_dir / "checkpoint.d"
+    registered = tn.registrations()
+    tn.plugin.stop()
+    (checkpoint_dir / f"{uid}.json").write_bytes(b"\x00\x00 a damaged block")
+    tn.plugin.start()
+    tn.wait_registered(more_than=registered)
+    hold = checkpoint_dir / f"{uid}.hold"
+    assert hold.exists()
+
+    second = _one_gpu(tn, namespace, "second")
+    assert allocated_results(second) != allocated_results(first)
+    refusal = wait_for(
+        "the second pod's prepare refused for the held claim",
+        lambda: [e for e in _events(tn, namespace, "second") if f"claim {uid} may" in e],
+        timeout_s=120,
+    )
+    assert "so which GPUs and which tenant are unknown" in refusal[0]
+    assert tn.pod(namespace, "second")["status"].get("phase") == "Pending"
+
+    tn.delete_and_unprepared(namespace, ["first"], [uid])
+    wait_for("the hold released by the kubelet's unprepare", lambda: not hold.exists())
+    tn.running(namespace, "second", timeout_s=180)  # the kubelet's retry
+    _assert_sees_claim(tn, namespace, "second", second)
+    tn.delete_and_unprepared(namespace, ["second"], [second["metadata"]["uid"]])
+
+
 def test_kubelet_restart_while_prepares_are_in_flight_loses_nothing(
     tn: TrancheNode, namespace: str
 ) -> None:
