@@ -51,17 +51,21 @@ def claim_path(directory: Path, uid: str) -> Path:
     return directory / f"{uid}{CLAIM_SUFFIX}"
 
 
-def claim_files(directory: Path) -> Iterator[tuple[str, Path]]:
-    """``(uid, path)`` of every claim file; temporaries and moved-aside files are not."""
+def _named(directory: Path, suffix: str) -> Iterator[tuple[str, Path]]:
+    """``(uid, path)`` of every file named ``<uid><suffix>`` (none starting with a dot)."""
     try:
         entries = list(os.scandir(directory))
     except FileNotFoundError:
         return
     for entry in entries:
         name = entry.name
-        if name.startswith(".") or not name.endswith(CLAIM_SUFFIX):
-            continue
-        yield name[: -len(CLAIM_SUFFIX)], Path(entry.path)
+        if name.endswith(suffix) and not name.startswith("."):
+            yield name[: -len(suffix)], Path(entry.path)
+
+
+def claim_files(directory: Path) -> Iterator[tuple[str, Path]]:
+    """``(uid, path)`` of every claim file; temporaries and moved-aside files are not."""
+    return _named(directory, CLAIM_SUFFIX)
 
 
 def hold_path(directory: Path, uid: str) -> Path:
@@ -70,14 +74,7 @@ def hold_path(directory: Path, uid: str) -> Path:
 
 def hold_files(directory: Path) -> Iterator[tuple[str, Path]]:
     """``(uid, path)`` of every hold file (``driver.checkpoint.store.Hold``)."""
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        name = entry.name
-        if name.endswith(HOLD_SUFFIX) and not name.startswith("."):
-            yield name[: -len(HOLD_SUFFIX)], Path(entry.path)
+    return _named(directory, HOLD_SUFFIX)
 
 
 def encode_hold(boot_id: str, moved_to: str, reason: str) -> bytes:
