@@ -73,7 +73,7 @@ def hold_path(directory: Path, uid: str) -> Path:
 
 
 def hold_files(directory: Path) -> Iterator[tuple[str, Path]]:
-    """``(uid, path)`` of every hold file (``driver.checkpoint.store.Hold``)."""
+    """``(uid, path)`` of every hold file (``driver.checkpoint.holds.Hold``)."""
     return _named(directory, HOLD_SUFFIX)
 
 

@@ -22,14 +22,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import ValidationError
-
-from driver.checkpoint import files, spares
+from driver.checkpoint import files, holds, spares
+from driver.checkpoint.holds import Hold
+from driver.checkpoint.parse import claim_record, history_records, parse_legacy
 from driver.checkpoint.records import (
     AllocatedDeviceRecord,
     AllocationRecord,
@@ -39,6 +39,7 @@ from driver.checkpoint.records import (
     PodRecord,
     PreparedDeviceRecord,
 )
+from driver.checkpoint.view import HistoryKey, TenantKey, View, current_keys, history_key
 from driver.errors import CheckpointError
 from driver.faults import NO_FAULTS, FaultPoints
 from driver.files import remove_stale_temporaries, write_atomic
@@ -63,10 +64,8 @@ log = logging.getLogger(__name__)
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 REPLACE_POINT = "checkpoint:before-replace"
 DEFAULT_HISTORY = 512
-MAX_PROBLEMS = 3  # fields a corrupt file's reason names; a file of another format fails them all
 
 LoadKind = Literal["new", "ok", "other-boot", "corrupt"]
-HistoryKey = tuple[str, float]
 
 
 @dataclass(frozen=True)
@@ -79,119 +78,11 @@ class LoadStatus:
     previous_boot_id: str = ""
 
 
-@dataclass(frozen=True)
-class Hold:
-    """A claim whose checkpoint file was corrupt and moved aside, and which may still hold
-    devices: nothing says which GPUs, nor for which tenant. Trust checks at prepare fail
-    closed on it (``driver.prepare.trust_check.check_holds``) until the kubelet unprepares
-    the claim (:meth:`Checkpoint.release_hold`), the node reboots (nothing a claim held
-    survives that), or an administrator deletes ``path``."""
-
-    uid: str
-    path: Path  # the hold file: ``checkpoint.d/<uid>.hold``
-    moved_to: str  # where the corrupt claim file went
-    boot_id: str | None  # None when the hold file itself cannot be read: this boot's, then
-
-
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
     try:
         return path.read_text().strip()
     except OSError:
         return ""
-
-
-def _key(record: AllocationRecord) -> HistoryKey:
-    return record.claim_uid, record.prepared_at
-
-
-TenantKey = tuple[str | None, str | None]  # a record's tenant and trust level
-
-
-def _gpus(record: ClaimRecord) -> set[str]:
-    return {d.gpu_uuid for d in record.plan.devices}
-
-
-def _tenant_key(record: ClaimRecord) -> TenantKey:
-    return record.tenant, record.trust_level
-
-
-def _index(
-    by_gpu: dict[str, set[str]], by_tenant: dict[TenantKey, set[str]], uid: str, r: ClaimRecord
-) -> None:
-    for gpu in _gpus(r):
-        by_gpu.setdefault(gpu, set()).add(uid)
-    by_tenant.setdefault(_tenant_key(r), set()).add(uid)
-
-
-@dataclass
-class _View:
-    """The parsed checkpoint as of ``generation``."""
-
-    generation: int | None
-    found: bool  # any checkpoint file existed when it was read
-    claims: dict[str, ClaimRecord] = field(default_factory=dict)
-    boot_ids: dict[str, str] = field(default_factory=dict)
-    history: dict[HistoryKey, AllocationRecord] = field(default_factory=dict)
-    history_lines: int = 0
-    started: set[str] = field(default_factory=set)  # claims whose record is in the journal
-    holds: dict[str, Hold] = field(default_factory=dict)  # by claim uid
-    # Built at the first query, then kept up to date by set_claim and drop_claim.
-    _by_gpu: dict[str, set[str]] | None = None
-    _by_tenant: dict[TenantKey, set[str]] | None = None
-    _other_boot: str | None = None
-    _other_boot_known: bool = False
-
-    def set_claim(self, uid: str, record: ClaimRecord) -> None:
-        self.drop_claim(uid)
-        self.claims[uid] = record
-        if self._by_gpu is not None and self._by_tenant is not None:
-            _index(self._by_gpu, self._by_tenant, uid, record)
-
-    def other_boot(self, boot_id: str) -> str | None:
-        """A boot id other than ``boot_id`` some claim was written in (cached: writes only
-        ever record ``boot_id``, so only a dropped claim can change the answer)."""
-        if not self._other_boot_known:
-            self._other_boot = next((b for b in self.boot_ids.values() if b != boot_id), None)
-            self._other_boot_known = True
-        return self._other_boot
-
-    def drop_claim(self, uid: str) -> None:
-        if self._other_boot is not None:
-            self._other_boot_known = False
-        record = self.claims.pop(uid, None)
-        if record is None or self._by_gpu is None or self._by_tenant is None:
-            return
-        for gpu in _gpus(record):
-            self._by_gpu[gpu].discard(uid)
-        self._by_tenant[_tenant_key(record)].discard(uid)
-
-    def indexes(self) -> tuple[dict[str, set[str]], dict[TenantKey, set[str]]]:
-        if self._by_gpu is None or self._by_tenant is None:
-            self._by_gpu, self._by_tenant = {}, {}
-            for uid, record in self.claims.items():
-                _index(self._by_gpu, self._by_tenant, uid, record)
-        return self._by_gpu, self._by_tenant
-
-    def add_history(self, records: Iterable[AllocationRecord]) -> None:
-        for record in records:
-            self.history.pop(_key(record), None)  # a retried unprepare appends it again
-            self.history[_key(record)] = record
-            self.history_lines += 1
-
-    def forget_history(self, before: float) -> None:
-        """Keep in memory only the ended records that ended at ``before`` or later."""
-        # Records are kept in the order they ended, so most calls (every load, a prepare's
-        # included) look at the oldest one only; in place, so nothing is copied.
-        oldest = next(iter(self.history.values()), None)
-        if oldest is None or (oldest.unprepared_at or oldest.prepared_at) >= before:
-            return
-        ended = [k for k, r in self.history.items() if (r.unprepared_at or r.prepared_at) < before]
-        for key in ended:
-            del self.history[key]
-
-    def data(self, history_limit: int) -> CheckpointData:
-        history = list(self.history.values())[-history_limit:] if history_limit else []
-        return CheckpointData.model_construct(claims=dict(self.claims), history=history)
 
 
 class Checkpoint:
@@ -226,7 +117,7 @@ class Checkpoint:
         self._known_generation: tuple[int | None] | None = None
         self._spares = spares.SpareFiles(self.directory)
         self._mutex = threading.Lock()
-        self._view: _View | None = None
+        self._view: View | None = None
 
     # reading ----------------------------------------------------------------
 
@@ -340,7 +231,7 @@ class Checkpoint:
             self._known_generation = (after,)
         return before, after
 
-    def _fresh(self, locked: bool) -> tuple[_View, LoadStatus | None]:
+    def _fresh(self, locked: bool) -> tuple[View, LoadStatus | None]:
         generation = self._read_generation()
         view = self._view
         if view is not None and generation is not None and generation == view.generation:
@@ -350,8 +241,8 @@ class Checkpoint:
             self._view = view  # only a read under the lock is a consistent one to keep
         return view, problem
 
-    def _read(self, generation: int | None, quarantine: bool) -> tuple[_View, LoadStatus | None]:
-        view = _View(generation, found=self.directory.exists())
+    def _read(self, generation: int | None, quarantine: bool) -> tuple[View, LoadStatus | None]:
+        view = View(generation, found=self.directory.exists())
         problems: list[tuple[Path, str, Path | None]] = []
         changed = False
         for uid, path in files.claim_files(self.directory):
@@ -369,7 +260,7 @@ class Checkpoint:
                 continue
             try:
                 body, boot_id = files.decode_claim(raw)
-                record = _claim_record(body)
+                record = claim_record(body)
                 if record.uid != uid:
                     raise ValueError(f"holds claim {record.uid}, not {uid}")
             except ValueError as e:
@@ -386,7 +277,7 @@ class Checkpoint:
             raw_history = self._history.read_bytes()
         except FileNotFoundError:
             raw_history = b""
-        view.add_history(_history_records(files.decode_history(raw_history)))
+        view.add_history(history_records(files.decode_history(raw_history)))
         view.history_lines = raw_history.count(b"\n")
         changed = self._drop_ended(view, quarantine) or changed
         self._trim(view)
@@ -398,37 +289,17 @@ class Checkpoint:
         """Move a corrupt claim file aside, after writing the hold that keeps its claim's
         devices off limits (the hold first: a process killed between the two finds the
         corrupt file again, and a hold beside a valid file is harmless)."""
-        hold = files.hold_path(self.directory, uid)
         moved = self._aside_name(path)
-        write_atomic(hold, files.encode_hold(self.boot_id, str(moved), reason))
+        holds.write(self.directory, uid, self.boot_id, moved, reason)
         path.replace(moved)
         return moved
 
-    def _read_holds(self, view: _View, locked: bool) -> bool:
-        """Add the hold files to ``view``; under the lock, delete those of another boot (a
-        reboot ended every container and device state the claim had). True if one was."""
-        deleted = False
-        for uid, path in files.hold_files(self.directory):
-            try:
-                boot_id: str | None
-                boot_id, moved_to = files.decode_hold(path.read_bytes())
-            except FileNotFoundError:
-                continue
-            except ValueError as e:  # fails closed: held as this boot's
-                log.warning("checkpoint hold file unreadable path=%s reason=%s", path, e)
-                boot_id, moved_to = None, "(unknown: the hold file is unreadable)"
-            if locked and boot_id is not None and boot_id != self.boot_id:
-                path.unlink(missing_ok=True)
-                deleted = True
-                log.info(
-                    "checkpoint hold of another boot released claim_uid=%s boot_id=%s",
-                    uid, boot_id,
-                )  # fmt: skip
-                continue
-            view.holds[uid] = Hold(uid, path, moved_to, boot_id)
+    def _read_holds(self, view: View, locked: bool) -> bool:
+        """Add the hold files to ``view``; true if one of another boot was deleted."""
+        view.holds, deleted = holds.read(self.directory, self.boot_id, delete_other_boots=locked)
         return deleted
 
-    def _drop_ended(self, view: _View, locked: bool) -> bool:
+    def _drop_ended(self, view: View, locked: bool) -> bool:
         """Forget the claim files whose ended record is in the history; true if one was deleted.
 
         Unprepare appends the ended record (durably) after undoing everything, then deletes
@@ -441,7 +312,7 @@ class Checkpoint:
             for uid, claim in view.claims.items()
             if uid not in view.started
             and claim.allocation is not None
-            and _key(claim.allocation) in view.history
+            and history_key(claim.allocation) in view.history
         ]
         for uid in ended:
             del view.claims[uid]
@@ -451,7 +322,7 @@ class Checkpoint:
                 log.info("checkpoint claim file of an unprepared claim removed claim_uid=%s", uid)
         return bool(ended) and locked
 
-    def _read_started(self, view: _View, locked: bool) -> None:
+    def _read_started(self, view: View, locked: bool) -> None:
         """Add the journal's ``PrepareStarted`` claims; a claim file wins over a journal line."""
         try:
             raw = self._started.read_bytes()
@@ -459,7 +330,7 @@ class Checkpoint:
             return
         for body, boot_id in files.decode_started(raw):
             try:
-                record = _claim_record(body)
+                record = claim_record(body)
             except ValueError as e:
                 log.warning("checkpoint started line skipped reason=%s", e)
                 continue
@@ -473,7 +344,7 @@ class Checkpoint:
         if raw.strip() and not view.started and locked:
             files.empty_file(self._started)
 
-    def _status(self, view: _View) -> LoadStatus:
+    def _status(self, view: View) -> LoadStatus:
         other = view.other_boot(self.boot_id)
         if other is not None:
             return LoadStatus(
@@ -596,13 +467,13 @@ class Checkpoint:
                 for uid, path in list(files.claim_files(self.directory)):
                     if uid not in state.claims:
                         path.unlink(missing_ok=True)
-                history = self._rewrite_history(_current_keys(state.claims), state.history)
+                history = self._rewrite_history(current_keys(state.claims), state.history)
                 files.fsync_directory(self.directory)
                 files.empty_file(self._started)  # its claims now have their files
             except BaseException:
                 self._view = None
                 raise
-            fresh = _View(after, found=True)
+            fresh = View(after, found=True)
             fresh.holds = dict(self._view.holds) if self._view is not None else {}
             fresh.claims = {uid: r.model_copy() for uid, r in state.claims.items()}
             fresh.boot_ids = dict.fromkeys(state.claims, self.boot_id)
@@ -618,7 +489,7 @@ class Checkpoint:
         spares.sweep(self.directory)
         self._spares.forget()
 
-    def _begin_change(self) -> tuple[_View, int | None, int]:
+    def _begin_change(self) -> tuple[View, int | None, int]:
         """Bring the view up to date, then bump the generation before touching a file."""
         view, _ = self._fresh(locked=True)
         try:
@@ -628,14 +499,14 @@ class Checkpoint:
             before, after = self._bump_generation()
         return view, before, after
 
-    def _end_change(self, view: _View, before: int | None, after: int) -> None:
+    def _end_change(self, view: View, before: int | None, after: int) -> None:
         if self._view is view and before is not None and before == view.generation:
             view.generation = after
             view.found = True
         else:
             self._view = None  # read again at the next load
 
-    def _clear_started(self, view: _View, uid: str) -> None:
+    def _clear_started(self, view: View, uid: str) -> None:
         """Take ``uid`` out of the started journal: emptied when it was the last one."""
         view.started.discard(uid)
         if not view.started:
@@ -658,15 +529,15 @@ class Checkpoint:
             self._history, payload, fault_point="checkpoint:before-replace", faults=self._faults
         )
 
-    def _compact(self, view: _View) -> None:
+    def _compact(self, view: View) -> None:
         """Rewrite the history file with its last ``history_limit`` records, none of a claim
         that is still prepared."""
         # The records dropped here are what marks their claims ended: their files' deletions
         # (not fsynced one by one) are made durable first.
         files.fsync_directory(self.directory)
-        kept = self._rewrite_history(_current_keys(view.claims))
+        kept = self._rewrite_history(current_keys(view.claims))
         if self.history_memory_s is None:
-            view.history = {_key(r): r for r in kept}
+            view.history = {history_key(r): r for r in kept}
         view.history_lines = len(kept)
 
     def _rewrite_history(
@@ -675,18 +546,18 @@ class Checkpoint:
         """Rewrite the history file with its own records (memory may keep only the recent
         ones) and ``added`` ones it lacks, each once, the last ``history_limit`` of them,
         none whose key is in ``current``; the records kept."""
-        on_file = _View(None, found=True)
+        on_file = View(None, found=True)
         try:
             raw = self._history.read_bytes()
         except FileNotFoundError:
             raw = b""
-        on_file.add_history(_history_records(files.decode_history(raw)))
-        on_file.add_history([r for r in added if _key(r) not in on_file.history])
+        on_file.add_history(history_records(files.decode_history(raw)))
+        on_file.add_history([r for r in added if history_key(r) not in on_file.history])
         kept = [r for k, r in on_file.history.items() if k not in current][-self.history_limit :]
         self._write_history(kept)
         return kept
 
-    def _trim(self, view: _View) -> None:
+    def _trim(self, view: View) -> None:
         if self.history_memory_s is not None:
             view.forget_history(self._clock() - self.history_memory_s)
 
@@ -709,7 +580,7 @@ class Checkpoint:
     def _convert_legacy(self) -> LoadStatus | None:
         """Convert ``checkpoint.json`` into claim files; a corrupt one is moved aside."""
         try:
-            state, boot_id = _parse_legacy(self.path.read_bytes())
+            state, boot_id = parse_legacy(self.path.read_bytes())
         except ValueError as e:
             moved = self._move_aside(self.path)
             remove_stale_temporaries(self.path.parent, self.path.name)
@@ -732,7 +603,7 @@ class Checkpoint:
             body = record.model_dump(mode="json", by_alias=True)
             # The old file's boot id is kept: a reboot before the upgrade still re-validates.
             write_atomic(files.claim_path(self.directory, uid), files.encode_claim(body, boot_id))
-        merged = _View(None, found=True)
+        merged = View(None, found=True)
         merged.add_history(state.history)
         merged.add_history(view.history.values())
         self._write_history(list(merged.history.values())[-self.history_limit :])
@@ -756,7 +627,7 @@ class Checkpoint:
     def _merge_legacy(self, data: CheckpointData, status: LoadStatus) -> LoadStatus:
         """An unlocked load before the conversion: the old file's claims, read only."""
         try:
-            legacy, boot_id = _parse_legacy(self.path.read_bytes())
+            legacy, boot_id = parse_legacy(self.path.read_bytes())
         except FileNotFoundError:
             return status
         except ValueError as e:
@@ -772,68 +643,6 @@ class Checkpoint:
                 previous_boot_id=boot_id,
             )
         return LoadStatus("ok") if status.kind == "new" else status
-
-
-def _parse_legacy(raw: bytes) -> tuple[CheckpointData, str]:
-    data, boot_id = files.decode_legacy(raw)
-    try:
-        return CheckpointData.model_validate(data, extra="ignore"), boot_id
-    except ValidationError as e:
-        raise ValueError(_problems(e, "data", data)) from e
-
-
-def _claim_record(body: dict[str, Any]) -> ClaimRecord:
-    """The record of a claim file or journal line; ValueError naming each bad field.
-
-    Fields this version does not know (a newer plugin's) are ignored at every level: the
-    plan's models reject them elsewhere (they hold a claim's opaque config, where an unknown
-    field is a user's typo), but in the checkpoint one would make the file look corrupt and
-    its claim be forgotten. A value this version does not know (a step kind) still fails.
-    """
-    try:
-        return ClaimRecord.model_validate(body, extra="ignore")
-    except ValidationError as e:
-        raise ValueError(_problems(e, "claim", body)) from e
-
-
-def _problems(err: ValidationError, root: str, document: object) -> str:
-    """``err``'s problems as ``<field path>: <message>``, the path from ``root`` as the file
-    spells it (``claim.plan.steps.0.gpu_uuid``)."""
-    problems = err.errors(include_url=False)
-    parts = [f"{_path(root, p['loc'], document)}: {p['msg']}" for p in problems[:MAX_PROBLEMS]]
-    if len(problems) > MAX_PROBLEMS:
-        parts.append(f"and {len(problems) - MAX_PROBLEMS} more")
-    return "; ".join(parts)
-
-
-def _path(root: str, loc: tuple[int | str, ...], document: object) -> str:
-    """``loc`` followed through ``document``, without the member tags pydantic puts in the
-    location of a union's error (``steps.0.attach-gpu.gpu_uuid``): they name no field."""
-    parts, node = [root], document
-    for n, part in enumerate(loc):
-        last = n == len(loc) - 1
-        if isinstance(node, Mapping) and part not in node and not last:
-            continue  # a tag: the next part is a key of this same object
-        parts.append(str(part))
-        if isinstance(node, Mapping):
-            node = node.get(part)
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            node = node[part]
-        else:
-            node = None
-    return ".".join(parts)
-
-
-def _current_keys(claims: Mapping[str, ClaimRecord]) -> set[HistoryKey]:
-    return {_key(c.allocation) for c in claims.values() if c.allocation is not None}
-
-
-def _history_records(bodies: Iterable[dict[str, object]]) -> Iterable[AllocationRecord]:
-    for body in bodies:
-        try:
-            yield AllocationRecord.model_validate(body)
-        except ValidationError:
-            continue
 
 
 def read_allocations(path: Path) -> list[AllocationRecord]:

@@ -71,7 +71,7 @@ class Reconciler(Protocol):
     plans of the claims still prepared: the handler adopts what they use and removes
     what nothing uses. It returns one line per thing it changed, for the report.
     ``held``: the UIDs of claims whose checkpoint file was corrupt
-    (:class:`driver.checkpoint.store.Hold`): what they use is unknown, so what may be
+    (:class:`driver.checkpoint.holds.Hold`): what they use is unknown, so what may be
     theirs is kept. :meth:`DeviceState.unprepare` calls it again when such a claim ends.
     """
 

@@ -27,7 +27,7 @@ bypassed (a class an administrator wrote, an allocation written by hand).
 A recorded claim without tenancy (written by an older plugin) or with a level this
 version does not know fails closed: it counts as a ``dedicated`` tenant of its own
 that shares with nobody. A claim whose checkpoint file was corrupt (a
-:class:`~driver.checkpoint.store.Hold`) is known by its UID alone: no other claim is
+:class:`~driver.checkpoint.holds.Hold`) is known by its UID alone: no other claim is
 prepared on the node until it is released (:func:`check_holds`).
 """
 
