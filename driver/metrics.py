@@ -305,6 +305,12 @@ class Metrics:
         self._prepared = Gauge(
             "tranche_prepared_claims", "Claims prepared on this node now.", registry=registry
         )
+        self._held = Gauge(
+            "tranche_checkpoint_held_claims",
+            "Claims whose checkpoint file was corrupt: until the kubelet unprepares them, no "
+            "other claim is prepared on this node.",
+            registry=registry,
+        )
         self._published = Gauge(
             "tranche_published_devices",
             "Devices in this node's ResourceSlices now.",
@@ -353,6 +359,10 @@ class Metrics:
     def prepared_claims_from(self, count: Callable[[], int]) -> None:
         """Read the prepared claims' count from ``count`` at each scrape (not at each call)."""
         self._prepared.set_function(count)
+
+    def held_claims_from(self, count: Callable[[], int]) -> None:
+        """Read the held claims' count (``driver.checkpoint.holds``) at each scrape."""
+        self._held.set_function(count)
 
     def watch_current_from(self, watch: str, current: Callable[[], bool]) -> None:
         """Read whether ``watch`` is current from ``current`` at each scrape; a later call for

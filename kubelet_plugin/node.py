@@ -423,6 +423,7 @@ class NodePlugin:
         for uid, problem in self.recovery.failed.items():
             self._node_event("Warning", "ClaimRecoveryFailed", f"claim {uid}: {problem}")
         self.metrics.prepared_claims_from(self.prepared_count)
+        self.metrics.held_claims_from(lambda: len(self.checkpoint.holds()))
         self.sharing.start()
         if self.device_plugins is not None:
             self.device_plugins.start()  # a device plugin deployed later stops new prepares

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ from tests.e2e.real_nodes import (
     sweep_stale_runs,
 )
 from tests.e2e.sim_nodes import DEVICE_CLASSES, EXAMPLES, REPO, kubectl, sim_gpu_uuids
+from tests.ports import free_port
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -117,6 +119,19 @@ class TrancheNode:
     cluster: Cluster
     gpus: list[str]  # simulated GPU UUIDs by index
     nodes: RealNodes  # to stop and start the node's kubelet or containerd
+    metrics_port: int
+
+    def scrape(self) -> dict[str, float]:
+        """The plugin's metrics, ``name{labels}`` to value."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        return {
+            name: float(value)
+            for line in text.splitlines()
+            if line and not line.startswith("#")
+            for name, value in [line.rsplit(" ", 1)]
+        }
 
     @property
     def name(self) -> str:
@@ -354,9 +369,11 @@ def tn(
     gpus = sim_gpu_uuids("mixed", real_node.name)
     root = Path(tempfile.mkdtemp(prefix="rnp", dir="/tmp"))
     api = cluster.api_client()
-    plugin = start_plugin(real_node, cluster, root, plugin_args(gpus, k8s_version))
+    port = free_port()
+    args = (*plugin_args(gpus, k8s_version), "--metrics-address", f"127.0.0.1:{port}")
+    plugin = start_plugin(real_node, cluster, root, args)
     nodes = RealNodes(Path(cluster.state_dir), node_bin_dir)
-    node = TrancheNode(real_node, plugin, api, cluster, gpus, nodes)
+    node = TrancheNode(real_node, plugin, api, cluster, gpus, nodes, port)
     try:
         wait_for("the plugin's ResourceSlices", node.slices, timeout_s=120)
         node.wait_registered()
@@ -775,6 +792,7 @@ def test_a_claim_whose_checkpoint_file_was_corrupt_holds_the_node_until_its_pod_
     tn.wait_registered(more_than=registered)
     hold = checkpoint_dir / f"{uid}.hold"
     assert hold.exists()
+    assert tn.scrape()["tranche_checkpoint_held_claims"] == 1
 
     second = _one_gpu(tn, namespace, "second")
     assert allocated_results(second) != allocated_results(first)
@@ -785,9 +803,12 @@ def test_a_claim_whose_checkpoint_file_was_corrupt_holds_the_node_until_its_pod_
     )
     assert "so which GPUs and which tenant are unknown" in refusal[0]
     assert tn.pod(namespace, "second")["status"].get("phase") == "Pending"
+    refusals = [v for k, v in tn.scrape().items() if 'reason="UnknownHolder"' in k]
+    assert refusals and refusals[0] >= 1
 
     tn.delete_and_unprepared(namespace, ["first"], [uid])
     wait_for("the hold released by the kubelet's unprepare", lambda: not hold.exists())
+    assert tn.scrape()["tranche_checkpoint_held_claims"] == 0
     tn.running(namespace, "second", timeout_s=180)  # the kubelet's retry
     _assert_sees_claim(tn, namespace, "second", second)
     tn.delete_and_unprepared(namespace, ["second"], [second["metadata"]["uid"]])

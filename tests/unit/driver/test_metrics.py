@@ -215,6 +215,15 @@ def test_the_prepared_claims_gauge_is_counted_at_each_scrape() -> None:
     assert samples(registry)[("tranche_prepared_claims", ())] == 5000
 
 
+def test_the_held_claims_are_counted_at_each_scrape() -> None:
+    registry = CollectorRegistry()
+    held = [0]
+    Metrics(registry).held_claims_from(lambda: held[0])
+    assert samples(registry)[("tranche_checkpoint_held_claims", ())] == 0
+    held[0] = 2
+    assert samples(registry)[("tranche_checkpoint_held_claims", ())] == 2
+
+
 def test_each_watch_says_at_each_scrape_whether_it_is_current() -> None:
     """A watch refused by RBAC (or failing) reads 0 until it lists again, so an alert can
     catch a plugin that cannot see namespaces before its prepares fail closed."""
