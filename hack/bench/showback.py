@@ -30,6 +30,7 @@ from hack.bench.machine import REPO
 from hack.bench.results import Row, ScenarioResult, median
 from hack.bench.showback_fleet import Fleet, build, exact_increase, write_file
 from hack.cache_dir import cache_root
+from hack.devcluster.processes import free_port
 
 NAME = "showback"
 TITLE = "Showback: `tranche report --prometheus --since 30d`, 500 nodes, 2,000 claims (issue 18)"
@@ -100,7 +101,7 @@ def _prepare(bins: Path) -> tuple[Path, Fleet, dict[str, Any]]:
 
 
 def _start(bins: Path, data: Path, root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     config = root / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 15m\n")
     log = (root / "prometheus.log").open("ab")
@@ -130,14 +131,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def _free_port() -> int:
-    import socket  # noqa: PLC0415 (only here)
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cpu_s(pid: int) -> float:

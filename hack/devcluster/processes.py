@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -63,12 +64,33 @@ def port_free(port: int) -> bool:
     return True
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Above the well-known ports and the Kubernetes components' defaults (10250-10259).
+LOWEST_PORT = 20000
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A port the kernel reports free on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
+    """A port on 127.0.0.1 that nothing listens on now, below the kernel's range for outgoing
+    connections.
+
+    A port found by binding to port 0 comes from that range, so between the probe closing it
+    and the server binding it, any outgoing connection of the machine (the API server's, a
+    kubelet's, a test's) may take it as its own source port, and the server then fails to
+    start with EADDRINUSE. A port below the range is never handed out that way.
+    """
+    top = max(_ephemeral_start(), LOWEST_PORT + 1000)
+    for _ in range(200):
+        port = random.randrange(LOWEST_PORT, top)
+        if port_free(port):
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 in {LOWEST_PORT}-{top - 1} after 200 tries")
 
 
 def _die_with_parent() -> None:
