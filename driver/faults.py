@@ -36,6 +36,7 @@ POINTS = (
     "unprepare:after-undo-step",
     "unprepare:after-cdi-removed",
     "unprepare:after-removed",
+    "unprepare:after-hold-released",
     "checkpoint:before-replace",
     "checkpoint:before-remove",
     "checkpoint:before-started-cleared",

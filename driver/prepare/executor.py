@@ -547,6 +547,7 @@ class DeviceState:
                 record = state.claims.get(ref.uid)
                 if record is None:
                     if self.checkpoint.release_hold(ref.uid):  # its checkpoint was corrupt
+                        self._faults.reached("unprepare:after-hold-released")
                         self._reconcile(state)  # what only it used goes now
                     return UnprepareResult()
                 mode = plan_mode(record.plan)
@@ -559,6 +560,7 @@ class DeviceState:
                 self.checkpoint.remove(ref.uid, ended)
                 self._faults.reached("unprepare:after-removed")
                 if self.checkpoint.release_hold(ref.uid):  # prepared again after a corrupt file
+                    self._faults.reached("unprepare:after-hold-released")
                     del state.claims[ref.uid]
                     self._reconcile(state)
         except (TrancheError, OSError) as e:

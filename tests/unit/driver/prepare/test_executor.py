@@ -463,7 +463,10 @@ def test_a_time_sliced_prepare_still_records_that_it_started(node: Path) -> None
     assert cdi_files(node) == []
 
 
-UNPREPARE_POINTS = [p for p in POINTS if p.startswith("unprepare:")] + ["checkpoint:before-remove"]
+# A hold is released only for a claim whose checkpoint file was corrupt (test_mig.py).
+UNPREPARE_POINTS = [
+    p for p in POINTS if p.startswith("unprepare:") and p != "unprepare:after-hold-released"
+] + ["checkpoint:before-remove"]
 
 
 @pytest.mark.parametrize("fault", UNPREPARE_POINTS)

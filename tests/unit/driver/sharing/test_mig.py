@@ -246,6 +246,27 @@ def test_a_claim_whose_checkpoint_file_was_corrupt_keeps_its_mig_device_until_un
     assert {e["claim_uid"] for e in journal(node).values()} == {"m2"}
 
 
+@pytest.mark.parametrize("fault", ["unprepare:after-lock", "unprepare:after-hold-released"])
+def test_a_held_claims_unprepare_killed_leaves_no_mig_device(node: Path, fault: str) -> None:
+    """Killed before the hold is deleted: the kubelet's retry releases it and sweeps. Killed
+    after: the restarted plugin's recovery sweeps, since nothing holds the instance any more."""
+    mig = slot(node, index=2)
+    state, _, nvml = sharing_state(node)
+    obj = new_claim(node, "m1", mig.name)
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    (node / "checkpoint.d" / "m1.json").write_text("damaged")
+    sharing_state(node)[0].recover()
+    assert len(nvml.gpu(mig.parent.uuid).mig_instances) == 1
+
+    assert run_child(node, "unprepare", "m1", fault).returncode == 137
+    restarted = sharing_state(node)[0]
+    restarted.recover()
+    assert restarted.unprepare(ref_of(obj)).error == ""  # the kubelet's retry
+    assert nvml.gpu(mig.parent.uuid).mig_instances == ()
+    assert journal(node) == {}
+    assert not (node / "checkpoint.d" / "m1.hold").exists()
+
+
 def run_child(node: Path, op: str, uid: str, fault: str = "") -> subprocess.CompletedProcess[str]:
     env = os.environ | {"TRANCHE_FAULT_POINT": fault}
     return subprocess.run(
