@@ -20,6 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from driver.checkpoint import holds
 from driver.checkpoint.records import ClaimRecord
 from driver.checkpoint.store import Checkpoint, CheckpointData
 from driver.devices.bridge import check_no_device_plugin
@@ -193,6 +194,7 @@ class NodePlugin:
             shares=self.sharing.shares,
             faults=faults,
             dedicated_to=settings.dedicated_to,
+            on_holds_changed=self.republish,
         )
         self.health = HealthMonitor(
             settings.health_policy,
@@ -289,6 +291,10 @@ class NodePlugin:
             devices.update({str(share["name"]): uuid for share in shares})
         self.health.set_devices(devices)
         taints = {k: v for k, v in self.health.taints_by_device(devices).items() if v}
+        held = holds.taint(self.checkpoint.holds())
+        if held is not None:  # no new claim here while a corrupt claim file's devices are unknown
+            for name in devices:
+                taints[name] = [*taints.get(name, []), dict(held)]
         if features is not None and not features.device_taints:
             taints = {}  # the server would drop them (logged at discovery)
         slices = build_slices(

@@ -9,13 +9,19 @@ administrator; its layout is in :mod:`driver.checkpoint.files`.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from driver.checkpoint import files
 from driver.files import write_atomic
 
 log = logging.getLogger(__name__)
+
+TAINT_KEY = "gpu.tranche.dev/checkpoint-held"
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class Hold:
     path: Path  # the hold file: ``checkpoint.d/<uid>.hold``
     moved_to: str  # where the corrupt claim file went
     boot_id: str | None  # None when the hold file itself cannot be read: this boot's, then
+    since: float = 0.0  # when the hold file was written (its mtime)
 
 
 def write(directory: Path, uid: str, boot_id: str, moved_to: Path, reason: str) -> None:
@@ -49,6 +56,7 @@ def read(
     for uid, path in files.hold_files(directory):
         try:
             written_in: str | None
+            since = path.stat().st_mtime
             written_in, moved_to = files.decode_hold(path.read_bytes())
         except FileNotFoundError:
             continue
@@ -63,5 +71,24 @@ def read(
                 uid, written_in,
             )  # fmt: skip
             continue
-        found[uid] = Hold(uid, path, moved_to, written_in)
+        found[uid] = Hold(uid, path, moved_to, written_in, since)
     return found, deleted
+
+
+def taint(held: Sequence[Hold]) -> dict[str, str] | None:
+    """The ``DeviceTaint`` every device of the node carries while ``held`` is not empty:
+    ``NoSchedule``, so the scheduler places new claims elsewhere instead of on a node whose
+    prepares refuse them. Its value is the oldest hold's claim UID, its time that hold's."""
+    if not held:
+        return None
+    oldest = min(held, key=lambda h: (h.since, h.uid))
+    since = datetime.fromtimestamp(int(oldest.since), tz=UTC)
+    out = {
+        "key": TAINT_KEY,
+        "value": oldest.uid,
+        "effect": "NoSchedule",
+        "timeAdded": since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if not _LABEL_VALUE.fullmatch(oldest.uid):  # a UID not from Kubernetes: no value
+        del out["value"]
+    return out

@@ -119,7 +119,11 @@ class DeviceState:
         lock_timeout_s: float = LOCK_TIMEOUT_S,
         shares: Mapping[str, ShareTarget] | None = None,
         dedicated_to: str | None = None,
+        on_holds_changed: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_holds_changed``: called (under the node lock: it must be quick) when a load
+        moved a corrupt claim file aside or an unprepare released a hold
+        (``driver.checkpoint.holds``), for the node's slices to follow."""
         self.inventory = inventory
         self.cdi = cdi
         self.checkpoint = checkpoint
@@ -138,6 +142,7 @@ class DeviceState:
         self._thread_lock = threading.Lock()
         self.shares: Mapping[str, ShareTarget] = dict(shares or {})
         self.dedicated_to = dedicated_to  # the tenant this node is dedicated to (trust)
+        self._on_holds_changed = on_holds_changed
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -214,6 +219,7 @@ class DeviceState:
         state, status = self.checkpoint.load(locked=True)
         if status.kind == "corrupt":
             log.error("checkpoint problem kind=%s message=%s", status.kind, status.message)
+            self._on_holds_changed()
         return state
 
     # pods joining a PodGroup claim ---------------------------------------------
@@ -549,6 +555,7 @@ class DeviceState:
                     if self.checkpoint.release_hold(ref.uid):  # its checkpoint was corrupt
                         self._faults.reached("unprepare:after-hold-released")
                         self._reconcile(state)  # what only it used goes now
+                        self._on_holds_changed()
                     return UnprepareResult()
                 mode = plan_mode(record.plan)
                 self._undo(state, record)
@@ -563,6 +570,7 @@ class DeviceState:
                     self._faults.reached("unprepare:after-hold-released")
                     del state.claims[ref.uid]
                     self._reconcile(state)
+                    self._on_holds_changed()
         except (TrancheError, OSError) as e:
             return UnprepareResult(
                 error=f"claim {ref.namespace}/{ref.name}: {e}", reason=error_reason(e)

@@ -38,6 +38,7 @@ import yaml
 from kubernetes import client
 
 from controller.devices.taint import taint_command, untaint_command
+from driver.checkpoint.holds import TAINT_KEY as HELD_TAINT
 from driver.checkpoint.records import ClaimRecord
 from driver.checkpoint.store import Checkpoint
 from driver.cli import build_parser
@@ -774,13 +775,24 @@ def test_plugin_killed_mid_prepare_and_the_kubelets_retry_succeeds(
     tn.delete_and_unprepared(namespace, ["one-gpu"], [uid])
 
 
+def _held_taints(tn: TrancheNode) -> list[Obj]:
+    return [
+        t
+        for s in tn.slices()
+        for d in s["spec"].get("devices") or []
+        for t in d.get("taints") or []
+        if t["key"] == HELD_TAINT
+    ]
+
+
 def test_a_claim_whose_checkpoint_file_was_corrupt_holds_the_node_until_its_pod_ends(
     tn: TrancheNode, namespace: str
 ) -> None:
     """The plugin restarts and finds a running pod's claim file damaged: it cannot tell which
-    GPU that claim holds, so the next pod's claim (another GPU) is refused at prepare with
-    the reason, until the kubelet unprepares the damaged claim; then the kubelet's retry
-    prepares the next pod."""
+    GPU that claim holds. Every device of the node is tainted NoSchedule, so new claims go
+    elsewhere; a claim that tolerates the taint is still refused at prepare, with the reason.
+    When the kubelet unprepares the damaged claim, the taint goes and the kubelet's retry
+    prepares the waiting pod."""
     first = _one_gpu(tn, namespace, "first")
     tn.running(namespace, "first")
     uid = first["metadata"]["uid"]
@@ -794,10 +806,28 @@ def test_a_claim_whose_checkpoint_file_was_corrupt_holds_the_node_until_its_pod_
     assert hold.exists()
     assert tn.scrape()["tranche_checkpoint_held_claims"] == 1
 
-    second = _one_gpu(tn, namespace, "second")
-    assert allocated_results(second) != allocated_results(first)
+    def every_device_tainted() -> list[Obj] | None:
+        slices = tn.slices()
+        devices = sum(len(s["spec"].get("devices") or []) for s in slices)
+        taints = _held_taints(tn)
+        return taints if devices and len(taints) == devices else None
+
+    taints = wait_for("every device tainted while the claim is held", every_device_tainted)
+    assert {(t["value"], t["effect"]) for t in taints} == {(uid, "NoSchedule")}
+
+    docs = example("one-gpu.yaml")
+    for d in docs:
+        if d["kind"] == "Pod":
+            d["metadata"]["name"] = "second"
+        else:
+            d["metadata"]["name"] = "tolerating"
+            d["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
+                {"key": HELD_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+            ]
+    docs[1]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = "tolerating"
+    apply_real(tn.cluster, namespace, docs, tn.name)
     refusal = wait_for(
-        "the second pod's prepare refused for the held claim",
+        "the tolerating pod's prepare refused for the held claim",
         lambda: [e for e in _events(tn, namespace, "second") if f"claim {uid} may" in e],
         timeout_s=120,
     )
@@ -809,7 +839,9 @@ def test_a_claim_whose_checkpoint_file_was_corrupt_holds_the_node_until_its_pod_
     tn.delete_and_unprepared(namespace, ["first"], [uid])
     wait_for("the hold released by the kubelet's unprepare", lambda: not hold.exists())
     assert tn.scrape()["tranche_checkpoint_held_claims"] == 0
+    wait_for("the taint lifted", lambda: not _held_taints(tn))
     tn.running(namespace, "second", timeout_s=180)  # the kubelet's retry
+    second = tn.pod_claim(namespace, "second", "gpu")
     _assert_sees_claim(tn, namespace, "second", second)
     tn.delete_and_unprepared(namespace, ["second"], [second["metadata"]["uid"]])
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from driver.api import ClaimRef
@@ -26,7 +27,11 @@ BOOT_ID = "boot-1"
 
 
 def device_state(
-    workdir: Path, faults: FaultPoints, boot_id: str = BOOT_ID, checkpoint: Checkpoint | None = None
+    workdir: Path,
+    faults: FaultPoints,
+    boot_id: str = BOOT_ID,
+    checkpoint: Checkpoint | None = None,
+    on_holds_changed: Callable[[], None] = lambda: None,
 ) -> DeviceState:
     """``checkpoint``: one of ``WORKDIR/checkpoint.json`` built by the caller (its clock, its
     memory window); by default one with ``boot_id`` and ``faults``."""
@@ -42,6 +47,7 @@ def device_state(
         node_name=NODE,
         faults=faults,
         lock_timeout_s=2.0,
+        on_holds_changed=on_holds_changed,
     )
 
 

@@ -177,7 +177,8 @@ def test_a_corrupt_claim_file_is_moved_aside_and_reported(tmp_path: Path) -> Non
     assert status.moved_to.exists() and not claim_file(tmp_path).exists()
     # Held, until the kubelet unprepares it: the devices it may hold are unknown.
     hold = tmp_path / "checkpoint.d" / "u1.hold"
-    assert other.holds() == [Hold("u1", hold, str(status.moved_to), "boot-1")]
+    since = hold.stat().st_mtime
+    assert other.holds() == [Hold("u1", hold, str(status.moved_to), "boot-1", since)]
     assert cp.holds() == other.holds()  # the first process sees the hold at its next load
     assert other.load(locked=True)[1].kind == "ok"  # reported once
     assert list(cp.load(locked=True)[0].claims) == ["u2"]  # the first process sees it too

@@ -370,7 +370,9 @@ def test_a_claim_whose_checkpoint_file_was_corrupt_keeps_every_other_claim_off_t
 ) -> None:
     """Its GPUs and tenant are unknown, so no claim shares the node with it, not even one of
     the same namespace on another GPU, until the kubelet unprepares it."""
-    ds, names, held, acme = _held_node(tmp_path)
+    _, names, held, acme = _held_node(tmp_path)
+    changed: list[int] = []
+    ds = device_state(tmp_path, NO_FAULTS, on_holds_changed=lambda: changed.append(1))
     hold = tmp_path / "checkpoint.d" / "ua.hold"
     assert hold.exists()
     refused: list[TrustViolation] = []
@@ -390,15 +392,40 @@ def test_a_claim_whose_checkpoint_file_was_corrupt_keeps_every_other_claim_off_t
     admin = claim("uz", [result(names[5], adminAccess=True)], name="c-uz", namespace="team-r")
     assert ds.prepare(admin, ref_of(admin), acme).error == ""
 
-    # The kubelet unprepares the claim (its pod ended): the hold goes, the node takes claims.
+    # The kubelet unprepares the claim (its pod ended): the hold goes, the node takes claims,
+    # and the node is told (its slices lose the hold's taint).
+    assert changed == []
     assert ds.unprepare(ref_of(held)).error == ""
     assert not hold.exists()
+    assert changed == [1]
     assert list((tmp_path / "checkpoint.d").glob("ua.json.corrupt-*"))  # kept for inspection
     new = claim("ub0", [result(names[6])], name="c-ub0", namespace="team-a")
     assert ds.prepare(new, ref_of(new), acme).error == ""
     # A second plugin process sees the release too.
     other = claim("uc", [result(names[7])], name="c-uc", namespace="team-a")
     assert device_state(tmp_path, NO_FAULTS).prepare(other, ref_of(other), acme).error == ""
+
+
+def test_a_corrupt_file_found_by_a_running_plugin_holds_and_tells_the_node(
+    tmp_path: Path,
+) -> None:
+    create_state("dgx-h100", tmp_path / "sim.json")
+    changed: list[int] = []
+    ds = device_state(tmp_path, NO_FAULTS, on_holds_changed=lambda: changed.append(1))
+    names = [g.name for g in ds.inventory.gpus]
+    acme = Tenancy("team-a", "acme", TrustLevel.SHARED, "blue")
+    held = claim("ua", [result(names[0])], name="c-ua", namespace="team-a")
+    assert ds.prepare(held, ref_of(held), acme).error == ""
+    other = device_state(tmp_path, NO_FAULTS)  # a second plugin pod prepares a claim
+    keep = claim("uk", [result(names[1])], name="c-uk", namespace="team-a")
+    assert other.prepare(keep, ref_of(keep), acme).error == ""
+    (tmp_path / "checkpoint.d" / "ua.json").write_bytes(b"damaged")
+    new = claim("ub", [result(names[6])], name="c-ub", namespace="team-a")
+    assert changed == []
+    # This process reads the files again (another changed them), moves the damaged one aside
+    # and holds its claim: the node is told, so that its slices carry the hold's taint.
+    assert "claim ua may still hold GPUs" in ds.prepare(new, ref_of(new), acme).error
+    assert changed == [1]
 
 
 def test_the_held_claim_prepared_again_is_known_and_its_unprepare_releases_the_hold(
