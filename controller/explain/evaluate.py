@@ -42,6 +42,7 @@ from controller.explain.model import (
     Usage,
     compile_selectors,
 )
+from driver.checkpoint.holds import TAINT_KEY as HELD_TAINT
 from driver.quantity import parse_quantity
 from driver.trust.policy import Mechanism, Tenancy, judge_request
 
@@ -418,6 +419,12 @@ def _funnel(request: Request, devices: list[Device], ctx: Context) -> _Funnel:
             f"(key: {key.key}, operator: Exists, effect: {key.effect}) or clear the taint "
             "(tranche untaint) once the device is healthy"
         )
+        if key.key == HELD_TAINT:
+            hint = (
+                "wait, or use another node: its plugin holds a claim whose checkpoint file was "
+                "corrupt and refuses every other claim, tolerated or not, until the kubelet "
+                "unprepares that claim (docs/checkpoint.md)"
+            )
         cur = untainted
         return fail(
             "taint",

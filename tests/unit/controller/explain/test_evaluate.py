@@ -181,6 +181,16 @@ def test_the_taint_hint_names_where_the_toleration_goes(body: dict[str, Any], ho
     assert tainted.hint.startswith(f"add a toleration to {holder} (key: gpu.tranche.dev/xid")
 
 
+def test_a_node_holding_a_corrupt_checkpoints_claim_says_to_wait_not_to_tolerate() -> None:
+    held = {"key": "gpu.tranche.dev/checkpoint-held", "value": "u1", "effect": "NoSchedule"}
+    taints = {name: [held] for name in ("gpu-00000000", "gpu-00000001")}
+    world = cluster(node_slices("held", [h100(0), h100(1)], taints=taints), [])
+    e = explain_one(world, claim("c", request()))
+    (reason,) = [v.reason for v in e.closest if v.node == "held"]
+    assert reason is not None and reason.kind == "taint"
+    assert reason.hint.startswith("wait, or use another node: its plugin holds a claim")
+
+
 def test_nodes_are_grouped_and_closest_come_first() -> None:
     e = explain_one(WORLD, claim("c", request(count=8)))
     text = render_explanation(e)
