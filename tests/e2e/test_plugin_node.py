@@ -26,6 +26,7 @@ from hack.kubeletsim.client import STYLES, ClaimRequest, register
 from hack.simnode import SimNode, SimNodeConfig, SimNodeError
 from tests.e2e.cluster_state import get_json, request_json
 from tests.e2e.conftest import Cluster
+from tests.e2e.plugin_metrics import scrape
 from tests.e2e.sim_nodes import (
     DYNAMIC_MIG_ARGS,
     REPO,
@@ -428,17 +429,6 @@ def test_a_dedicated_node_serves_its_tenant_through_the_dedicated_class_only(
     assert "cannot allocate all claims" in reason
 
 
-def _scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {
-        name: float(value)
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-        for name, value in [line.rsplit(" ", 1)]
-    }
-
-
 def test_metrics_count_prepares_by_mode_and_refusals_by_reason(
     cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
 ) -> None:
@@ -449,9 +439,9 @@ def test_metrics_count_prepares_by_mode_and_refusals_by_reason(
     apply_example(cluster, "mig-slice.yaml", namespace, pn.name)  # isolated: MIG is refused
     wait_for(
         "the MIG claim's refusal counted",
-        lambda: _scrape(port).get('tranche_errors_total{reason="trust"}', 0) >= 1,
+        lambda: scrape(port).get('tranche_errors_total{reason="trust"}', 0) >= 1,
     )
-    metrics = _scrape(port)
+    metrics = scrape(port)
     assert metrics['tranche_prepare_seconds_count{mode="gpu"}'] >= 1
     assert metrics["tranche_prepared_claims"] == 1
     assert 'tranche_prepare_seconds_count{mode="mig"}' not in metrics
@@ -459,7 +449,7 @@ def test_metrics_count_prepares_by_mode_and_refusals_by_reason(
     watches = [f'tranche_watch_current{{watch="{w}"}}' for w in ("namespaces", "node", "pods")]
     wait_for(
         "every watch of the plugin current",
-        lambda: [_scrape(port).get(w) for w in watches] == [1.0, 1.0, 1.0],
+        lambda: [scrape(port).get(w) for w in watches] == [1.0, 1.0, 1.0],
     )
 
 

@@ -28,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, LABEL_TENANT
 from tests.e2e.conftest import Cluster
+from tests.e2e.plugin_metrics import metrics_text
 from tests.e2e.prometheus_server import (
     JOB,
     RULES,
@@ -103,8 +103,7 @@ class Scenario:
 
 def _scrape(port: int) -> dict[tuple[str, Key], float]:
     """The tenant counters of one plugin: (metric, (namespace, tenant)) -> value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = metrics_text(port)
     out: dict[tuple[str, Key], float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

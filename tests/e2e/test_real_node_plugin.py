@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +51,7 @@ from hack.kubeletsim.client import ClaimRequest, PluginConnection, Registration
 from hack.simnode import SimNode, SimNodeConfig
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
+from tests.e2e.plugin_metrics import scrape
 from tests.e2e.real_nodes import (
     add_real_node,
     drain_pods,
@@ -124,15 +124,7 @@ class TrancheNode:
 
     def scrape(self) -> dict[str, float]:
         """The plugin's metrics, ``name{labels}`` to value."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as r:
-            text = r.read().decode()
-        return {
-            name: float(value)
-            for line in text.splitlines()
-            if line and not line.startswith("#")
-            for name, value in [line.rsplit(" ", 1)]
-        }
+        return scrape(self.metrics_port)
 
     @property
     def name(self) -> str:

@@ -15,7 +15,6 @@ import argparse
 import json
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 from controller.report.cli import add_arguments, run
 from tests.e2e.cluster_state import get_json
 from tests.e2e.conftest import Cluster
+from tests.e2e.plugin_metrics import metrics_text
 from tests.e2e.sim_nodes import PluginNode, kubectl
 from tests.ports import free_port
 from tests.waiting import wait_for
@@ -114,11 +114,6 @@ def _sim(pn: PluginNode, action: str, *args: str) -> None:
     assert done.returncode == 0, f"tranche sim {action}: {done.stderr}"
 
 
-def _scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        return str(r.read().decode())
-
-
 def test_recommend_on_plugin_endpoints_lists_too_little_data_by_owner(
     cluster: Cluster,
     namespace: str,
@@ -150,7 +145,7 @@ def test_recommend_on_plugin_endpoints_lists_too_little_data_by_owner(
                 line.startswith(CLAIM_MEASURED)
                 and f'claim="{claim}"' in line
                 and float(line.rsplit(" ", 1)[1]) > 0
-                for line in _scrape(port).splitlines()
+                for line in metrics_text(port).splitlines()
             )
             for _, claim in claims.values()
         ),
