@@ -215,11 +215,19 @@ class DeviceState:
         claims = {uid: state.claims[uid] for uid in uids if uid in state.claims}
         return CheckpointData.model_construct(claims=claims, history=[])
 
+    def _holds_changed(self) -> None:
+        """Tell the caller's callback; its failure (a slice that cannot be built) is logged
+        and never fails the claim's call: the hold itself is already on disk."""
+        try:
+            self._on_holds_changed()
+        except Exception:  # a notification; the next republish carries the change
+            log.exception("holds changed but the callback failed")
+
     def _load(self) -> CheckpointData:
         state, status = self.checkpoint.load(locked=True)
         if status.kind == "corrupt":
             log.error("checkpoint problem kind=%s message=%s", status.kind, status.message)
-            self._on_holds_changed()
+            self._holds_changed()
         return state
 
     # pods joining a PodGroup claim ---------------------------------------------
@@ -555,7 +563,7 @@ class DeviceState:
                     if self.checkpoint.release_hold(ref.uid):  # its checkpoint was corrupt
                         self._faults.reached("unprepare:after-hold-released")
                         self._reconcile(state)  # what only it used goes now
-                        self._on_holds_changed()
+                        self._holds_changed()
                     return UnprepareResult()
                 mode = plan_mode(record.plan)
                 self._undo(state, record)
@@ -570,7 +578,7 @@ class DeviceState:
                     self._faults.reached("unprepare:after-hold-released")
                     del state.claims[ref.uid]
                     self._reconcile(state)
-                    self._on_holds_changed()
+                    self._holds_changed()
         except (TrancheError, OSError) as e:
             return UnprepareResult(
                 error=f"claim {ref.namespace}/{ref.name}: {e}", reason=error_reason(e)

@@ -428,6 +428,17 @@ def test_a_corrupt_file_found_by_a_running_plugin_holds_and_tells_the_node(
     assert changed == [1]
 
 
+def test_a_failing_holds_callback_fails_no_call(tmp_path: Path) -> None:
+    _, _, held, _ = _held_node(tmp_path)
+
+    def fail() -> None:
+        raise ValueError("no slices")
+
+    ds = device_state(tmp_path, NO_FAULTS, on_holds_changed=fail)
+    assert ds.unprepare(ref_of(held)).error == ""
+    assert not (tmp_path / "checkpoint.d" / "ua.hold").exists()
+
+
 def test_the_held_claim_prepared_again_is_known_and_its_unprepare_releases_the_hold(
     tmp_path: Path,
 ) -> None:
