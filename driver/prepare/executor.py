@@ -146,19 +146,35 @@ class DeviceState:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """The node-wide lock: a thread lock, then ``flock`` on the lock file."""
+        """The node-wide lock: a thread lock, then ``flock`` on the lock file, then on its
+        directory. The file is what plugins before 2026-12-05 lock, so a rolling update from
+        one stays exclusive; the directory keeps the lock whole when the file is deleted while
+        held (a process opening the path then makes and locks a new file)."""
         deadline = time.monotonic() + self._lock_timeout_s
         if not self._thread_lock.acquire(timeout=self._lock_timeout_s):
             raise RetryableError(f"lock {self.lock_path}: busy for {self._lock_timeout_s}s")
         try:
             fd = self._lock_file(deadline)
             try:
-                with self.checkpoint.exclusive():
-                    yield
+                directory = self._lock_directory(deadline)
+                try:
+                    with self.checkpoint.exclusive():
+                        yield
+                finally:
+                    os.close(directory)
             finally:
                 os.close(fd)
         finally:
             self._thread_lock.release()
+
+    def _lock_directory(self, deadline: float) -> int:
+        fd = os.open(self.lock_path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self._flock(fd, deadline, self.lock_path.parent)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def _open_lock_file(self) -> int:
         try:
@@ -174,7 +190,7 @@ class DeviceState:
         while True:
             fd = self._open_lock_file()
             try:
-                self._flock(fd, deadline)
+                self._flock(fd, deadline, self.lock_path)
                 if _names(self.lock_path, fd):
                     return fd
             except BaseException:
@@ -189,7 +205,7 @@ class DeviceState:
                     f"lock {self.lock_path}: replaced while waiting for {self._lock_timeout_s}s"
                 )
 
-    def _flock(self, fd: int, deadline: float) -> None:
+    def _flock(self, fd: int, deadline: float, path: Path) -> None:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -197,8 +213,7 @@ class DeviceState:
             except BlockingIOError as e:
                 if time.monotonic() > deadline:
                     raise RetryableError(
-                        f"lock {self.lock_path}: held by another process for "
-                        f"{self._lock_timeout_s}s"
+                        f"lock {path}: held by another process for {self._lock_timeout_s}s"
                     ) from e
                 time.sleep(0.05)
 

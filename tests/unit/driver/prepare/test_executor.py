@@ -24,6 +24,7 @@ import pytest
 from driver.api import ClaimRef
 from driver.checkpoint import files
 from driver.checkpoint.store import Checkpoint, read_allocations
+from driver.errors import RetryableError
 from driver.faults import NO_FAULTS, POINTS
 from driver.nvml.sim import SimControl, SimStore, create_state, open_simulated
 from driver.nvml.types import DeviceProbe
@@ -349,13 +350,13 @@ def _until(done: Callable[[], bool], timeout_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_lock_file_deleted_while_waiting_for_it_is_not_locked(node: Path) -> None:
-    """A plugin pod waiting for the node lock has the lock file open. If the file is deleted
-    meanwhile (the plugin directory cleaned up), a third pod makes a new one and locks it;
-    when the first holder lets go, the waiter must not take the deleted file's lock and
-    prepare beside the third: it waits for the file the path names now."""
+def test_a_lock_file_deleted_while_held_or_waited_for_still_excludes(node: Path) -> None:
+    """The plugin directory cleaned up while one plugin pod holds the node lock and another
+    waits for it (with the file open). A third pod then makes a new lock file and locks it,
+    but the lock of the directory keeps it out while the first holds on; the waiter, whose
+    open file is the deleted one, waits for the file the path names now. One at a time."""
     first, waiter, third = (device_state(node, NO_FAULTS) for _ in range(3))
-    waiter._lock_timeout_s = 30.0  # a loaded machine: it waits for both holders in turn
+    waiter._lock_timeout_s = 30.0  # a loaded machine: it waits for the holder
     inside: list[str] = []
 
     def wait_for_the_lock() -> None:
@@ -368,13 +369,16 @@ def test_a_lock_file_deleted_while_waiting_for_it_is_not_locked(node: Path) -> N
     thread.start()
     _until(lambda: len(_opened(first.lock_path)) == 2)  # the waiter has it open too
     first.lock_path.unlink()
-    with third._locked():
-        holding.__exit__(None, None, None)
-        _until(lambda: bool(inside) or _opened(first.lock_path) == [str(first.lock_path)] * 2)
-        time.sleep(0.1)
-        assert inside == []
-    thread.join()
+    held = f"lock {node}: held by another process"
+    with pytest.raises(RetryableError, match=held), third._locked():
+        inside.append("third")  # beside the first: never
+    assert inside == []
+    holding.__exit__(None, None, None)
+    thread.join(30)
     assert inside == ["waiter"]
+    with third._locked():
+        inside.append("third")
+    assert inside == ["waiter", "third"]
 
 
 def run_child(node: Path, op: str, uid: str, fault: str) -> int:
