@@ -20,10 +20,7 @@ has no handler fails that claim with a clear message.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
-import os
-import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +42,6 @@ from driver.devices.inventory import Inventory
 from driver.errors import (
     ClaimError,
     DeviceNotFound,
-    RetryableError,
     TrancheError,
     TrustViolation,
     error_reason,
@@ -60,6 +56,7 @@ from driver.prepare.cdi import (
     device_name,
 )
 from driver.prepare.claims import ClaimAllocation, PodRef, parse_claim
+from driver.prepare.node_lock import NodeLock
 from driver.prepare.plan import (
     Plan,
     ShareTarget,
@@ -127,7 +124,7 @@ class DeviceState:
         self.inventory = inventory
         self.cdi = cdi
         self.checkpoint = checkpoint
-        self.lock_path = lock_path
+        self.node_lock = NodeLock(lock_path, lock_timeout_s)
         self.driver_name = driver_name
         self.node_name = node_name
         self.handlers: dict[str, StepHandler] = {
@@ -138,84 +135,24 @@ class DeviceState:
         self._guards = tuple(guards)
         self._faults = faults
         self._clock = clock
-        self._lock_timeout_s = lock_timeout_s
-        self._thread_lock = threading.Lock()
         self.shares: Mapping[str, ShareTarget] = dict(shares or {})
         self.dedicated_to = dedicated_to  # the tenant this node is dedicated to (trust)
         self._on_holds_changed = on_holds_changed
 
+    @property
+    def lock_path(self) -> Path:
+        return self.node_lock.path
+
+    @lock_path.setter
+    def lock_path(self, path: Path) -> None:
+        self.node_lock.path = path
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """The node-wide lock: a thread lock, then ``flock`` on the lock file, then on its
-        directory. The file is what plugins before 2026-12-05 lock, so a rolling update from
-        one stays exclusive; the directory keeps the lock whole when the file is deleted while
-        held (a process opening the path then makes and locks a new file)."""
-        deadline = time.monotonic() + self._lock_timeout_s
-        if not self._thread_lock.acquire(timeout=self._lock_timeout_s):
-            raise RetryableError(f"lock {self.lock_path}: busy for {self._lock_timeout_s}s")
-        try:
-            fd = self._lock_file(deadline)
-            try:
-                directory = self._lock_directory(deadline)
-                try:
-                    with self.checkpoint.exclusive():
-                        yield
-                finally:
-                    os.close(directory)
-            finally:
-                os.close(fd)
-        finally:
-            self._thread_lock.release()
-
-    def _lock_directory(self, deadline: float) -> int:
-        fd = os.open(self.lock_path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            self._flock(fd, deadline, self.lock_path.parent)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _open_lock_file(self) -> int:
-        try:
-            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        except FileNotFoundError:  # its directory is not there (yet, or any more)
-            self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-
-    def _lock_file(self, deadline: float) -> int:
-        """An open ``fd`` of the file the lock path names, ``flock``-ed. A file deleted or
-        replaced while this process waited for it is let go and the path opened again: a
-        process opening the path now would lock the new file, not the one locked here."""
-        while True:
-            fd = self._open_lock_file()
-            try:
-                self._flock(fd, deadline, self.lock_path)
-                if _names(self.lock_path, fd):
-                    return fd
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
-            log.info(
-                "lock file replaced while waiting for it path=%s; locking again", self.lock_path
-            )
-            if time.monotonic() > deadline:
-                raise RetryableError(
-                    f"lock {self.lock_path}: replaced while waiting for {self._lock_timeout_s}s"
-                )
-
-    def _flock(self, fd: int, deadline: float, path: Path) -> None:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError as e:
-                if time.monotonic() > deadline:
-                    raise RetryableError(
-                        f"lock {path}: held by another process for {self._lock_timeout_s}s"
-                    ) from e
-                time.sleep(0.05)
+        """The node lock (:class:`driver.prepare.node_lock.NodeLock`); meanwhile no other
+        process changes the checkpoint, so it reads its generation counter once."""
+        with self.node_lock.held(), self.checkpoint.exclusive():
+            yield
 
     def _sharing_gpus(self, state: CheckpointData, plan: Plan) -> CheckpointData:
         """The claims of ``state`` with a device on a GPU of ``plan``: all that the guards,
@@ -681,16 +618,6 @@ class _Names:
         except DeviceNotFound:
             return False
         return True
-
-
-def _names(path: Path, fd: int) -> bool:
-    """Whether ``path`` still names the file open as ``fd`` (same device and inode)."""
-    try:
-        named = path.stat()
-    except FileNotFoundError:
-        return False
-    opened = os.fstat(fd)
-    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def plan_mode(plan: Plan) -> str:

@@ -99,7 +99,7 @@ def test_a_prepare_whose_caller_gave_up_while_it_waited_prepares_nothing(node: P
     never be undone (a leaked CDI spec, a GPU the exclusivity guard keeps for nobody)."""
     obj = new_claim(node, "u1", [gpus(node)[0]])
     ds = device_state(node, NO_FAULTS)
-    ds._lock_timeout_s = 30.0  # a stalled machine must not turn the wait into a lock timeout
+    ds.node_lock.timeout_s = 30.0  # a stalled machine must not turn the wait into a lock timeout
     holder = device_state(node, NO_FAULTS)  # another call (or plugin pod) holds the lock
     ref = ref_of(obj)
     late = ClaimRef(ref.uid, ref.namespace, ref.name, deadline=time.monotonic() + 0.2)
@@ -356,7 +356,7 @@ def test_a_lock_file_deleted_while_held_or_waited_for_still_excludes(node: Path)
     but the lock of the directory keeps it out while the first holds on; the waiter, whose
     open file is the deleted one, waits for the file the path names now. One at a time."""
     first, waiter, third = (device_state(node, NO_FAULTS) for _ in range(3))
-    waiter._lock_timeout_s = 30.0  # a loaded machine: it waits for the holder
+    waiter.node_lock.timeout_s = 30.0  # a loaded machine: it waits for the holder
     inside: list[str] = []
 
     def wait_for_the_lock() -> None:
