@@ -54,13 +54,14 @@ def read(
     found: dict[str, Hold] = {}
     deleted = False
     for uid, path in files.hold_files(directory):
+        written_in: str | None
+        since = 0.0
         try:
-            written_in: str | None
             since = path.stat().st_mtime
             written_in, moved_to = files.decode_hold(path.read_bytes())
         except FileNotFoundError:
             continue
-        except ValueError as e:
+        except (ValueError, OSError) as e:  # a directory, no permission: still a hold
             log.warning("checkpoint hold file unreadable path=%s reason=%s", path, e)
             written_in, moved_to = None, "(unknown: the hold file is unreadable)"
         if delete_other_boots and written_in is not None and written_in != boot_id:

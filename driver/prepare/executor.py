@@ -512,10 +512,7 @@ class DeviceState:
                 state = self._load()
                 record = state.claims.get(ref.uid)
                 if record is None:
-                    if self.checkpoint.release_hold(ref.uid):  # its checkpoint was corrupt
-                        self._faults.reached("unprepare:after-hold-released")
-                        self._reconcile(state)  # what only it used goes now
-                        self._holds_changed()
+                    self._release_hold(state, ref.uid)  # a claim whose file was corrupt
                     return UnprepareResult()
                 mode = plan_mode(record.plan)
                 self._undo(state, record)
@@ -526,17 +523,22 @@ class DeviceState:
                     ended = record.allocation.model_copy(update={"unprepared_at": self._clock()})
                 self.checkpoint.remove(ref.uid, ended)
                 self._faults.reached("unprepare:after-removed")
-                if self.checkpoint.release_hold(ref.uid):  # prepared again after a corrupt file
-                    self._faults.reached("unprepare:after-hold-released")
-                    del state.claims[ref.uid]
-                    self._reconcile(state)
-                    self._holds_changed()
+                del state.claims[ref.uid]
+                self._release_hold(state, ref.uid)  # prepared again after a corrupt file
         except (TrancheError, OSError) as e:
             return UnprepareResult(
                 error=f"claim {ref.namespace}/{ref.name}: {e}", reason=error_reason(e)
             )
         log.debug("unprepared claim_uid=%s claim=%s/%s", ref.uid, ref.namespace, ref.name)
         return UnprepareResult(mode=mode)
+
+    def _release_hold(self, state: CheckpointData, uid: str) -> None:
+        """The kubelet unprepared ``uid``: if it was held, delete the hold, then sweep what
+        only it may have used (``state``: the claims still prepared) and tell the node."""
+        if self.checkpoint.release_hold(uid):
+            self._faults.reached("unprepare:after-hold-released")
+            self._reconcile(state)
+            self._holds_changed()
 
     # start-up --------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from driver.checkpoint.holds import TAINT_KEY, Hold, taint
+from driver.checkpoint.holds import TAINT_KEY, Hold, read, taint
 
 
 def test_no_hold_no_taint() -> None:
@@ -28,3 +28,13 @@ def test_a_uid_that_is_no_label_value_leaves_the_value_out() -> None:
     take every device of the node out of the cluster."""
     odd = Hold("x" * 64, Path("x.hold"), "x.json.corrupt-x", None, since=0.0)
     assert "value" not in (taint([odd]) or {})
+
+
+def test_a_hold_that_cannot_be_read_still_holds_and_fails_no_read(tmp_path: Path) -> None:
+    """Not JSON, or not even a file (a directory an administrator made): held, as this
+    boot's, so it is never deleted as another boot's; the read itself never fails."""
+    (tmp_path / "u1.hold").write_text("not json")
+    (tmp_path / "u2.hold").mkdir()
+    found, deleted = read(tmp_path, "boot-1", delete_other_boots=True)
+    assert not deleted
+    assert {uid: h.boot_id for uid, h in found.items()} == {"u1": None, "u2": None}
