@@ -23,7 +23,7 @@ from pydantic import (
 
 from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
-from driver.flags import add_flag, add_switch, choice, named, number, parse_address
+from driver.flags import add_flag, add_switch, named, number, parse_address
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # An object name: a DNS subdomain (RFC 1123), at most 253 characters.
@@ -168,7 +168,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             sync_interval_s=number(args.sync_interval, "--sync-interval", float),
             health_address=args.health_address,
             metrics_address=args.metrics_address,
-            log_level=choice(args.log_level, "--log-level", LOG_LEVELS),
+            log_level=args.log_level,
         )
     except (ValidationError, ValueError, ConfigError) as e:
         raise ConfigError(f"invalid setting: {e}") from e

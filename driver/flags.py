@@ -3,8 +3,9 @@
 Every flag ``--some-flag`` can also be set through ``TRANCHE_SOME_FLAG``; the
 flag wins over the environment. Values are collected raw here and validated
 once by the command's pydantic settings model; :func:`number` and :func:`choice` convert
-and check a value first, so that an error names the flag and its twin. (argparse checks
-``choices`` only of a value given on the command line, not of a twin's.)
+and check a value first, so that an error names the flag and its twin. A flag's ``choices``
+are checked by :func:`add_flag` itself, as argparse parses (argparse alone checks them only
+of a value given on the command line, not of a twin's), so no command can forget them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -61,12 +62,28 @@ def add_flag(
     env: Mapping[str, str] | None = None,
     choices: tuple[str, ...] | None = None,
 ) -> None:
-    """Add ``flag``; its default comes from the environment twin, then ``default``."""
+    """Add ``flag``; its default comes from the environment twin, then ``default``.
+
+    With ``choices``, a value that is not one of them, from the flag or from its twin, ends
+    the parse with a ConfigError naming both (argparse converts a string default only when
+    the flag is not given, so the flag still wins over a bad twin, and ``--help`` works)."""
     environ = os.environ if env is None else env
     name = env_name(flag)
     value = environ.get(name, default)
     suffix = f" [env {name}]" + (f" (default: {default})" if default is not None else "")
-    parser.add_argument(flag, default=value, help=help + suffix, choices=choices)
+    if choices:
+        parser.add_argument(
+            flag, default=value, help=help + suffix, choices=choices, type=_one_of(flag, choices)
+        )
+    else:
+        parser.add_argument(flag, default=value, help=help + suffix)
+
+
+def _one_of(flag: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        return choice(value, flag, choices)
+
+    return check
 
 
 def add_switch(

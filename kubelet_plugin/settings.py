@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from driver.devices.inventory import AdvertiseConfig, parse_advertise, parse_mig_profiles
 from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
-from driver.flags import add_flag, add_switch, choice, flag_text, named, number, parse_address
+from driver.flags import add_flag, add_switch, flag_text, named, number, parse_address
 from driver.health.policy import HealthPolicy
 from driver.json_or_yaml import NotJsonOrYaml, parse_json_or_yaml
 from driver.sharing import SharingConfig, parse_sharing
@@ -290,7 +290,7 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             host_driver_root=Path(args.host_driver_root) if args.host_driver_root else None,
             cdi_hook_path=args.cdi_hook_path or None,
             state_dir=Path(args.state_dir) if args.state_dir else None,
-            nvml=choice(args.nvml, "--nvml", NVML),
+            nvml=args.nvml,
             proc_root=Path(args.proc_root),
             profile=args.profile,
             sim_state=Path(args.sim_state) if args.sim_state else None,
@@ -303,16 +303,14 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             metrics_address=args.metrics_address,
             health_address=args.health_address,
             rolling_update_uid=args.rolling_update_uid or None,
-            default_trust_level=TrustLevel(
-                choice(args.default_trust_level, "--default-trust-level", TRUST_LEVELS)
-            ),
+            default_trust_level=TrustLevel(args.default_trust_level),
             sample_interval_s=number(args.sample_interval, "--sample-interval", float),
             grpc_workers=number(args.grpc_workers, "--grpc-workers", int),
             health_policy=parse_health_policy(args.health_policy),
             device_plugin_check=args.device_plugin_check,
             claim_status=args.claim_status,
-            log_format=choice(args.log_format, "--log-format", LOG_FORMATS),
-            log_level=choice(args.log_level, "--log-level", LOG_LEVELS),
+            log_format=args.log_format,
+            log_level=args.log_level,
         )
     except (ValidationError, ValueError) as e:
         raise ConfigError(f"tranche kubelet-plugin: invalid setting: {e}") from e

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from controller.devices.lookup import DEFAULT_DRIVER, ClusterDevice, ClusterView, read_view
 from controller.kube_client import Json, add_kubeconfig_flag
 from driver.cli import Command, load_commands
-from driver.errors import ConfigError, TrancheError
-from driver.flags import add_flag, add_switch, choice
+from driver.errors import TrancheError
+from driver.flags import add_flag, add_switch
 from driver.kube.client import api_client
 from driver.kube.http import undecodable
 
@@ -125,11 +125,6 @@ def _run_free(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        choice(args.output, "--output", OUTPUTS)  # the twin's value is not checked by argparse
-    except ConfigError as e:
-        print(f"tranche cluster-devices: {e}", file=sys.stderr)
-        return 2
     if args.free:
         return _run_free(args)
     try:

@@ -32,7 +32,7 @@ from controller.kube_client import Json, add_kubeconfig_flag
 from driver.cli import Command
 from driver.devices.slices import DEFAULT_DRIVER_NAME as DEFAULT_DRIVER
 from driver.errors import ConfigError, TrancheError
-from driver.flags import add_flag, add_switch, choice
+from driver.flags import add_flag, add_switch
 from driver.kube.client import api_client
 from driver.trust.policy import resolve_namespace
 
@@ -137,7 +137,6 @@ def explain_objects(
 
 def run(args: argparse.Namespace) -> int:
     try:
-        choice(args.output, "--output", OUTPUTS)  # the twin's value is not checked by argparse
         if args.what != "free" and not args.ref:
             raise ExplainError(f"give the {args.what} as NAMESPACE/NAME")
         api = api_client(args.kubeconfig)

@@ -73,8 +73,9 @@ def main(argv: Sequence[str] | None = None, *, process_start: bool = False) -> i
     try:
         parser = build_parser(load_commands(first))
         args = parser.parse_args(argv)
-    except ConfigError as e:  # an environment twin's value, read while the flags are added
-        print(f"tranche: {e}", file=sys.stderr)
+    except ConfigError as e:  # an environment twin's value: read as the flags are added,
+        # or (a flag's choices) checked as they are parsed
+        print(f"tranche {first}: {e}" if first else f"tranche: {e}", file=sys.stderr)
         return 2
     finally:
         if process_start:

@@ -32,7 +32,7 @@ from driver.devices.inventory import (
 )
 from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
 from driver.errors import TrancheError
-from driver.flags import add_flag, add_switch, choice
+from driver.flags import add_flag, add_switch
 from driver.health.monitor import HealthMonitor, device_gpu_map
 from driver.health.policy import HealthPolicy
 from driver.health.store import HealthStateFile
@@ -105,7 +105,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def _settings(args: argparse.Namespace) -> DevicesSettings:
     try:
         return DevicesSettings(
-            nvml=choice(args.nvml, "--nvml", NVML),
+            nvml=args.nvml,
             driver_root=Path(args.driver_root),
             profile=args.profile,
             sim_state=Path(args.sim_state) if args.sim_state else None,
@@ -114,7 +114,7 @@ def _settings(args: argparse.Namespace) -> DevicesSettings:
             advertise=parse_advertise(args.advertise),
             mig_profiles=parse_mig_profiles(args.mig_profiles),
             health_state=Path(args.health_state) if args.health_state else None,
-            output=choice(args.output, "--output", OUTPUTS),
+            output=args.output,
         )
     except ValidationError as e:
         raise TrancheError(f"tranche devices: {e}") from e
