@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 
-from controller.explain.evaluate import Context, Explanation, explain, fit_together
+from controller.explain.evaluate import explain, fit_together
 from controller.explain.free import free_view
 from controller.explain.model import ExplainError, claim_from, usage_from
 from controller.explain.read import (
@@ -28,6 +28,7 @@ from controller.explain.read import (
 )
 from controller.explain.recommend import recommend
 from controller.explain.render import render_explanation, render_free
+from controller.explain.verdict import Context, Explanation
 from controller.kube_client import Json, add_kubeconfig_flag
 from driver.cli import Command
 from driver.devices.slices import DEFAULT_DRIVER_NAME as DEFAULT_DRIVER

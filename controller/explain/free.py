@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.explain.evaluate import BLOCKING_EFFECTS, charged, counters_fit
+from controller.explain.funnel import BLOCKING_EFFECTS, charged, counters_fit
 from controller.explain.model import Device, Inventory, Json, Usage
 
 SIZES = (1, 2, 4, 8)

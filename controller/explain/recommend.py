@@ -21,14 +21,10 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from controller.explain.cel import CelEvalError, Selector, compile_selector
-from controller.explain.evaluate import (
-    BLOCKING_EFFECTS,
-    Context,
-    Recommendation,
-    judge_node,
-    short,
-)
+from controller.explain.evaluate import judge_node
+from controller.explain.funnel import BLOCKING_EFFECTS
 from controller.explain.model import Claim, Device, Request, Toleration
+from controller.explain.verdict import Context, Recommendation, short
 
 MAX_TAINTS = 3
 MAX_SHOWN = 6

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controller.explain.evaluate import Explanation
 from controller.explain.free import SIZES, FreeView, GpuFree, NodeFree
+from controller.explain.verdict import Explanation
 
 EXAMPLES = 3
 

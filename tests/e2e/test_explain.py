@@ -26,11 +26,11 @@ import pytest
 from kubernetes import client
 
 from controller.explain.cli import explain_objects
-from controller.explain.evaluate import Explanation
 from controller.explain.free import FreeView, free_view
 from controller.explain.model import usage_from
 from controller.explain.read import read_cluster
 from controller.explain.render import render_explanation, render_free
+from controller.explain.verdict import Explanation
 from controller.kube_client import taint_rules_version
 from driver.cli import main
 from driver.kube.client import api_client

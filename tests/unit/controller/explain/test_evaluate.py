@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from controller.explain.cli import explain_objects
-from controller.explain.evaluate import term_matches
 from controller.explain.model import ExplainError
+from controller.explain.nodes import term_matches
 from controller.explain.read import ClusterRead
 from controller.explain.render import render_explanation
 from driver.devices.slices import DEFAULT_DRIVER_NAME

@@ -9,9 +9,9 @@ from typing import Any
 import yaml
 
 from controller.explain.cli import explain_objects
-from controller.explain.evaluate import Explanation
 from controller.explain.model import inventory_from
 from controller.explain.read import ClusterRead
+from controller.explain.verdict import Explanation
 from driver.devices.inventory import DYNAMIC_MIG, build_inventory
 from driver.devices.slices import DEFAULT_DRIVER_NAME, build_slices
 from driver.nvml.types import GpuInfo

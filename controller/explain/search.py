@@ -1,0 +1,157 @@
+"""All requests of a claim together on one node: the placement search (pure).
+
+A depth-first search over the devices each request's funnel left, with counters and
+``matchAttribute`` constraints, as the scheduler allocates; bounded by ``SEARCH_BUDGET``
+steps. When no placement exists, ``constraint_reason`` says which constraint is too tight.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+from controller.explain.funnel import counters_fit
+from controller.explain.model import Constraint, Device, DeviceKey, Request, Usage
+from controller.explain.verdict import Reason
+
+SEARCH_BUDGET = 20_000
+
+
+class _Budget(Exception):
+    pass
+
+
+def search(
+    choices: Sequence[tuple[Request, list[Device], int]],
+    constraints: Sequence[Constraint],
+    usage: Usage,
+    counters: bool,
+) -> list[Device] | None:
+    """Devices for every request at once, with counters and constraints; None if none."""
+    left = {k: dict(v) for k, v in usage.counters_left.items()}
+    chosen: list[Device] = []
+    taken: set[DeviceKey] = set()
+    charged: set[DeviceKey] = {k for k in usage.holders if k not in usage.exclusive}
+    pinned: dict[int, str] = {}
+    steps = 0
+
+    def place(request: Request, d: Device) -> list[tuple[str, Any]] | None:
+        undo: list[tuple[str, Any]] = []
+        for i, c in enumerate(constraints):
+            if not c.covers(request.name):
+                continue
+            value = d.attribute(c.match_attribute)
+            if value is None or (i in pinned and pinned[i] != value):
+                _undo(undo)
+                return None
+            if i not in pinned:
+                pinned[i] = value
+                undo.append(("pin", i))
+        if counters and d.key not in charged:
+            if not counters_fit(d, left):
+                _undo(undo)
+                return None
+            for counter_set, amounts in d.consumes:
+                have = left.setdefault((d.pool, counter_set), {})
+                for counter, v in amounts.items():
+                    have[counter] = have.get(counter, Decimal(0)) - v
+            if d.data.allow_multiple_allocations:
+                charged.add(d.key)
+                undo.append(("charged", d.key))
+            undo.append(("counters", d))
+        return undo
+
+    def _undo(undo: list[tuple[str, Any]]) -> None:
+        for what, x in reversed(undo):
+            if what == "pin":
+                del pinned[x]
+            elif what == "charged":
+                charged.discard(x)
+            else:
+                for counter_set, amounts in x.consumes:
+                    have = left[(x.pool, counter_set)]
+                    for counter, v in amounts.items():
+                        have[counter] += v
+
+    def dfs(ri: int, start: int, got: int) -> bool:
+        nonlocal steps
+        if ri == len(choices):
+            return True
+        request, candidates, needed = choices[ri]
+        if got == needed:
+            return dfs(ri + 1, 0, 0)
+        for j in range(start, len(candidates)):
+            if len(candidates) - j < needed - got:
+                break
+            d = candidates[j]
+            if d.key in taken:
+                continue
+            steps += 1
+            if steps > SEARCH_BUDGET:
+                raise _Budget
+            undo = place(request, d)
+            if undo is None:
+                if request.all_devices:
+                    return False
+                continue
+            taken.add(d.key)
+            chosen.append(d)
+            if dfs(ri, j + 1, got + 1):
+                return True
+            chosen.pop()
+            taken.discard(d.key)
+            _undo(undo)
+            if request.all_devices:
+                return False
+        return False
+
+    try:
+        return list(chosen) if dfs(0, 0, 0) else None
+    except _Budget:
+        return None
+
+
+def constraint_reason(
+    choices: Sequence[tuple[Request, list[Device], int]], constraints: Sequence[Constraint]
+) -> Reason | None:
+    for c in constraints:
+        covered = [(r, cands, n) for r, cands, n in choices if c.covers(r.name)]
+        if not covered:
+            continue
+        needed = sum(n for _, _, n in covered)
+        groups: Counter[str] = Counter()
+        for _, cands, _ in covered:
+            for d in {d.key: d for d in cands}.values():
+                value = d.attribute(c.match_attribute)
+                if value is not None:
+                    groups[value] += 1
+        largest = max(groups.values(), default=0)
+        if largest >= needed:
+            continue
+        attr = c.match_attribute.rsplit("/", 1)[-1]
+        request = ",".join(r.name for r, _, _ in covered)
+        if attr == "nvlinkDomain":
+            summary = (
+                f"largest free NVLink domain: {largest} GPU(s), the claim needs {needed}"
+                if groups
+                else "no free device has an NVLink domain"
+            )
+        else:
+            summary = (
+                f"largest group of free devices with the same {c.match_attribute}: "
+                f"{largest}, the claim needs {needed}"
+            )
+        detail = ", ".join(f"{v}: {n}" for v, n in groups.most_common(4))
+        return Reason(
+            "constraint",
+            request,
+            summary,
+            detail,
+            f"ask for at most {largest} devices with matchAttribute {c.match_attribute}, "
+            "or wait for devices of one group to be released"
+            if largest
+            else f"drop matchAttribute {c.match_attribute}",
+        )
+    return None
