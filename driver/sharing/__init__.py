@@ -30,7 +30,8 @@ from driver.sharing.mig import (
     journal_mig_uuids,
     standard_mig_minors,
 )
-from driver.sharing.mps import MpsDaemons, MpsHandler, MpsSupervisor
+from driver.sharing.mps import MpsHandler
+from driver.sharing.mps_daemons import MpsDaemons, MpsSupervisor
 from driver.sharing.mps_limits import MpsMemoryLimits
 from driver.sharing.settings import DEFAULT_MIG_MINORS, SharingConfig, parse_sharing
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from driver.sharing.mps import MARK_KEY, MARK_ROOT
+from driver.sharing.mps_procs import MARK_KEY, MARK_ROOT
 
 ROOT = Path(__file__).resolve().parents[2]
 

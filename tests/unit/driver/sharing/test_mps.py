@@ -20,7 +20,7 @@ from driver.errors import ClaimError, ConfigError
 from driver.nvml.sim import create_state, open_simulated
 from driver.nvml.sim.driver_root import write_mps_control
 from driver.sharing import SharingNode
-from driver.sharing.mps import DaemonSpec, MpsDaemons
+from driver.sharing.mps_daemons import DaemonSpec, MpsDaemons
 from driver.sharing.mps_shm import resolve, why_not_shareable
 from tests.unit.claim_values import claim, config, ref_of, result
 from tests.unit.sharing_node import CONFIG, sharing_state
@@ -358,7 +358,7 @@ def test_a_daemon_another_process_started_is_adopted_when_seen_in_proc(
     (pid,) = first.processes(uuid)
     try:
         second = MpsDaemons(binary, tmp_path / "mps", nvml)
-        caplog.set_level("INFO", logger="driver.sharing.mps")
+        caplog.set_level("INFO", logger="driver.sharing.mps_daemons")
         assert second.restart_dead() == []
         adopted = [r.getMessage() for r in caplog.records if "mps daemon adopted" in r.getMessage()]
         assert adopted == [
@@ -379,7 +379,7 @@ import ctypes, json, os, signal, sys, time
 from pathlib import Path
 from driver.nvml.sim import create_state, open_simulated
 from driver.nvml.sim.driver_root import write_mps_control
-from driver.sharing.mps import DaemonSpec, MpsDaemons
+from driver.sharing.mps_daemons import DaemonSpec, MpsDaemons
 
 PR_SET_CHILD_SUBREAPER = 36
 assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
