@@ -30,10 +30,13 @@ GPU_CLASS = "gpu.tranche.dev"
 MIG_CLASS = "mig.gpu.tranche.dev"
 DRIVER_DOMAIN = "gpu.tranche.dev"
 
-# A MIG profile as NVIDIA names it: 1g.10gb, 1g.10gb+me, 1c.3g.40gb, 7g.141gb.
-_PROFILE = re.compile(r"^(?:[1-8]c\.)?[1-8]g\.[0-9]+gb(?:\+me|\+gfx)?$")
-# The same profile in an extended resource name, which cannot hold "+": mig-1g.10gb.me.
-_RESOURCE_PROFILE = re.compile(r"^((?:[1-8]c\.)?[1-8]g\.[0-9]+gb)(?:\.(me|gfx))?$")
+# A MIG profile as NVIDIA names it (go-nvlib's MigProfile.String()): 1g.10gb, 1g.10gb+me,
+# 1c.3g.40gb, 7g.141gb, and Blackwell's 1g.23gb+me.all (every media engine), 1g.23gb-me (none)
+# and 1g.23gb+gfx.
+_PROFILE = re.compile(r"^(?:[1-8]c\.)?[1-8]g\.[0-9]+gb(?:\+me|\+me\.all|\+gfx|-me)?$")
+# The same profile in an extended resource name, which cannot hold "+" (NVIDIA's device plugin
+# replaces it with "."): mig-1g.10gb.me, mig-1g.23gb.me.all, mig-1g.23gb-me.
+_RESOURCE_PROFILE = re.compile(r"^((?:[1-8]c\.)?[1-8]g\.[0-9]+gb)(?:\.(me\.all|me|gfx)|(-me))?$")
 
 
 class DevicePluginConflictError(PermanentError):
@@ -59,17 +62,21 @@ class LegacyResource:
 
 
 def _token(profile: str) -> str:
-    return profile.replace("+", "-")
+    """The profile in an object name: ``+`` becomes ``-`` (``1g.10gb-me``), so Blackwell's
+    ``-me`` (no media engines) becomes ``-nome`` to stay apart from it (``1g.23gb-nome``)."""
+    return profile.replace("-me", "-nome").replace("+", "-")
 
 
 def mig_class_name(profile: str) -> str:
-    """``1g.10gb`` → ``mig-1g.10gb.gpu.tranche.dev`` (``+me`` becomes ``-me``)."""
+    """``1g.10gb`` → ``mig-1g.10gb.gpu.tranche.dev``; ``1g.10gb+me`` → ``mig-1g.10gb-me.…``,
+    ``1g.23gb+me.all`` → ``mig-1g.23gb-me.all.…``, ``1g.23gb-me`` → ``mig-1g.23gb-nome.…``."""
     return f"mig-{_token(profile)}.{DRIVER_DOMAIN}"
 
 
 def mig_resource_name(profile: str) -> str:
     """``1g.10gb+me`` → ``nvidia.com/mig-1g.10gb.me``: a resource name cannot hold ``+``
-    (the API server refuses the DeviceClass), so the extension follows a dot."""
+    (the API server refuses the DeviceClass), so, as NVIDIA's device plugin names it, the
+    extension follows a dot (``mig-1g.23gb.me.all``); ``-me`` stays (``mig-1g.23gb-me``)."""
     return MIG_RESOURCE_PREFIX + profile.replace("+", ".")
 
 
@@ -80,8 +87,9 @@ def parse_legacy(resource: str) -> LegacyResource | None:
     if resource.startswith(MIG_RESOURCE_PREFIX):
         found = _RESOURCE_PROFILE.match(resource[len(MIG_RESOURCE_PREFIX) :])
         if found:
-            base, extension = found.groups()
-            return LegacyResource(resource, base + (f"+{extension}" if extension else ""))
+            base, extension, without = found.groups()
+            suffix = f"+{extension}" if extension else (without or "")
+            return LegacyResource(resource, base + suffix)
     return None
 
 

@@ -57,7 +57,9 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 Obj = dict[str, Any]
 
 # MIG profiles of the H200 and with media extensions: names the trust policy cannot list.
-UNUSUAL_MIG_PROFILES = '["1g.18gb", "1g.18gb+me", "3g.71gb", "7g.141gb", "1c.3g.40gb"]'
+UNUSUAL_MIG_PROFILES = (  # H200's, and Blackwell's media-engine variants
+    '["1g.18gb", "1g.18gb+me", "3g.71gb", "7g.141gb", "1c.3g.40gb", "1g.23gb+me.all", "1g.23gb-me"]'
+)
 # The documented alternatives of docs/install.md.
 VALUE_SETS = {
     "default": [],
@@ -249,6 +251,14 @@ def test_chart_ships_the_repository_device_classes_policy_and_bridge_classes(hel
         want = bridge_device_class(profile)
         got = rendered[want["metadata"]["name"]]
         assert got["spec"] == want["spec"]
+    # The chart names each class and resource as the code does, Blackwell's -me/+me.all too.
+    unusual = render(
+        helm, "tranche", "tranche", "--set-json", f"bridge.migProfiles={UNUSUAL_MIG_PROFILES}"
+    )
+    by_name = {o["metadata"]["name"]: o for o in unusual if o["kind"] == "DeviceClass"}
+    for profile in json.loads(UNUSUAL_MIG_PROFILES):
+        want = bridge_device_class(profile)
+        assert by_name[want["metadata"]["name"]]["spec"] == want["spec"], profile
     for path in sorted((ROOT / "deploy/policies").glob("*.yaml")):
         assert (CHART / "files/policies" / path.name).read_text() == path.read_text(), (
             f"copy {path} to {CHART}/files/policies/"
@@ -398,6 +408,7 @@ def test_trust_policy_refuses_an_isolated_tenant_every_class_the_chart_creates_b
     )
     classes = sorted(o["metadata"]["name"] for o in objs if o["kind"] == "DeviceClass")
     assert f"mig-1g.18gb-me.{driver}" in classes and f"mig-7g.141gb.{driver}" in classes
+    assert f"mig-1g.23gb-nome.{driver}" in classes and f"mig-1g.23gb-me.all.{driver}" in classes
     policy = [
         o
         for o in objs

@@ -82,6 +82,44 @@ def test_legacy_names_parse_to_whole_gpus_and_mig_profiles() -> None:
     assert parse_legacy("nvidia.com/gpu.shared") is None
 
 
+@pytest.mark.parametrize(
+    ("resource", "profile", "bridge_class"),
+    [
+        ("nvidia.com/mig-1g.23gb", "1g.23gb", "mig-1g.23gb.gpu.tranche.dev"),
+        ("nvidia.com/mig-1g.23gb.me", "1g.23gb+me", "mig-1g.23gb-me.gpu.tranche.dev"),
+        ("nvidia.com/mig-1g.23gb.me.all", "1g.23gb+me.all", "mig-1g.23gb-me.all.gpu.tranche.dev"),
+        ("nvidia.com/mig-1g.23gb-me", "1g.23gb-me", "mig-1g.23gb-nome.gpu.tranche.dev"),
+        ("nvidia.com/mig-1g.23gb.gfx", "1g.23gb+gfx", "mig-1g.23gb-gfx.gpu.tranche.dev"),
+    ],
+)
+def test_blackwell_profile_names_are_served_under_the_device_plugins_names(
+    resource: str, profile: str, bridge_class: str
+) -> None:
+    """NVIDIA's device plugin names a MIG resource ``mig-`` + go-nvlib's profile string with
+    ``+`` replaced by ``.``: Blackwell's ``1g.23gb+me.all`` and ``1g.23gb-me`` are
+    ``mig-1g.23gb.me.all`` and ``mig-1g.23gb-me`` (both were refused before). ``+me`` and
+    ``-me`` get classes of their own: ``-me`` is ``-nome`` in the class name."""
+    legacy = parse_legacy(resource)
+    assert legacy is not None and legacy.mig_profile == profile
+    assert legacy.bridge_class == bridge_class
+    cls = bridge_device_class(profile)
+    assert cls["metadata"]["name"] == bridge_class
+    assert cls["spec"]["extendedResourceName"] == resource
+    assert f'profile == "{profile}"' in cls["spec"]["selectors"][0]["cel"]["expression"]
+
+
+def test_every_class_name_and_resource_name_is_one_profiles() -> None:
+    profiles = ["1g.23gb", "1g.23gb+me", "1g.23gb+me.all", "1g.23gb-me", "1g.23gb+gfx"]
+    assert len({bridge_device_class(p)["metadata"]["name"] for p in profiles}) == len(profiles)
+    names = {bridge_device_class(p)["spec"]["extendedResourceName"] for p in profiles}
+    assert len(names) == len(profiles)
+    for bad in ("1g.23gb+me-me", "1g.23gb-me.all", "1g.23gb+all", "1g.23gb.me"):
+        with pytest.raises(ConfigError):
+            bridge_device_class(bad)
+    for bad in ("nvidia.com/mig-1g.23gb.all", "nvidia.com/mig-1g.23gb-me.all"):
+        assert parse_legacy(bad) is None
+
+
 def test_bridge_classes_carry_the_extended_resource_name_and_select_the_profile() -> None:
     whole = bridge_device_class(None)
     assert whole["metadata"]["name"] == "gpu.tranche.dev"
