@@ -21,6 +21,7 @@ from driver.nvml.types import DeviceProbe
 from driver.prepare.cdi import ContainerEdits
 from driver.prepare.claims import ClaimAllocation
 from driver.prepare.plan import AttachGpu, Plan, PlannedDevice, SetTimeSlice, Step
+from driver.prepare.timeslice_journal import TimeSliceJournal
 
 
 class GpuControl(Protocol):
@@ -169,14 +170,23 @@ class AttachGpuHandler:
 
 
 class TimeSliceHandler:
-    """Set a GPU's time-slice interval; reset it to Default when its last user leaves."""
+    """Set a GPU's time-slice interval; reset it to Default when its last user leaves.
 
-    def __init__(self, nvml: GpuControl) -> None:
+    With a ``journal`` (:mod:`driver.prepare.timeslice_journal`) it also reconciles: a GPU
+    the journal names that no prepared claim time-slices is reset (the claim whose record
+    would have reset it was held, its file corrupt), and nothing is reset while any claim is
+    held, since which GPU a held claim uses is unknown."""
+
+    def __init__(self, nvml: GpuControl, journal: TimeSliceJournal | None = None) -> None:
         self._nvml = nvml
+        self._journal = journal
 
     def apply(self, step: Step, plan: Plan) -> StepOutcome:
         assert isinstance(step, SetTimeSlice)
-        self._nvml.set_timeslice(step.gpu_uuid, TIMESLICE_LEVELS[step.interval])
+        level = TIMESLICE_LEVELS[step.interval]
+        if self._journal is not None and level != TIMESLICE_LEVELS["Default"]:
+            self._journal.add(step.gpu_uuid)  # before the setting: a kill leaves one too many
+        self._nvml.set_timeslice(step.gpu_uuid, level)
         return StepOutcome()
 
     def in_effect(self, step: Step, others: Sequence[Plan]) -> bool:
@@ -199,7 +209,23 @@ class TimeSliceHandler:
             for s in other.steps
         )
         if not still_used:
-            self._nvml.set_timeslice(step.gpu_uuid, TIMESLICE_LEVELS["Default"])
+            self._reset(step.gpu_uuid)
+
+    def reconcile(self, plans: Sequence[Plan], held: Collection[str] = ()) -> Sequence[str]:
+        """Reset the journalled GPUs that no prepared claim time-slices (none while held)."""
+        if self._journal is None or held:
+            return ()
+        used = {s.gpu_uuid for p in plans for s in p.steps if isinstance(s, SetTimeSlice)}
+        done = []
+        for gpu_uuid in sorted(self._journal.load() - used):
+            self._reset(gpu_uuid)
+            done.append(f"time slice of GPU {gpu_uuid} reset to Default (no claim uses it)")
+        return done
+
+    def _reset(self, gpu_uuid: str) -> None:
+        self._nvml.set_timeslice(gpu_uuid, TIMESLICE_LEVELS["Default"])
+        if self._journal is not None:
+            self._journal.drop(gpu_uuid)
 
 
 Guard = Callable[[ClaimAllocation, Plan, CheckpointData], None]

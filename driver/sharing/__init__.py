@@ -12,12 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from driver.checkpoint.store import read_boot_id
 from driver.devices.inventory import Inventory
 from driver.faults import NO_FAULTS, FaultPoints
 from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
 from driver.prepare.plan import ShareTarget
 from driver.prepare.steps import Guard, StepHandler, TimeSliceHandler, exclusivity_guard
 from driver.prepare.timeslice_guard import timeslice_guard
+from driver.prepare.timeslice_journal import TimeSliceJournal
 from driver.sharing import mps_shm
 from driver.sharing.devices import mps_memory_enforced, share_devices, share_targets
 from driver.sharing.guard import ModeGuard
@@ -44,6 +46,7 @@ __all__ = [
 ]
 
 MIG_JOURNAL = "mig-journal.json"
+TIMESLICE_JOURNAL = "timeslice-journal.json"
 MPS_DIR = "mps"
 MPS_LIMITS_DIR = "mps-limits"
 SIM_MIG_MINORS = "mig-minors"
@@ -88,9 +91,9 @@ def managed_mig_uuids(nvml: SharingNvml, state_dir: Path) -> set[str]:
 class SharingNode:
     """The sharing machinery of one plugin process.
 
-    ``state_dir`` holds the MIG journal and the MPS daemon directories (it must be a
-    host path: containers bind-mount the MPS pipe directories from it).
-    ``boot_id``: this boot's id (default: the kernel's), which the MIG journal records.
+    ``state_dir`` holds the MIG and time-slice journals and the MPS daemon directories (it
+    must be a host path: containers bind-mount the MPS pipe directories from it).
+    ``boot_id``: this boot's id (default: the kernel's), which the journals record.
     ``simulated``: with the simulated NVML there is no ``/proc/driver/nvidia-caps``;
     a standard ``mig-minors`` table is written to ``state_dir`` and used instead.
     """
@@ -108,6 +111,7 @@ class SharingNode:
     ) -> None:
         self.config = config
         self.shares: dict[str, ShareTarget] = share_targets(inventory, config)
+        journal_boot = read_boot_id() if boot_id is None else boot_id
         mig_minors = config.mig_minors
         if simulated and mig_minors == DEFAULT_MIG_MINORS:
             mig_minors = state_dir / SIM_MIG_MINORS
@@ -139,11 +143,13 @@ class SharingNode:
             "create-mig": CreateMigHandler(
                 nvml,
                 inventory,
-                MigJournal(state_dir / MIG_JOURNAL, faults, boot_id),
+                MigJournal(state_dir / MIG_JOURNAL, faults, journal_boot),
                 caps,
                 faults,
             ),
-            "set-time-slice": TimeSliceHandler(nvml),
+            "set-time-slice": TimeSliceHandler(
+                nvml, TimeSliceJournal(state_dir / TIMESLICE_JOURNAL, journal_boot)
+            ),
             "start-mps": MpsHandler(
                 self.daemons, inventory, nvml, self.shares.__contains__, self.limits
             ),
