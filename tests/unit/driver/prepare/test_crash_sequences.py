@@ -353,6 +353,13 @@ def check_node(seq: CrashSequence, where: str, prepared: set[str] | None = None)
             mps_keys.add(uuid)
         mode = nvml.compute_mode(uuid)
         assert mode == ("ExclusiveProcess" if mps else "Default"), f"{where}: {uuid} {mode}"
+    # The GPUs the driver journals as time-sliced by it: never fewer than the prepared claims
+    # time-slice (an entry is written before the interval is set, dropped after it is reset).
+    ts_path = node / "state" / "timeslice-journal.json"
+    ts_raw = ts_path.read_text() if ts_path.exists() else ""
+    ts_journal = set(json.loads(ts_raw)["gpus"]) if ts_raw.strip() else set()
+    sliced = {k.gpu_uuid for k in want if k.timesliced}
+    assert sliced <= ts_journal, f"{where}: time-slice journal {ts_journal}, want {sliced}"
     daemons = seq.plugin.sharing.daemons
     assert set(daemons.records()) == mps_keys, f"{where}: MPS records {daemons.records()}"
     live = {key: daemons.processes(key) for key in mps_keys}
