@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,15 +45,20 @@ def write(directory: Path, uid: str, boot_id: str, moved_to: Path, reason: str) 
 
 
 def read(
-    directory: Path, boot_id: str, *, delete_other_boots: bool
+    directory: Path,
+    boot_id: str,
+    *,
+    delete_other_boots: bool,
+    listed: Iterable[tuple[str, Path]] | None = None,
 ) -> tuple[dict[str, Hold], bool]:
     """The holds in ``directory`` by claim UID, and whether one was deleted: with
     ``delete_other_boots`` (the caller holds the node lock), a hold written in a boot other
     than ``boot_id`` is deleted instead, since a reboot ended every container and every device
-    state its claim had. A hold file that cannot be read still holds, as this boot's."""
+    state its claim had. A hold file that cannot be read still holds, as this boot's.
+    ``listed``: the hold files, where the caller listed the directory already."""
     found: dict[str, Hold] = {}
     deleted = False
-    for uid, path in files.hold_files(directory):
+    for uid, path in files.hold_files(directory) if listed is None else listed:
         written_in: str | None
         since = 0.0
         try:

@@ -245,7 +245,8 @@ class Checkpoint:
         view = View(generation, found=self.directory.exists())
         problems: list[tuple[Path, str, Path | None]] = []
         changed = False
-        for uid, path in files.claim_files(self.directory):
+        claim_files, hold_files = files.claim_and_hold_files(self.directory)
+        for uid, path in claim_files:
             try:
                 raw = path.read_bytes()
             except FileNotFoundError:
@@ -265,13 +266,16 @@ class Checkpoint:
                     raise ValueError(f"holds claim {record.uid}, not {uid}")
             except ValueError as e:
                 reason = str(e).splitlines()[0]
-                moved = self._hold_and_move(uid, path, reason) if quarantine else None
+                moved = None
+                if quarantine:
+                    moved = self._hold_and_move(uid, path, reason)
+                    hold_files.append((uid, files.hold_path(self.directory, uid)))
                 changed = changed or quarantine
                 problems.append((path, reason, moved))
                 continue
             view.claims[uid] = record
             view.boot_ids[uid] = boot_id
-        changed = self._read_holds(view, quarantine) or changed
+        changed = self._read_holds(view, quarantine, hold_files) or changed
         self._read_started(view, quarantine)
         try:
             raw_history = self._history.read_bytes()
@@ -294,9 +298,11 @@ class Checkpoint:
         path.replace(moved)
         return moved
 
-    def _read_holds(self, view: View, locked: bool) -> bool:
+    def _read_holds(self, view: View, locked: bool, listed: list[tuple[str, Path]]) -> bool:
         """Add the hold files to ``view``; true if one of another boot was deleted."""
-        view.holds, deleted = holds.read(self.directory, self.boot_id, delete_other_boots=locked)
+        view.holds, deleted = holds.read(
+            self.directory, self.boot_id, delete_other_boots=locked, listed=listed
+        )
         return deleted
 
     def _drop_ended(self, view: View, locked: bool) -> bool:
@@ -464,7 +470,7 @@ class Checkpoint:
                         fault_point="checkpoint:before-replace",
                         faults=self._faults,
                     )
-                for uid, path in list(files.claim_files(self.directory)):
+                for uid, path in files.claim_files(self.directory):
                     if uid not in state.claims:
                         path.unlink(missing_ok=True)
                 history = self._rewrite_history(current_keys(state.claims), state.history)

@@ -186,6 +186,31 @@ def test_a_corrupt_claim_file_is_moved_aside_and_reported(tmp_path: Path) -> Non
     assert other.holds() == [] and not other.release_hold("u1")
 
 
+def test_a_full_read_lists_the_directory_once_and_finds_claims_and_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start-up with thousands of claims reads the directory once, not once per kind."""
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="boot-1")
+    for uid in ("u1", "u2", "u3"):
+        cp.put(record(uid))
+    claim_file(tmp_path).write_text("{not json")
+    assert Checkpoint(path, boot_id="boot-1").load(locked=True)[1].kind == "corrupt"
+    listed: list[str] = []
+    real_scandir = os.scandir
+
+    def scandir(directory: Any) -> Any:
+        listed.append(str(directory))
+        return real_scandir(directory)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    fresh = Checkpoint(path, boot_id="boot-1")
+    state, status = fresh.load(locked=True)
+    assert listed.count(str(tmp_path / "checkpoint.d")) == 1, listed
+    assert (sorted(state.claims), status.kind) == (["u2", "u3"], "ok")
+    assert [h.uid for h in fresh.holds()] == ["u1"]
+
+
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
