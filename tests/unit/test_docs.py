@@ -118,3 +118,55 @@ def test_the_chart_sets_only_variables_the_process_reads(
     text = (CHART / template).read_text()
     set_by_chart = set(re.findall(r"name: ([A-Z][A-Z0-9_]+)", text)) - {"LD_LIBRARY_PATH"}
     assert set_by_chart - env_twins(add_arguments) == other
+
+
+_FENCE = re.compile(r"^(```|~~~)")
+_HEADING = re.compile(r"^(#{1,6}) +(.*?) *#*$")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _prose(path: Path) -> list[tuple[int, str]]:
+    """The numbered lines of ``path`` outside fenced code blocks."""
+    out, fenced = [], False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            out.append((number, line))
+    return out
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives the headings of ``path``: lower case, punctuation dropped,
+    spaces as hyphens, and ``-1``, ``-2`` … after a repeated one."""
+    seen: dict[str, int] = {}
+    found: set[str] = set()
+    for _, line in _prose(path):
+        if m := _HEADING.match(line):
+            text = re.sub(r"<[^>]+>", "", m.group(2)).strip().lower()
+            slug = re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            found.add(f"{slug}-{n}" if n else slug)
+    return found
+
+
+def test_every_link_between_docs_names_a_file_and_a_heading_it_has() -> None:
+    """A section moved or renamed leaves no link to it behind (README.md and docs/)."""
+    anchors: dict[Path, set[str]] = {}
+    broken = []
+    for doc in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for number, line in _prose(doc):
+            for target in _LINK.findall(line):
+                if re.match(r"^[a-z]+:", target):
+                    continue  # https:, mailto:
+                file, _, fragment = target.partition("#")
+                dest = (doc.parent / file).resolve() if file else doc
+                if not dest.exists():
+                    broken.append(f"{doc.name}:{number}: {target}: no such file")
+                elif fragment and dest.suffix == ".md":
+                    if dest not in anchors:
+                        anchors[dest] = heading_anchors(dest)
+                    if fragment not in anchors[dest]:
+                        broken.append(f"{doc.name}:{number}: {target}: no such heading")
+    assert broken == []
