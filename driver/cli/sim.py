@@ -23,8 +23,8 @@ from driver.cli import Command
 from driver.errors import TrancheError
 from driver.flags import add_flag, env_name
 from driver.nvml.sim import create_state
+from driver.nvml.sim.calls import mig_uuid
 from driver.nvml.sim.control import SimControl
-from driver.nvml.sim.lib import mig_uuid
 from driver.nvml.sim.profiles import shipped_profiles
 from driver.nvml.sim.state import SimState, SimStore
 

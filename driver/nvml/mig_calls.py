@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pynvml
@@ -26,6 +27,8 @@ _FULL_CI_PROFILE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 _SKIP_PROFILE = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 # nvmlDeviceGetMigDeviceHandleByIndex: no MIG device at this index (NVIDIA's walkers skip both).
 _NO_MIG_DEVICE = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+# nvmlDeviceGetGpuInstanceById / nvmlGpuInstanceGetComputeInstanceById: no such GI or CI id.
+_NO_INSTANCE = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
 
 class MigCalls(NvmlCalls):
@@ -132,20 +135,30 @@ class MigCalls(NvmlCalls):
         try:
             gi = self.call("nvmlDeviceGetGpuInstanceById", h, gi_id, gpu=parent_uuid)
         except NvmlError as e:
-            if e.code in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+            if e.code in _NO_INSTANCE:
                 return False
             raise
-        for ci_id in range(8):
-            try:
-                ci = self.call("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id, gpu=parent_uuid)
-            except NvmlError as e:
-                if e.code in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
-                    continue
-                raise
+        by_id = "nvmlGpuInstanceGetComputeInstanceById"
+        for ci in self._each_found(by_id, gi, range(8), _NO_INSTANCE, parent_uuid):
             self.call("nvmlComputeInstanceDestroy", ci, gpu=parent_uuid)
         self.call("nvmlGpuInstanceDestroy", gi, gpu=parent_uuid)
         log.info("mig instance destroyed gpu=%s gi=%d", parent_uuid, gi_id)
         return True
+
+    def _each_found(
+        self, name: str, h: Any, indexes: range, absent: tuple[int, ...], uuid: str
+    ) -> Iterator[Any]:
+        """``lib.<name>(h, i)`` for each index ``i`` in turn, leaving out the indexes NVML
+        answers with an error code in ``absent`` (no such profile, MIG device or compute
+        instance there); any other error is raised."""
+        for i in indexes:
+            try:
+                found = self.call(name, h, i, gpu=uuid)
+            except NvmlError as e:
+                if e.code in absent:
+                    continue
+                raise
+            yield found
 
     def _mig_mode(self, h: Any, uuid: str) -> tuple[bool, bool, bool]:
         try:
@@ -176,13 +189,9 @@ class MigCalls(NvmlCalls):
 
     def _mig_profiles(self, h: Any, uuid: str) -> tuple[MigProfile, ...]:
         profiles = []
-        for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
-            try:
-                info = self.call("nvmlDeviceGetGpuInstanceProfileInfo", h, index, gpu=uuid)
-            except NvmlError as e:
-                if e.code in _SKIP_PROFILE:
-                    continue
-                raise
+        indexes = range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT)
+        by_index = "nvmlDeviceGetGpuInstanceProfileInfo"
+        for info in self._each_found(by_index, h, indexes, _SKIP_PROFILE, uuid):
             name = decode.text(info.name).removeprefix("MIG ")
             profiles.append(
                 MigProfile(
@@ -221,13 +230,9 @@ class MigCalls(NvmlCalls):
     ) -> tuple[MigInstance, ...]:
         by_id = {p.id: p for p in profiles}
         out = []
-        for i in range(int(self.call("nvmlDeviceGetMaxMigDeviceCount", h, gpu=uuid))):
-            try:
-                mig = self.call("nvmlDeviceGetMigDeviceHandleByIndex", h, i, gpu=uuid)
-            except NvmlError as e:
-                if e.code in _NO_MIG_DEVICE:
-                    continue
-                raise
+        indexes = range(int(self.call("nvmlDeviceGetMaxMigDeviceCount", h, gpu=uuid)))
+        by_index = "nvmlDeviceGetMigDeviceHandleByIndex"
+        for mig in self._each_found(by_index, h, indexes, _NO_MIG_DEVICE, uuid):
             gi_id = int(self.call("nvmlDeviceGetGpuInstanceId", mig, gpu=uuid))
             ci_id = int(self.call("nvmlDeviceGetComputeInstanceId", mig, gpu=uuid))
             gi = self.call("nvmlDeviceGetGpuInstanceById", h, gi_id, gpu=uuid)

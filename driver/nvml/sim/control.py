@@ -10,7 +10,7 @@ from __future__ import annotations
 import pynvml
 
 from driver.errors import DeviceNotFound
-from driver.nvml.sim.lib import mig_uuid
+from driver.nvml.sim.calls import mig_uuid
 from driver.nvml.sim.state import SimEvent, SimGpu, SimProcess, SimState, SimStore
 
 RECOVERY_ACTIONS = {

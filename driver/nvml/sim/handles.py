@@ -15,6 +15,8 @@ from typing import Any
 
 import pynvml
 
+from driver.nvml.calls import handle_address
+
 _TAG = 0xA5
 DEVICE, MIG_DEVICE, GPU_INSTANCE, COMPUTE_INSTANCE, EVENT_SET = 1, 2, 3, 4, 5
 _TYPES: dict[int, Any] = {
@@ -39,17 +41,8 @@ def make(kind: int, gpu: int, gi: int = 0, ci: int = 0) -> Any:
     return ctypes.cast(ctypes.c_void_p(value), _TYPES[kind])
 
 
-def address(handle: Any) -> int | None:
-    """The pointer value of a ctypes handle (None for anything else)."""
-    try:
-        value = ctypes.cast(handle, ctypes.c_void_p).value
-    except (ctypes.ArgumentError, TypeError):
-        return None
-    return int(value) if value is not None else None
-
-
 def decode(handle: Any) -> Decoded | None:
-    value = address(handle)
+    value = handle_address(handle)
     if value is None or value >> 56 != _TAG:
         return None
     return Decoded(
