@@ -204,7 +204,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 command = Command(
-    help="cluster controller: legacy-resource webhook and its TLS, slice clean-up (leader-elected)",
+    help=(
+        "Run the cluster controller: legacy-resource webhook and its TLS, slice clean-up "
+        "(leader-elected)."
+    ),
     add_arguments=add_arguments,
     run=run,
 )

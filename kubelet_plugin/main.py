@@ -218,7 +218,7 @@ def restart_in_place(write_out_logs: Callable[[], None]) -> NoReturn:
 
 
 command = Command(
-    help="run the kubelet plugin of one GPU node (the DaemonSet's process)",
+    help="Run the kubelet plugin of one GPU node (the DaemonSet's process).",
     add_arguments=add_arguments,
     run=run,
 )

@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 command = Command(
-    help="tenant trust levels: `tranche trust check` audits GPUs shared by several tenants",
+    help="Tenant trust levels: `tranche trust check` audits GPUs shared by several tenants.",
     add_arguments=_add_arguments,
     run=_run,
 )

@@ -162,7 +162,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 sim_command = Command(
-    help="create and drive simulated GPUs (state file shared with a running plugin)",
+    help="Create and drive simulated GPUs (a state file shared with a running plugin).",
     add_arguments=_add_arguments,
     run=_run,
 )
