@@ -40,8 +40,9 @@ from driver.nvml.facade import Nvml
 from driver.nvml.types import GpuInfo
 from driver.prepare.cdi import CdiSpecs, DeviceNumbers
 from driver.prepare.driver_root import DriverFiles, find_driver_files
-from driver.prepare.executor import DeviceState, RecoveryReport
+from driver.prepare.executor import DeviceState
 from driver.prepare.plan import CreateMigDevice
+from driver.prepare.recovery import RecoveryReport
 from driver.sharing import SharingConfig, SharingNode
 from driver.sharing import managed_mig_uuids as sharing_mig_uuids
 from driver.usage.attribution import UsageSampler

@@ -2,8 +2,8 @@
 
 Pure: :func:`check_claim` turns the new claim's plan and every recorded claim into
 :class:`driver.trust.policy.Consumer` values and lets :func:`driver.trust.policy.check_prepare`
-judge them. The executor (:mod:`driver.prepare.executor`) calls it under the node-wide lock,
-before any other guard, whenever the caller passes the claim's tenancy.
+judge them. The executor's prepare (:mod:`driver.prepare.prepare_path`) calls it under the
+node-wide lock, before any other guard, whenever the caller passes the claim's tenancy.
 
 How a planned device is held (its :class:`~driver.trust.policy.Mechanism`):
 

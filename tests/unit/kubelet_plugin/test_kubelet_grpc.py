@@ -336,7 +336,7 @@ def test_the_callers_deadline_reaches_the_driver_with_each_claim(
     server: PluginServer, driver: RecordingDriver
 ) -> None:
     """The kubelet's 45 s deadline (10 s here) travels with the claims, so a prepare that
-    waited past it is abandoned (driver.prepare.executor); without one, there is none."""
+    waited past it is abandoned (driver.prepare.prepare_path); without one, there is none."""
     request = dra_v1.NodePrepareResourcesRequest(
         claims=[dra_v1.Claim(namespace="ns", uid="u1", name="c")]
     )

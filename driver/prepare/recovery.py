@@ -1,0 +1,83 @@
+"""Start-up recovery: :class:`Recovery`, the part of the executor the plugin runs first.
+
+Under the node lock: half-prepared claims are rolled back, every claim of another boot is
+applied again (re-validated), the handlers sweep what no claim uses and CDI specs of no
+prepared claim are removed; :class:`RecoveryReport` says what was done.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from driver.api import ClaimRef
+from driver.checkpoint.store import LoadStatus
+from driver.errors import TrancheError
+from driver.prepare.answers import with_uuids
+from driver.prepare.executor_base import ExecutorBase
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What start-up recovery did; the plugin turns ``checkpoint`` problems into Events."""
+
+    checkpoint: LoadStatus
+    rolled_back: tuple[str, ...] = ()
+    revalidated: tuple[str, ...] = ()
+    failed: Mapping[str, str] = field(default_factory=dict)
+    orphan_specs_removed: tuple[str, ...] = ()
+    reconciled: tuple[str, ...] = ()  # what handlers (MIG, MPS) cleaned up or adopted
+
+
+class Recovery(ExecutorBase):
+    """Start-up: the checkpoint, the devices and the CDI specs brought back in agreement."""
+
+    def recover(self) -> RecoveryReport:
+        """Start-up: roll back half-prepared claims, re-validate after a reboot, sweep specs.
+
+        A checkpoint from another boot keeps its claims (the kubelet keeps them in
+        its checkpoint and will unprepare them, or prepare them again for the pods it
+        starts anew) but every step is applied again and every CDI spec is
+        rewritten: device state and ``/var/run/cdi`` did not survive the reboot.
+        A claim whose devices fail that check stays recorded, so unprepare still
+        works, and is listed in ``failed``.
+        """
+        with self._locked():
+            self.checkpoint.remove_temporaries()
+            state, status = self.checkpoint.load(locked=True)
+            rolled_back, revalidated, failed = [], [], {}
+            for record in list(state.claims.values()):
+                if record.state == "PrepareStarted":
+                    try:
+                        self._roll_back(state, record)
+                        rolled_back.append(record.uid)
+                    except (TrancheError, OSError) as e:
+                        failed[record.uid] = str(e)
+                elif status.kind == "other-boot":
+                    ref = ClaimRef(record.uid, record.namespace, record.name)
+                    try:
+                        _, uuids = self._apply(ref, record.plan)
+                        state.claims[record.uid] = with_uuids(record, uuids)
+                        revalidated.append(record.uid)
+                    except (TrancheError, OSError) as e:
+                        failed[record.uid] = str(e)
+                        log.error("re-validation failed claim_uid=%s error=%s", record.uid, e)
+            if status.kind == "other-boot":
+                self.checkpoint.save(state)  # every claim now carries this boot's id
+            reconciled = self._reconcile(state)
+            removed = self.cdi.sweep(
+                uid for uid, r in state.claims.items() if r.state == "PrepareCompleted"
+            )
+        if status.kind not in ("ok", "new"):
+            log.warning("checkpoint recovered kind=%s message=%s", status.kind, status.message)
+        return RecoveryReport(
+            checkpoint=status,
+            rolled_back=tuple(rolled_back),
+            revalidated=tuple(revalidated),
+            failed=failed,
+            orphan_specs_removed=tuple(removed),
+            reconciled=tuple(reconciled),
+        )
