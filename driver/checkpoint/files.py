@@ -12,8 +12,9 @@ A checksum covers the other members of its document as parsed JSON re-serialised
 with sorted keys, so a field added by a newer plugin is not mistaken for
 corruption. A claim file is replaced atomically (``driver.files.write_atomic``);
 history lines are appended and fsynced, and a line cut short by a crash fails its
-checksum and is skipped. This module only encodes and decodes; the rules (what is
-cached, when a file is moved aside) live in :mod:`driver.checkpoint.store`.
+checksum and is skipped. This module only encodes, decodes and names; the rules (what is
+cached, when a file is moved aside) live in :mod:`driver.checkpoint.store` and
+:mod:`driver.checkpoint.reader`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +229,17 @@ def empty_file(path: Path) -> None:
         os.ftruncate(fd, len(EMPTY_JOURNAL))
     finally:
         os.close(fd)
+
+
+def aside_name(path: Path, clock: Callable[[], float]) -> Path:
+    """A free name for ``path`` moved aside as corrupt: ``<name>.corrupt-<UTC time>[-<n>]``."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(clock()))
+    moved = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while moved.exists():
+        moved = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        n += 1
+    return moved
 
 
 def fsync_directory(directory: Path) -> None:

@@ -1,7 +1,7 @@
 """A claim whose checkpoint file was corrupt: :class:`Hold` (``docs/checkpoint.md``).
 
 The hold file, ``checkpoint.d/<uid>.hold``, is written by
-:class:`driver.checkpoint.store.Checkpoint` before it moves the corrupt file aside, and
+:class:`driver.checkpoint.reader.DirectoryReader` before it moves the corrupt file aside, and
 deleted when the kubelet unprepares the claim, at the first start in another boot, or by an
 administrator; its layout is in :mod:`driver.checkpoint.files`.
 """

@@ -383,7 +383,7 @@ def test_a_journal_line_that_fails_validation_is_logged_with_the_field(
     cp = Checkpoint(tmp_path / "checkpoint.json", boot_id="b")
     cp.put(started("u1"))
     journal(tmp_path).write_bytes(rewritten(journal(tmp_path).read_bytes(), set_step_uuid))
-    with caplog.at_level(logging.WARNING, logger="driver.checkpoint.store"):
+    with caplog.at_level(logging.WARNING, logger="driver.checkpoint.started"):
         state, _ = Checkpoint(tmp_path / "checkpoint.json", boot_id="b").load(locked=True)
     assert state.claims == {}
     assert "reason=claim.plan.steps.0.gpu_uuid: Input should be a valid string" in caplog.text
