@@ -176,6 +176,9 @@ def allocate(
     node_unattributed: dict[str, Decimal] = {}
     node_rates: dict[str, set[Decimal]] = {}
     for d in report.device_rows:
+        if d.held_s <= 0 and d.idle_s <= 0 and d.unattributed_s <= 0:
+            # Not held in the window (its series outlives its use): nothing to price.
+            continue
         info = catalog.get(d.uuid)
         if info is None:
             raise PricingError(

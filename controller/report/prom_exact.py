@@ -10,13 +10,17 @@ from controller.report.data import DEVICE_HELD
 from controller.report.prom_client import Client, Labels, series_key
 from controller.report.promql import (
     TAG,
+    anchor_of,
     corrections,
+    dropped_series,
     drops_by_node,
     duration,
     exact_step,
     from_samples,
     naive,
+    off_nodes,
     on_nodes,
+    raw_selector,
     unplaced,
     window_total,
 )
@@ -68,7 +72,35 @@ def totals(
             for labels, v in _unplaced(client, selector, metric, sub_at, sub_ms):
                 key = _group(labels, by)
                 out[key] = out.get(key, 0.0) + v
+    for labels, v in _reborn(client, metric, plan, dropped):
+        key = _group(labels, by)
+        out[key] = out.get(key, 0.0) + v
     return out
+
+
+def _reborn(
+    client: Client, metric: str, plan: Plan, dropped: Drops
+) -> Iterator[tuple[dict[str, str], float]]:
+    """Series that dropped on a node whose plugin did not restart: a tenant's, claim's or MIG
+    device's series removed after its retention window and exported again from zero (the
+    held counters, which find restarts, do not drop then, and the drop lies across a gap no
+    step's range holds). Read apart over the window: their increase minus last-minus-anchor."""
+    end_ms, step_ms, steps = plan
+    window_s, anchor_s = steps * step_ms / 1000, _anchor_s(step_ms)
+    restarted = sorted({n for nodes in dropped.values() for n in nodes})
+    selector = off_nodes(metric, restarted)
+    found = client.instant(dropped_series(selector, window_s + anchor_s), end_ms)
+    for labels, _, _ in found:
+        series = dict(series_key(labels))
+        anchor = client.instant(anchor_of(metric, series, window_s, anchor_s), end_ms)
+        read = client.samples(raw_selector(metric, series, window_s), end_ms)
+        with client.lock:
+            client.sampled += 1
+        before = anchor[0][2] if anchor else None
+        values = read[0][1] if read else []
+        last = values[-1] if values else before
+        q = {k: v for k, v in (("L", last), ("A", before)) if v is not None}
+        yield series, from_samples(before, values) - naive(q)
 
 
 def _group(labels: dict[str, str], by: Sequence[str]) -> Labels:

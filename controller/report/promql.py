@@ -187,6 +187,26 @@ def on_nodes(metric: str, nodes: Sequence[str]) -> str:
     return f"{metric}{{instance=~{json.dumps(pattern)}}}"
 
 
+def off_nodes(metric: str, nodes: Sequence[str]) -> str:
+    """``metric`` of every ``instance`` but these."""
+    if not nodes:
+        return metric
+    pattern = "|".join(_regex_escape(n) for n in sorted(nodes))
+    return f"{metric}{{instance!~{json.dumps(pattern)}}}"
+
+
+def dropped_series(selector: str, range_s: float) -> str:
+    """The series of ``selector`` with a drop in the range: ``resets()`` compares consecutive
+    samples however far apart, so a drop across a gap (a series removed, then exported
+    again from zero) is counted too."""
+    return f"resets({selector}[{duration(range_s)}]) > 0"
+
+
+def anchor_of(metric: str, labels: dict[str, str], window_s: float, anchor_s: float) -> str:
+    """One series' anchor: its last value in the look-back before the window."""
+    return f"last_over_time({raw_selector(metric, labels, anchor_s)} offset {duration(window_s)})"
+
+
 def _regex_escape(text: str) -> str:
     """RE2 escaping of the characters that mean something in a pattern."""
     return "".join(f"\\{c}" if c in r"\.+*?()|[]{}^$" else c for c in text)

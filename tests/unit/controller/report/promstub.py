@@ -1,15 +1,17 @@
 """A stand-in for Prometheus that keeps the report's unit tests fast.
 
-It answers two of the report's queries from a table of raw samples per metric: the window
+It answers some of the report's queries from a table of raw samples per metric: the window
 totals (``controller.report.promql.window_total``: per group the sum of last values and of
 anchors) and the timeline's ``rate()`` per tenant and step, as the real server computes them
-for series without a drop. Every other query answers nothing and the rules API is not served:
-drops, rules and the exactness of it all are checked on the real server
-(``tests/e2e/test_prometheus_report_exact.py``, ``tests/e2e/test_prometheus.py``).
+for series without a drop, and those that read apart a series with a drop on a node that did
+not restart (``dropped_series``, ``anchor_of``, its samples). Every other query answers nothing
+and the rules API is not served: drops, rules and the exactness of it all are checked on the
+real server (``tests/e2e/test_prometheus_report_exact.py``, ``tests/e2e/test_prometheus.py``).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import urllib.parse
@@ -91,6 +93,46 @@ def total_answer(table: Table, query: str, at: float) -> Any:
     return {"status": "success", "data": {"resultType": "vector", "result": result}}
 
 
+_DROPPED = re.compile(r"^resets\(([a-z_]+)\[(\d+)ms\]\) > 0$")
+_ONE = r"([a-z_]+)\{([^}]*)\}\[(\d+)ms\]"
+_ANCHOR = re.compile(rf"^last_over_time\({_ONE}\) offset (\d+)ms\)$")
+_SAMPLES = re.compile(rf"^{_ONE}$")
+
+
+def _vector(result: list[dict[str, Any]]) -> Any:
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+def _series(table: Table, metric: str, matchers: str) -> Samples:
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', matchers))
+    return next((s for ls, s in table.get(metric, []) if ls == labels), {})
+
+
+def series_answer(table: Table, query: str, at: float) -> Any:
+    """The series with a drop in a range, one series' anchor, or its samples in a range (a
+    gap, a series removed then exported again from zero, is no sample); None otherwise."""
+    if (match := _DROPPED.match(query)) is not None:
+        after = at - int(match.group(2)) / 1000
+        found = []
+        for labels, samples in table.get(match.group(1), []):
+            seen = [samples[t] for t in sorted(samples) if after < t <= at]
+            drops = sum(1 for a, b in itertools.pairwise(seen) if b < a)
+            if drops:
+                found.append({"metric": labels, "value": [at, str(drops)]})
+        return _vector(found)
+    if (match := _ANCHOR.match(query)) is not None:
+        samples = _series(table, match.group(1), match.group(2))
+        until = at - int(match.group(4)) / 1000
+        value = _last(samples, until - int(match.group(3)) / 1000, until)
+        return _vector([] if value is None else [{"metric": {}, "value": [at, repr(value)]}])
+    if (match := _SAMPLES.match(query)) is not None:
+        samples = _series(table, match.group(1), match.group(2))
+        after = at - int(match.group(3)) / 1000
+        values = [[t, repr(samples[t])] for t in sorted(samples) if after < t <= at]
+        return _matrix([{"metric": {}, "values": values}] if values else [])
+    return None
+
+
 def handler(answer: Callable[[str, dict[str, str]], Any]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -115,8 +157,9 @@ def table_answer(table: Table) -> Callable[[str, dict[str, str]], Any]:
     def answer(path: str, q: dict[str, str]) -> Any:
         if path == "/api/v1/query":
             found = total_answer(table, q["query"], float(q["time"]))
-            empty = {"status": "success", "data": {"resultType": "vector", "result": []}}
-            return found if found is not None else empty
+            if found is None:
+                found = series_answer(table, q["query"], float(q["time"]))
+            return found if found is not None else _vector([])
         if path != "/api/v1/query_range":
             return None
         start, end, step = float(q["start"]), float(q["end"]), float(q["step"])

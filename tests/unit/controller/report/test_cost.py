@@ -210,6 +210,30 @@ def test_devices_that_cannot_be_priced_are_named(uuid: str, needle: str) -> None
     assert needle in str(err.value)
 
 
+@pytest.mark.parametrize("uuid", ["GPU-A", "GPU-9", "MIG-2g"])
+def test_a_device_not_held_in_the_window_is_not_priced(uuid: str) -> None:
+    """With --baseline or --interval every exported device series is in the data, also one
+    held only before the window (a GPU's series stay for the life of the plugin): it costs
+    nothing, so neither its product's price nor its product is needed."""
+
+    def scrape(at: float, h100_held: float) -> Snapshot:
+        values: dict[SeriesKey, float] = {}
+        for uuid_, held in (("GPU-1", h100_held), (uuid, 5.0)):
+            values[(NODE, DEVICE_HELD, (("uuid", uuid_),))] = held * 3600
+            values[(NODE, DEVICE_IDLE, (("uuid", uuid_),))] = 0.0
+            values[(NODE, DEVICE_UNATTRIBUTED, (("uuid", uuid_),))] = 0.0
+        labels = (("namespace", "a"), ("tenant", "a"))
+        values[(NODE, TENANT_ALLOCATED, labels)] = h100_held * 3600
+        values[(NODE, TENANT_MEASURED, labels)] = h100_held * 3600
+        return Snapshot(at, values)
+
+    report = report_from_snapshots([scrape(0.0, 10.0), scrape(3600.0, 11.0)], "test", [])
+    cost = allocate(report, CATALOG, PRICES, "owner")
+    assert money(cost) == {"a": "2.00+0.00", "platform": "0.00+0.00", "not charged": "0.00",
+                           "held": "2.00"}  # fmt: skip
+    assert [d.uuid for d in cost.devices] == ["GPU-1"]
+
+
 @pytest.mark.parametrize(
     ("text", "field"),
     [

@@ -309,6 +309,31 @@ def test_report_from_prometheus_aggregates(tmp_path: Path) -> None:
     ET.parse(chart)
 
 
+def test_prometheus_counts_a_series_exported_again_from_zero() -> None:
+    """A tenant idle for a week has its series removed (tenant_retention_s); when it comes
+    back its series starts again from zero, on a node whose plugin did not restart. Its bill
+    is what it used before the gap plus what it used after, never last value minus anchor
+    (which was negative)."""
+    end = 1_800_000_000.0
+    start = end - 6 * 3600
+    minutes = [start - 3600 + 60 * i for i in range(7 * 60 + 1)]
+    blue = {"namespace": "ml", "tenant": "blue"}
+    before = {t: 1000 + 0.5 * (t - start) for t in minutes if t <= start + 3600}  # +1800 s
+    after = {t: 0.5 * (t - start - 4 * 3600) for t in minutes if t >= start + 4 * 3600}  # 3600
+    table: Table = {
+        "tranche_tenant_gpu_allocated_seconds_total": [(blue, {**before, **after})],
+        "tranche_device_held_seconds_total": [
+            ({"uuid": "GPU-1"}, {t: 60.0 * i for i, t in enumerate(minutes)}),
+        ],
+    }
+    with serving(table_answer(table)) as url:
+        report = build_report(ReportSettings(since_s=6 * 3600, prometheus=url), clock=lambda: end)
+    rows = {r.tenant: r for r in report.rows}
+    assert rows["blue"].allocated_s == 1800.0 + 3600.0
+    assert report.devices.held_s == 6 * 3600.0
+    assert any("read apart" in n for n in report.notes)
+
+
 def test_two_scrapes_an_interval_apart(plugin: Plugin) -> None:
     now = [0.0]
     node = SimNode()
