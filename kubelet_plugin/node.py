@@ -210,7 +210,9 @@ class NodePlugin:
             nvml.wait_event,
             nvml.probe,
             recovery_action=nvml.recovery_action,
-            register_events=lambda: nvml.register_events([g.uuid for g in gpus]),
+            # Only GPUs with a published device: an event of a GPU the monitor does not know
+            # (one hidden by --advertise) would count as unattributed and taint every GPU.
+            register_events=lambda: nvml.register_events(self.health.gpus()),
         )
         self.publisher = Publisher(
             kube,

@@ -138,6 +138,10 @@ def device_gpu_map(inventory: Inventory) -> dict[str, str]:
     return {d.name: inventory.gpu_of(d.name).uuid for d in inventory.devices()}
 
 
+# Taint effects, weakest first.
+EFFECT_RANK = {"None": 0, "NoSchedule": 1, "NoExecute": 2}
+
+
 def _fault_order(f: Fault) -> tuple[int, float, str, str]:
     return (-SEVERITY[f.fault_class], -f.time_added, f.key, f.value)
 
@@ -412,17 +416,21 @@ class HealthMonitor:
         existing.last_seen = seen.last_seen
         existing.count += 1
         if SEVERITY[seen.fault_class] > SEVERITY[existing.fault_class]:
-            existing.fault_class, existing.effect = seen.fault_class, seen.effect
+            # The class decides healing; timeAdded (tolerationSeconds count from it) moves
+            # only when the effect grows stronger, and an effect is never lowered.
+            existing.fault_class = seen.fault_class
             existing.message, existing.recovery_action = seen.message, seen.recovery_action
-            existing.time_added = seen.last_seen
-            log.warning(
-                "GPU taint escalated gpu=%s key=%s value=%s effect=%s",
-                gpu.uuid,
-                existing.key,
-                existing.value,
-                existing.effect,
-            )
-            return self._change("escalated", gpu, existing)
+            if EFFECT_RANK.get(seen.effect, 0) > EFFECT_RANK.get(existing.effect, 0):
+                existing.effect = seen.effect
+                existing.time_added = seen.last_seen
+                log.warning(
+                    "GPU taint escalated gpu=%s key=%s value=%s effect=%s",
+                    gpu.uuid,
+                    existing.key,
+                    existing.value,
+                    existing.effect,
+                )
+                return self._change("escalated", gpu, existing)
         if quiet_for >= self._policy.debounce_seconds:
             log.info(
                 "GPU fault repeated gpu=%s key=%s value=%s count=%d",

@@ -53,6 +53,7 @@ class HealthWatcher:
         self._thread: threading.Thread | None = None
         self._hung: dict[str, threading.Thread] = {}
         self._watch_failing = False
+        self._register_failed = False  # no event set: register() again at each probe round
         self._unregistered: set[str] = set()
 
     @classmethod
@@ -73,10 +74,15 @@ class HealthWatcher:
         try:
             failed = self._register_events()
         except NvmlError as e:
-            log.error("NVML event registration failed code=%d error=%s", e.code, e)
+            if not self._register_failed:
+                log.error("NVML event registration failed code=%d error=%s", e.code, e)
+            self._register_failed = True
             self._watch_failing = True
             self._monitor.observe_watch_error(str(e))
             return
+        if self._register_failed:
+            log.info("NVML event registration works again")
+            self._register_failed = False
         self._unregistered = set(failed)
         # A restarted plugin restores an earlier process's `unmonitored`; registering is when
         # this process learns it can watch (the wait's own failures taint again).
@@ -133,6 +139,8 @@ class HealthWatcher:
         while not self._stop.is_set():
             try:
                 if time.monotonic() >= next_probe:
+                    if self._register_failed:
+                        self.register()
                     self.probe_all()
                     next_probe = time.monotonic() + interval
                 self.poll_event()

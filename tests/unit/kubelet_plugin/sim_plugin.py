@@ -7,6 +7,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from driver.devices.inventory import AdvertiseConfig
 from driver.kube.http import KubeClient
 from driver.metrics import Metrics
 from driver.nvml.sim import create_state, open_simulated
@@ -14,10 +15,16 @@ from kubelet_plugin.node import NodePlugin
 from kubelet_plugin.settings import PluginSettings
 
 
-def sim_plugin(tmp_path: Path, kube: KubeClient, node: str = "node-a") -> NodePlugin:
+def sim_plugin(
+    tmp_path: Path,
+    kube: KubeClient,
+    node: str = "node-a",
+    advertise: AdvertiseConfig | None = None,
+) -> NodePlugin:
     create_state("dgx-h100", tmp_path / "sim.json")
     settings = PluginSettings(
         node_name=node,
+        advertise=advertise or AdvertiseConfig(),
         nvml="simulated",
         kubelet_root_dir=tmp_path / "kubelet",
         cdi_root=tmp_path / "cdi",

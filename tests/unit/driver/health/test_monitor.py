@@ -212,6 +212,21 @@ def test_a_stronger_signal_escalates_the_taint() -> None:
     assert effects(monitor) == {(KEY_XID, "74"): "NoExecute"}
 
 
+def test_a_stronger_class_with_the_same_effect_keeps_time_added() -> None:
+    """``tolerationSeconds`` counts from ``timeAdded``: a stronger class whose effect is
+    the same (here reset and uncontained both ``NoExecute``) must not restart that clock."""
+    monitor, clock = make(POLICY.model_copy(update={"reset_effect": "NoExecute"}))
+    seen: list[HealthChange] = []
+    monitor.add_listener(seen.append)
+    monitor.observe_event(xid(74, action="GPU_RESET"))
+    first = monitor.taints_by_device()
+    clock.advance(120)
+    monitor.observe_event(xid(74, action="NODE_REBOOT"))
+    assert monitor.taints_by_device() == first  # same effect and timeAdded: no republish
+    assert [c.kind for c in seen] == ["tainted", "repeated"]
+    assert monitor.faults(GPU_A)[0].fault_class is FaultClass.UNCONTAINED  # heals as such
+
+
 def test_change_names_node_devices_and_reason() -> None:
     monitor, _ = make()
     seen: list[HealthChange] = []

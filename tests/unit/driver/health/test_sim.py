@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from driver.api import HealthSnapshot
-from driver.devices.inventory import DYNAMIC_MIG, build_inventory
+from driver.devices.inventory import DYNAMIC_MIG, AdvertiseConfig, build_inventory
 from driver.health.monitor import KEY_GPU_LOST, KEY_XID, HealthMonitor, device_gpu_map
 from driver.health.policy import HealthPolicy
 from driver.health.watch import HealthWatcher
 from driver.nvml.facade import Nvml
 from driver.nvml.sim import SimControl, SimStore, create_state, open_simulated
+from tests.unit.kubelet_plugin.sim_plugin import sim_plugin
+from tests.unit.kubelet_plugin.slice_api import SliceApi
 
 POLICY = HealthPolicy(
     quiet_seconds=0.3,
@@ -101,3 +104,21 @@ def test_uncontained_error_heals_once_nvml_no_longer_asks_for_a_reset(
 
     SimControl(store).recover(gpu)
     wait_until(monitor, lambda m: keys_on(m, name) == set())
+
+
+def test_a_fault_of_a_gpu_the_node_hides_taints_no_other_gpu(tmp_path: Path) -> None:
+    """A GPU hidden with ``--advertise`` (an empty list) publishes no device and has no
+    health: its XID must not count as an event of an unknown GPU, which taints every GPU."""
+    hidden = create_state("dgx-h100").read(lambda s: s.gpus[7].uuid)
+    api = SliceApi()
+    try:
+        plugin = sim_plugin(tmp_path, api, advertise=AdvertiseConfig({hidden: ()}))
+        assert hidden not in plugin.health.gpus()
+        plugin.watcher.register()
+        SimControl(SimStore(path=tmp_path / "sim.json")).inject_xid(hidden, 79)
+        for _ in range(3):
+            plugin.watcher.poll_event()
+        assert {k: v for k, v in plugin.health.taints_by_device().items() if v} == {}
+        assert {d.health for d in plugin.health.snapshot().devices} == {"Healthy"}
+    finally:
+        api.close()

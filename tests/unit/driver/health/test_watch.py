@@ -9,7 +9,13 @@ import pytest
 from pydantic import ValidationError
 
 from driver.errors import NvmlError
-from driver.health.monitor import KEY_GPU_LOST, KEY_UNMONITORED, KEY_XID, HealthMonitor
+from driver.health.monitor import (
+    KEY_GPU_LOST,
+    KEY_UNMONITORED,
+    KEY_XID,
+    HealthChange,
+    HealthMonitor,
+)
 from driver.health.policy import FaultClass, HealthPolicy
 from driver.health.watch import HealthWatcher
 from driver.nvml.types import DeviceProbe, XidEvent
@@ -96,6 +102,46 @@ def test_event_wait_errors_mark_gpus_unmonitored_until_it_works() -> None:
     assert monitor.snapshot().devices[0].health == "Unknown"
     watcher.poll_event()
     assert keys(monitor) == set()
+
+
+def test_a_failed_event_registration_is_retried_until_it_works() -> None:
+    """``unmonitored`` lasts until watching works again, also when registering failed."""
+    monitor = HealthMonitor(
+        HealthPolicy(event_wait_seconds=0.01, probe_interval_seconds=0.02), "node-1"
+    )
+    monitor.set_devices({"gpu-aaaaaaaa": GPU})
+    nvml = FakeNvml()
+    attempts: list[int] = []
+
+    def register() -> list[str]:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise NvmlError("nvmlEventSetCreate: unknown error", 999)
+        return []
+
+    def wait_event(timeout: float) -> XidEvent | None:
+        if len(attempts) < 2:
+            raise NvmlError("wait_event before register_events", 1)
+        return nvml.wait_event(timeout)
+
+    watcher = HealthWatcher(monitor, wait_event, nvml.probe, register_events=register)
+    changes: list[HealthChange] = []
+    monitor.add_listener(changes.append)
+    watcher.start()
+    try:
+        snap = monitor.snapshot()
+        for _ in range(100):
+            if keys(monitor) == set():
+                break
+            snap = monitor.wait_for_change(snap, 0.1)
+    finally:
+        watcher.stop()
+    assert [(c.kind, c.key) for c in changes[:2]] == [
+        ("tainted", KEY_UNMONITORED),
+        ("healed", KEY_UNMONITORED),
+    ]
+    assert keys(monitor) == set()
+    assert monitor.snapshot().devices[0].health == "Healthy"
 
 
 def test_gpu_is_lost_from_the_event_wait_affects_every_gpu() -> None:
