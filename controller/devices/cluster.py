@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 from controller.devices.lookup import DEFAULT_DRIVER, ClusterDevice, ClusterView, read_view
 from controller.kube_client import Json, add_kubeconfig_flag
+from driver.checkpoint.holds import TAINT_KEY as HELD_KEY
 from driver.cli import Command, load_commands
 from driver.errors import TrancheError
 from driver.flags import add_flag, add_switch
@@ -41,12 +42,20 @@ class DeviceRow:
 
 
 def health_of(device: ClusterDevice) -> str:
-    """Unhealthy when the driver tainted the device NoSchedule/NoExecute; Healthy otherwise."""
+    """Unhealthy when the driver tainted the device NoSchedule/NoExecute for a fault; Held
+    when its only such taint is the node's checkpoint hold (not a fault of the device: its
+    node refuses new claims until a held claim is unprepared); Healthy otherwise."""
+    held = False
     for t in device.taints:
-        driver_key = str(t.get("key", "")).startswith(HEALTH_PREFIX) and t.get("key") != ADMIN_KEY
-        if driver_key and t.get("effect") in ("NoSchedule", "NoExecute"):
+        key = str(t.get("key", ""))
+        if not key.startswith(HEALTH_PREFIX) or key == ADMIN_KEY:
+            continue
+        if t.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if key != HELD_KEY:
             return "Unhealthy"
-    return "Healthy"
+        held = True
+    return "Held" if held else "Healthy"
 
 
 def _taint_text(taint: Json, source: str | None = None) -> str:

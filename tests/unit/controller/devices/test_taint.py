@@ -175,6 +175,35 @@ def test_listing_shows_taints_health_and_holders() -> None:
     assert "team-a/train" in text
 
 
+@pytest.mark.parametrize(
+    ("taints", "health"),
+    [
+        ([], "Healthy"),
+        ([("gpu.tranche.dev/checkpoint-held", "NoSchedule")], "Held"),
+        (
+            [
+                ("gpu.tranche.dev/checkpoint-held", "NoSchedule"),
+                ("gpu.tranche.dev/ecc", "NoExecute"),
+            ],
+            "Unhealthy",
+        ),
+        ([("gpu.tranche.dev/unmonitored", "None")], "Healthy"),
+        ([("gpu.tranche.dev/admin", "NoExecute")], "Healthy"),  # an admin's, shown as a taint
+    ],
+)
+def test_a_node_holding_a_corrupt_claim_shows_its_devices_held_not_unhealthy(
+    taints: list[tuple[str, str]], health: str
+) -> None:
+    """The checkpoint hold keeps new claims off a node whose checkpoint had a corrupt file
+    (docs/checkpoint.md); its devices are not faulty, so an admin is not sent to replace them."""
+    tainted = {
+        **device("gpu-1a2b3c4d", "GPU-1a2b3c4d-0000"),
+        "taints": [{"key": k, "value": "uid-1", "effect": e} for k, e in taints],
+    }
+    view = ClusterView(tuple(devices_from_slices([slice_("node-a", 1, [tainted])])), (), ())
+    assert [r.health for r in rows(view)] == [health]
+
+
 def test_device_label() -> None:
     d = ClusterDevice(DRIVER, "p", "n", "gpu-1", "gpu", "GPU-1", "")
     assert d.label == "n/gpu-1"
