@@ -28,12 +28,15 @@ from driver.checkpoint.store import (
 )
 from driver.usage.attribution import ClaimAllocation, HeldDevice, RecordsProvider
 
-_MIG_SLICES = re.compile(r"-mig-(\d+)g")
+# ``<gpu>-mig-<profile>-<start>`` (driver.devices.inventory.mig_name), the GPU's name being
+# ``gpu-<hex>``: anchored, so that a share device ``<gpu>-ts-<group>`` whose group an
+# administrator named like a profile is not taken for a MIG slice.
+_MIG_SLICES = re.compile(r"gpu-[0-9a-f]+-mig-(\d+)g")
 
 
 def held_device(device: AllocatedDeviceRecord) -> HeldDevice:
     share = None if device.share_id is not None else 1.0
-    mig = _MIG_SLICES.search(device.name)
+    mig = _MIG_SLICES.match(device.name)
     if mig is not None:
         return HeldDevice.mig(device.uuid, device.name, int(mig.group(1)), share=share)
     if share is None:

@@ -36,6 +36,11 @@ def device(name: str, uuid: str, share_id: str | None = None) -> AllocatedDevice
         ("gpu-76091111-mig-3g40gb-4", None, 3 / 7),
         ("gpu-76091111-mig-1g10gbme-6", None, 1 / 7),
         ("gpu-76091111", "share-1", 1 / 2),
+        # A sharing group an administrator named like a MIG profile is no MIG slice: the
+        # claims time-slicing the GPU are each billed the whole GPU, not 1/7 of it.
+        ("gpu-76091111-ts-mig-1gpu", None, 1.0),
+        ("gpu-76091111-mps-team-mig-2g", "share-1", 1 / 2),
+        ("gpu-7609111122223333-mig-2g20gb-0", None, 2 / 7),  # a GPU with a 16-digit name
     ],
 )
 def test_allocated_share_from_record(
