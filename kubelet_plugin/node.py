@@ -25,7 +25,7 @@ from driver.checkpoint.records import ClaimRecord
 from driver.checkpoint.store import Checkpoint, CheckpointData
 from driver.devices.bridge import check_no_device_plugin
 from driver.devices.inventory import build_inventory
-from driver.devices.slices import build_slices
+from driver.devices.slices import MAX_TAINTS, build_slices
 from driver.errors import ApiUnavailable, error_reason
 from driver.faults import FaultPoints
 from driver.health.metrics import HealthMetrics
@@ -312,6 +312,7 @@ class NodePlugin:
                 else None
             ),
             layout=features.slice_layout if features else "split",
+            max_taints=features.max_device_taints if features else MAX_TAINTS,
         )
         self._published_devices = sum(len(s["spec"].get("devices", [])) for s in slices)
         return slices

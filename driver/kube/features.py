@@ -21,6 +21,7 @@ drops both fields, so MIG placements cannot be offered at all ("none").
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -79,6 +80,8 @@ class ServerFeatures:
     # scheduling.k8s.io version serving PodGroups ("v1beta1", "v1alpha3") or None: claims
     # reserved for a PodGroup (gate DRAWorkloadResourceClaims) need it
     pod_group_version: str | None = None
+    # Taints one device may carry (DeviceTaintsMaxLength): 4 in 1.34, 16 from 1.35
+    max_device_taints: int = 16
 
     def log_lines(self) -> list[str]:
         return [f"feature unavailable feature={k} loss={v!r}" for k, v in self.unavailable.items()]
@@ -92,6 +95,26 @@ def served_resources(group_versions: Mapping[str, Json]) -> dict[str, set[str]]:
         names = {str(r.get("name", "")) for r in doc.get("resources", ())}
         out[version] = {n for n in names if n and "/" not in n}
     return out
+
+
+# DeviceTaintsMaxLength of resource.k8s.io/v1: 4 in k8s.io/api v0.34, 16 from v0.35 on.
+DEVICE_TAINTS_MAX = 16
+DEVICE_TAINTS_MAX_1_34 = 4
+
+
+def max_device_taints(version_doc: Json) -> int:
+    """Taints the server accepts per device, from ``/version``'s major and minor (the
+    binary's version, whose validation applies); the smaller 1.34 limit when they cannot
+    be read, which every server accepts."""
+    try:
+        major = int(str(version_doc.get("major", "")).rstrip("+"))
+        minor = int(str(version_doc.get("minor", "")).rstrip("+"))
+    except ValueError:
+        match = re.match(r"v?(\d+)\.(\d+)", str(version_doc.get("gitVersion", "")))
+        if match is None:
+            return DEVICE_TAINTS_MAX_1_34
+        major, minor = int(match[1]), int(match[2])
+    return DEVICE_TAINTS_MAX if (major, minor) >= (1, 35) else DEVICE_TAINTS_MAX_1_34
 
 
 def taint_rule_version(resources: Mapping[str, set[str]]) -> str | None:
@@ -140,6 +163,7 @@ def decide(
         device_taints=taints,
         consumable_capacity=shares,
         unavailable=unavailable,
+        max_device_taints=max_device_taints(version_doc),
     )
 
 
