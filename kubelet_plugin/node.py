@@ -300,6 +300,14 @@ class NodePlugin:
                 taints[name] = [*taints.get(name, []), dict(held)]
         if features is not None and not features.device_taints:
             taints = {}  # the server would drop them (logged at discovery)
+        elif features is not None and not features.taint_effect_none:
+            # Kubernetes 1.34 refuses a slice with a `None` taint (informational: it changes
+            # nothing for the scheduler or eviction; logs, events and metrics still tell)
+            taints = {
+                name: kept
+                for name, ts in taints.items()
+                if (kept := [t for t in ts if t["effect"] != "None"])
+            }
         slices = build_slices(
             self.inventory,
             self.settings.node_name,

@@ -82,6 +82,8 @@ class ServerFeatures:
     pod_group_version: str | None = None
     # Taints one device may carry (DeviceTaintsMaxLength): 4 in 1.34, 16 from 1.35
     max_device_taints: int = 16
+    # Device taints may have effect "None" (1.35+; 1.34 refuses the slice)
+    taint_effect_none: bool = True
 
     def log_lines(self) -> list[str]:
         return [f"feature unavailable feature={k} loss={v!r}" for k, v in self.unavailable.items()]
@@ -102,19 +104,34 @@ DEVICE_TAINTS_MAX = 16
 DEVICE_TAINTS_MAX_1_34 = 4
 
 
-def max_device_taints(version_doc: Json) -> int:
-    """Taints the server accepts per device, from ``/version``'s major and minor (the
-    binary's version, whose validation applies); the smaller 1.34 limit when they cannot
-    be read, which every server accepts."""
+def _minor_version(version_doc: Json) -> tuple[int, int] | None:
+    """``(1, 34)`` from ``/version``'s major and minor (the binary's version, whose
+    validation applies), else from ``gitVersion``; None when neither can be read."""
     try:
         major = int(str(version_doc.get("major", "")).rstrip("+"))
         minor = int(str(version_doc.get("minor", "")).rstrip("+"))
     except ValueError:
         match = re.match(r"v?(\d+)\.(\d+)", str(version_doc.get("gitVersion", "")))
         if match is None:
-            return DEVICE_TAINTS_MAX_1_34
+            return None
         major, minor = int(match[1]), int(match[2])
-    return DEVICE_TAINTS_MAX if (major, minor) >= (1, 35) else DEVICE_TAINTS_MAX_1_34
+    return major, minor
+
+
+def max_device_taints(version_doc: Json) -> int:
+    """Taints the server accepts per device; the smaller 1.34 limit when the version cannot
+    be read, which every server accepts."""
+    version = _minor_version(version_doc)
+    return (
+        DEVICE_TAINTS_MAX if version is not None and version >= (1, 35) else DEVICE_TAINTS_MAX_1_34
+    )
+
+
+def taint_effect_none(version_doc: Json) -> bool:
+    """Whether the server accepts device taints with effect ``None`` (1.35 added it; 1.34
+    knows ``NoSchedule`` and ``NoExecute`` only). False when the version cannot be read."""
+    version = _minor_version(version_doc)
+    return version is not None and version >= (1, 35)
 
 
 def taint_rule_version(resources: Mapping[str, set[str]]) -> str | None:
@@ -164,6 +181,7 @@ def decide(
         consumable_capacity=shares,
         unavailable=unavailable,
         max_device_taints=max_device_taints(version_doc),
+        taint_effect_none=taint_effect_none(version_doc),
     )
 
 

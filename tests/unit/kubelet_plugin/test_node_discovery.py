@@ -122,3 +122,31 @@ def test_a_gpu_with_many_faults_still_publishes_on_kubernetes_1_34(tmp_path: Pat
     assert {"key": "gpu.tranche.dev/xid", "value": "48", "effect": "NoExecute"} in [
         {k: t[k] for k in ("key", "value", "effect")} for t in device["taints"]
     ]
+
+
+@pytest.mark.parametrize("server", ["1.34", "1.37"])
+def test_informational_taints_are_left_out_where_the_server_refuses_them(
+    tmp_path: Path, server: str
+) -> None:
+    """Effect ``None`` exists from 1.35: on 1.34 an informational fault (here XID 63, a row
+    remap) must not make the server refuse the node's slices; stronger taints stay."""
+    api = SliceApi()
+    if server == "1.34":
+        server_1_34(api)
+    plugin = sim_plugin(tmp_path, api)
+    try:
+        plugin.discover_features()
+    finally:
+        api.close()
+    plugin.desired_slices()
+    gpu = plugin.inventory.gpus[0]
+    for xid in (63, 48):  # informational (None), double-bit ECC (NoExecute)
+        plugin.health.observe_event(XidEvent(gpu.info.uuid, "xid", xid, 1.0e9))
+    slices = plugin.desired_slices()
+    (device,) = [d for s in slices for d in s["spec"].get("devices", []) if d["name"] == gpu.name]
+    effects = sorted(t["effect"] for t in device["taints"])
+    if server == "1.34":
+        assert refused_by_1_34(slices) == []
+        assert effects == ["NoExecute"]
+    else:
+        assert effects == ["NoExecute", "None"]

@@ -72,6 +72,7 @@ def test_recorded_servers_give_the_layout_and_taint_rule_version_they_accept(ser
     assert f.resource_v1
     assert f.server_version.startswith("v" + server.split("-", maxsplit=1)[0])
     assert f.max_device_taints == (4 if server.startswith("1.34") else 16)
+    assert f.taint_effect_none == (not server.startswith("1.34"))
 
 
 def test_a_server_with_dra_gates_off_says_what_users_lose() -> None:
