@@ -25,7 +25,7 @@ from driver.checkpoint.records import ClaimRecord
 from driver.checkpoint.store import Checkpoint, CheckpointData
 from driver.devices.bridge import check_no_device_plugin
 from driver.devices.inventory import build_inventory
-from driver.devices.slices import build_slices
+from driver.devices.slices import MAX_TAINTS, build_slices
 from driver.errors import ApiUnavailable, error_reason
 from driver.faults import FaultPoints
 from driver.health.metrics import HealthMetrics
@@ -300,6 +300,14 @@ class NodePlugin:
                 taints[name] = [*taints.get(name, []), dict(held)]
         if features is not None and not features.device_taints:
             taints = {}  # the server would drop them (logged at discovery)
+        elif features is not None and not features.taint_effect_none:
+            # Kubernetes 1.34 refuses a slice with a `None` taint (informational: it changes
+            # nothing for the scheduler or eviction; logs, events and metrics still tell)
+            taints = {
+                name: kept
+                for name, ts in taints.items()
+                if (kept := [t for t in ts if t["effect"] != "None"])
+            }
         slices = build_slices(
             self.inventory,
             self.settings.node_name,
@@ -312,6 +320,7 @@ class NodePlugin:
                 else None
             ),
             layout=features.slice_layout if features else "split",
+            max_taints=features.max_device_taints if features else MAX_TAINTS,
         )
         self._published_devices = sum(len(s["spec"].get("devices", [])) for s in slices)
         return slices

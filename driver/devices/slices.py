@@ -60,7 +60,7 @@ MAX_COUNTER_SETS = 8  # ResourceSliceMaxCounterSets
 MAX_COUNTERS_PER_SET = 32  # ResourceSliceMaxCountersPerCounterSet
 MAX_ATTRIBUTES_AND_CAPACITIES = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
 MAX_ATTRIBUTE_LENGTH = 64  # DeviceAttributeMaxValueLength
-MAX_TAINTS = 16  # DeviceTaintsMaxLength
+MAX_TAINTS = 16  # DeviceTaintsMaxLength (4 in Kubernetes 1.34: ``max_taints=``)
 MAX_NAME_LENGTH = 253  # object names: DNS subdomain
 
 STD = "resource.kubernetes.io/"  # k8s.io/dynamic-resource-allocation deviceattribute prefix
@@ -318,11 +318,18 @@ def _check_device(device: Json) -> None:
             f"device {device['name']}: {entries} attributes and capacities, more than the "
             f"{MAX_ATTRIBUTES_AND_CAPACITIES} a ResourceSlice device may have"
         )
-    taints = device.get("taints", [])
-    if len(taints) > MAX_TAINTS:
-        raise ConfigError(
-            f"device {device['name']}.taints: {len(taints)} taints, more than {MAX_TAINTS}"
-        )
+
+
+# Taint effects from the strongest; an unknown effect counts as ``None`` (KEP-5055).
+EFFECT_RANK = {"NoExecute": 2, "NoSchedule": 1}
+
+
+def strongest_taints(taints: Sequence[Mapping[str, Any]], limit: int) -> list[Json]:
+    """At most ``limit`` of ``taints``, in their order: the strongest effects kept (ties:
+    the earlier taint), so a dropped taint never has a stronger effect than a kept one and
+    the device stays at least as unschedulable (or evicting) as all its taints make it."""
+    ranked = sorted(range(len(taints)), key=lambda i: -EFFECT_RANK.get(taints[i]["effect"], 0))
+    return [dict(taints[i]) for i in sorted(ranked[:limit])]
 
 
 def _uses_advanced(device: Json) -> bool:
@@ -355,6 +362,7 @@ def build_slices(
     extra_devices: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     common_attributes: Mapping[str, Json] | None = None,
     layout: SliceLayout = "split",
+    max_taints: int = MAX_TAINTS,
 ) -> list[Json]:
     """The ResourceSlices of ``inventory`` for ``node_name``.
 
@@ -368,6 +376,9 @@ def build_slices(
     a counter set, and such a device can take the whole GPU with
     :func:`full_gpu_consumption`.
     ``layout`` is the slice layout the API server accepts (module docstring).
+    ``max_taints`` is the number of taints the API server accepts per device (16; 4 in
+    Kubernetes 1.34): a device with more keeps those of the strongest effects
+    (:func:`strongest_taints`) instead of the server refusing the whole slice.
     """
     if layout not in LAYOUTS:
         raise ConfigError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
@@ -416,7 +427,7 @@ def build_slices(
             if common_attributes:
                 d["attributes"] = {**d.get("attributes", {}), **common_attributes}
             if taints.get(d["name"]):
-                d["taints"] = [dict(t) for t in taints[d["name"]]]
+                d["taints"] = strongest_taints(taints[d["name"]], max_taints)
             _check_device(d)
         if devices:
             device_groups.append((gpu.name, devices))

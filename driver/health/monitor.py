@@ -46,8 +46,9 @@ KEY_GPU_LOST = f"{TAINT_DOMAIN}/gpu-lost"
 KEY_UNMONITORED = f"{TAINT_DOMAIN}/unmonitored"
 KEY_EVENT = f"{TAINT_DOMAIN}/event"
 
-# A device holds at most 16 taints (resource.k8s.io/v1 DeviceTaintsMaxLength); health
-# keeps to half of them so other taints still fit.
+# A device holds at most 16 taints (resource.k8s.io/v1 DeviceTaintsMaxLength; 4 on
+# Kubernetes 1.34, where build_slices keeps the strongest); health keeps to half of them
+# so other taints still fit.
 MAX_HEALTH_TAINTS = 8
 MAX_MESSAGE = 1024
 

@@ -21,6 +21,7 @@ drops both fields, so MIG placements cannot be offered at all ("none").
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -79,6 +80,10 @@ class ServerFeatures:
     # scheduling.k8s.io version serving PodGroups ("v1beta1", "v1alpha3") or None: claims
     # reserved for a PodGroup (gate DRAWorkloadResourceClaims) need it
     pod_group_version: str | None = None
+    # Taints one device may carry (DeviceTaintsMaxLength): 4 in 1.34, 16 from 1.35
+    max_device_taints: int = 16
+    # Device taints may have effect "None" (1.35+; 1.34 refuses the slice)
+    taint_effect_none: bool = True
 
     def log_lines(self) -> list[str]:
         return [f"feature unavailable feature={k} loss={v!r}" for k, v in self.unavailable.items()]
@@ -92,6 +97,41 @@ def served_resources(group_versions: Mapping[str, Json]) -> dict[str, set[str]]:
         names = {str(r.get("name", "")) for r in doc.get("resources", ())}
         out[version] = {n for n in names if n and "/" not in n}
     return out
+
+
+# DeviceTaintsMaxLength of resource.k8s.io/v1: 4 in k8s.io/api v0.34, 16 from v0.35 on.
+DEVICE_TAINTS_MAX = 16
+DEVICE_TAINTS_MAX_1_34 = 4
+
+
+def _minor_version(version_doc: Json) -> tuple[int, int] | None:
+    """``(1, 34)`` from ``/version``'s major and minor (the binary's version, whose
+    validation applies), else from ``gitVersion``; None when neither can be read."""
+    try:
+        major = int(str(version_doc.get("major", "")).rstrip("+"))
+        minor = int(str(version_doc.get("minor", "")).rstrip("+"))
+    except ValueError:
+        match = re.match(r"v?(\d+)\.(\d+)", str(version_doc.get("gitVersion", "")))
+        if match is None:
+            return None
+        major, minor = int(match[1]), int(match[2])
+    return major, minor
+
+
+def max_device_taints(version_doc: Json) -> int:
+    """Taints the server accepts per device; the smaller 1.34 limit when the version cannot
+    be read, which every server accepts."""
+    version = _minor_version(version_doc)
+    return (
+        DEVICE_TAINTS_MAX if version is not None and version >= (1, 35) else DEVICE_TAINTS_MAX_1_34
+    )
+
+
+def taint_effect_none(version_doc: Json) -> bool:
+    """Whether the server accepts device taints with effect ``None`` (1.35 added it; 1.34
+    knows ``NoSchedule`` and ``NoExecute`` only). False when the version cannot be read."""
+    version = _minor_version(version_doc)
+    return version is not None and version >= (1, 35)
 
 
 def taint_rule_version(resources: Mapping[str, set[str]]) -> str | None:
@@ -140,6 +180,8 @@ def decide(
         device_taints=taints,
         consumable_capacity=shares,
         unavailable=unavailable,
+        max_device_taints=max_device_taints(version_doc),
+        taint_effect_none=taint_effect_none(version_doc),
     )
 
 

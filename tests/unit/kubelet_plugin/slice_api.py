@@ -50,9 +50,10 @@ DISCOVERY: dict[str, dict[str, Any]] = {
 }
 
 
-def _dry_run(body: Mapping[str, Any]) -> RawAnswer:
-    """A 1.35+ server: counters and devices in one slice are refused, the rest is kept."""
-    if "sharedCounters" in body["spec"] and body["spec"].get("devices"):
+def _dry_run(body: Mapping[str, Any], keeps_combined: bool = False) -> RawAnswer:
+    """A 1.35+ server: counters and devices in one slice are refused, the rest is kept
+    (a 1.34 server, ``keeps_combined``, keeps them too)."""
+    if not keeps_combined and "sharedCounters" in body["spec"] and body["spec"].get("devices"):
         return answer(422, {"message": "only one of sharedCounters or devices is allowed"})
     return answer(201, body)
 
@@ -61,6 +62,7 @@ class SliceApi(KubeClient):
     def __init__(self) -> None:
         super().__init__(Credentials("https://127.0.0.1:9"))
         self.down = False
+        self.dry_run_keeps_combined = False  # the layout probe of a 1.34 server
         self.answers: list[Answer] = []
         self.slices: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -81,7 +83,7 @@ class SliceApi(KubeClient):
         if path in DISCOVERY:
             return answer(200, DISCOVERY[path])
         if path == SLICES and (kw.get("query") or {}).get("dryRun"):
-            return _dry_run(kw["body"])
+            return _dry_run(kw["body"], self.dry_run_keeps_combined)
         if path.startswith("/api/v1/nodes/"):
             return answer(200, {"metadata": {"name": path.rsplit("/", 1)[1], "uid": "uid-1"}})
         if path.startswith(SLICES):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from driver.kube.http import RawAnswer
+from driver.nvml.types import XidEvent
 from tests.unit.kubelet_plugin.sim_plugin import sim_plugin
 from tests.unit.kubelet_plugin.slice_api import SliceApi, answer
 
@@ -67,3 +69,84 @@ def test_a_404_on_the_resource_group_means_not_served(tmp_path: Path) -> None:
         api.close()
     ready = plugin.ready()
     assert ready is not None and "does not serve resource.k8s.io/v1 ResourceSlices" in ready
+
+
+def server_1_34(api: SliceApi) -> None:
+    """Make ``api`` a Kubernetes 1.34 server: its version, and the combined slice layout
+    (counters next to the devices that consume them) kept by the layout probe."""
+    v134 = answer(200, {"gitVersion": "v1.34.4", "major": "1", "minor": "34"})
+
+    def override(method: str, path: str) -> RawAnswer | None:
+        return v134 if path == "/version" else None
+
+    api.answers.append(override)
+    api.dry_run_keeps_combined = True
+
+
+def refused_by_1_34(slices: list[dict[str, Any]]) -> list[str]:
+    """What the 1.34 API server's validation refuses in these slices (taints only):
+    ``DeviceTaintsMaxLength`` was 4, and the only effects were NoSchedule and NoExecute."""
+    errors = []
+    for s in slices:
+        for d in s["spec"].get("devices", []):
+            taints = d.get("taints", [])
+            if len(taints) > 4:
+                errors.append(f"{d['name']}.taints: Too many: {len(taints)}: must have at most 4")
+            errors += [
+                f"{d['name']}.taints.effect: Unsupported value: {t['effect']!r}"
+                for t in taints
+                if t["effect"] not in ("NoSchedule", "NoExecute")
+            ]
+    return errors
+
+
+def test_a_gpu_with_many_faults_still_publishes_on_kubernetes_1_34(tmp_path: Path) -> None:
+    """1.34 accepts 4 taints per device (16 from 1.35): a GPU with six faults keeps the four
+    strongest, its NoExecute fault among them, instead of the server refusing the slice."""
+    api = SliceApi()
+    server_1_34(api)
+    plugin = sim_plugin(tmp_path, api)
+    try:
+        features = plugin.discover_features()
+    finally:
+        api.close()
+    assert (features.slice_layout, features.max_device_taints) == ("combined", 4)
+    plugin.desired_slices()  # the health monitor learns the devices
+    gpu = plugin.inventory.gpus[0]
+    for xid in (46, 74, 109, 119, 120, 48):  # five resets (NoSchedule), one double-bit ECC
+        plugin.health.observe_event(XidEvent(gpu.info.uuid, "xid", xid, 1.0e9))
+    slices = plugin.desired_slices()
+    assert refused_by_1_34(slices) == []
+    (device,) = [d for s in slices for d in s["spec"].get("devices", []) if d["name"] == gpu.name]
+    assert len(device["taints"]) == 4
+    assert {"key": "gpu.tranche.dev/xid", "value": "48", "effect": "NoExecute"} in [
+        {k: t[k] for k in ("key", "value", "effect")} for t in device["taints"]
+    ]
+
+
+@pytest.mark.parametrize("server", ["1.34", "1.37"])
+def test_informational_taints_are_left_out_where_the_server_refuses_them(
+    tmp_path: Path, server: str
+) -> None:
+    """Effect ``None`` exists from 1.35: on 1.34 an informational fault (here XID 63, a row
+    remap) must not make the server refuse the node's slices; stronger taints stay."""
+    api = SliceApi()
+    if server == "1.34":
+        server_1_34(api)
+    plugin = sim_plugin(tmp_path, api)
+    try:
+        plugin.discover_features()
+    finally:
+        api.close()
+    plugin.desired_slices()
+    gpu = plugin.inventory.gpus[0]
+    for xid in (63, 48):  # informational (None), double-bit ECC (NoExecute)
+        plugin.health.observe_event(XidEvent(gpu.info.uuid, "xid", xid, 1.0e9))
+    slices = plugin.desired_slices()
+    (device,) = [d for s in slices for d in s["spec"].get("devices", []) if d["name"] == gpu.name]
+    effects = sorted(t["effect"] for t in device["taints"])
+    if server == "1.34":
+        assert refused_by_1_34(slices) == []
+        assert effects == ["NoExecute"]
+    else:
+        assert effects == ["NoExecute", "None"]

@@ -259,8 +259,20 @@ def test_taints_go_to_their_devices() -> None:
     assert "taints" not in by_name["gpu-00000000"]
     with pytest.raises(ConfigError, match="gpu-ffffffff"):
         build_slices(inv, NODE, taints={"gpu-ffffffff": [taint]})
-    with pytest.raises(ConfigError, match="taints"):
-        build_slices(inv, NODE, taints={"gpu-00000000": [taint] * 17})
+
+
+def test_too_many_taints_keep_the_strongest_effects() -> None:
+    """Over the server's limit (4 on Kubernetes 1.34) a device keeps the taints of the
+    strongest effects, in their order: none dropped is stronger than one kept."""
+    inv = build_inventory([h100(0)], SYSTEM, DYNAMIC_MIG)
+    taints = [
+        {"key": f"gpu.tranche.dev/t{i}", "effect": effect}
+        for i, effect in enumerate(["None", "NoSchedule", "NoExecute", "None", "NoSchedule"])
+    ]
+    by_name = _by_name(build_slices(inv, NODE, taints={"gpu-00000000": taints}, max_taints=2))
+    assert by_name["gpu-00000000"]["taints"] == [taints[1], taints[2]]
+    by_name = _by_name(build_slices(inv, NODE, taints={"gpu-00000000": taints * 4}))
+    assert len(by_name["gpu-00000000"]["taints"]) == 16
 
 
 def test_extra_devices_share_the_gpu_counters() -> None:

@@ -71,6 +71,8 @@ def test_recorded_servers_give_the_layout_and_taint_rule_version_they_accept(ser
     assert (f.slice_layout, f.taint_rule_version, set(f.unavailable)) == (layout, rules, off)
     assert f.resource_v1
     assert f.server_version.startswith("v" + server.split("-", maxsplit=1)[0])
+    assert f.max_device_taints == (4 if server.startswith("1.34") else 16)
+    assert f.taint_effect_none == (not server.startswith("1.34"))
 
 
 def test_a_server_with_dra_gates_off_says_what_users_lose() -> None:
@@ -106,6 +108,22 @@ def test_the_newest_taint_rule_version_wins() -> None:
     }
     f = decide({"gitVersion": "v1.36.3"}, docs, "combined-refused")
     assert f.taint_rule_version == "v1beta2"
+
+
+@pytest.mark.parametrize(
+    ("version", "limit"),
+    [
+        ({"major": "1", "minor": "34+", "gitVersion": "v1.34.4-gke.1"}, 4),
+        ({"major": "1", "minor": "35"}, 16),
+        ({"gitVersion": "v1.37.2"}, 16),
+        ({"gitVersion": "v1.34.0"}, 4),
+        ({}, 4),  # unknown: the smaller limit, which every server accepts
+    ],
+)
+def test_the_device_taint_limit_follows_the_server_version(
+    version: dict[str, str], limit: int
+) -> None:
+    assert decide(version, {}, None).max_device_taints == limit
 
 
 def test_probe_answers_are_classified() -> None:
