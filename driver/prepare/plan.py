@@ -132,7 +132,13 @@ def _check_mps_limits(
     mps: MpsConfig,
     devices: Sequence[PlannedDevice],
     memory: dict[str, int],
+    *,
+    claim_devices: Sequence[PlannedDevice],
+    configured: Sequence[PlannedDevice],
 ) -> None:
+    """``devices``: the MPS group's; ``claim_devices``: all of the claim's, whose positions
+    key ``defaultPerDevicePinnedMemoryLimit`` (as :func:`driver.sharing.mps.device_limit`
+    reads it); ``configured``: those ``entry`` applies to."""
     where = f"{entry.where}.sharing.mpsConfig" if entry else "sharing.mpsConfig"
     limit = mps.default_pinned_device_memory_limit
     if limit is not None:
@@ -142,13 +148,20 @@ def _check_mps_limits(
                     f"{where}.defaultPinnedDeviceMemoryLimit: {limit} bytes exceeds the "
                     f"{memory[d.device]} bytes of device {d.device}"
                 )
-    keys = {str(i): d for i, d in enumerate(devices)} | {d.uuid: d for d in devices if d.uuid}
+    keys = {str(i): d for i, d in enumerate(claim_devices)} | {
+        d.uuid: d for d in claim_devices if d.uuid
+    }
     for key, value in mps.default_per_device_pinned_memory_limit.items():
         target = keys.get(key)
         if target is None:
             raise ConfigError(
                 f"{where}.defaultPerDevicePinnedMemoryLimit[{key}]: not a device of the claim "
-                f"(use its position 0..{len(devices) - 1} or its UUID)"
+                f"(use its position 0..{len(claim_devices) - 1} or its UUID)"
+            )
+        if target not in configured:
+            raise ConfigError(
+                f"{where}.defaultPerDevicePinnedMemoryLimit[{key}]: device {target.device} is "
+                "not one this config applies to"
             )
         if value > memory[target.device]:
             raise ConfigError(
@@ -291,7 +304,11 @@ def build_plan(
         group = [planned[i] for i in indexes]
         mps = mps_of[indexes[0]]
         try:
-            _check_mps_limits(entries[indexes[0]], mps, group, memory)
+            mine = [entries[i] for i in indexes]
+            configured = [d for d, e in zip(planned, entries, strict=True) if e in mine]
+            _check_mps_limits(
+                mine[0], mps, group, memory, claim_devices=planned, configured=configured
+            )
         except ConfigError as e:
             raise ConfigError(f"claim {key}: {e}") from e
         steps.append(

@@ -163,6 +163,39 @@ def test_mps_shares_of_one_gpu_share_one_daemon_with_their_own_limits(node: Path
     assert sharing.daemons.processes() == []
 
 
+def test_a_per_device_limit_is_keyed_by_the_devices_position_in_the_claim(node: Path) -> None:
+    """docs/sharing.md: ``defaultPerDevicePinnedMemoryLimit`` is keyed by the device's position
+    in the claim. Before 2026-12-05 the check counted positions within the MPS devices alone:
+    the claim's second device (key "1") was refused as "not a device of the claim", and key
+    "0" passed the check but limited nothing (position 0 of the claim is not an MPS device)."""
+    state, sharing, _ = sharing_state(node)
+    exclusive, shared = state.inventory.gpus[0], state.inventory.gpus[1]
+    results = [result(exclusive.name, request="solo"), result(shared.name, request="mps")]
+
+    def mps(key: str) -> dict[str, Any]:
+        limits = {"defaultPerDevicePinnedMemoryLimit": {key: "10Gi"}}
+        return MPS | {"sharing": {"strategy": "MPS", "mpsConfig": limits}}
+
+    ok = new_claim(node, "ok", results, [config(mps("1"), requests=["mps"])])
+    assert state.prepare(ok, ref_of(ok)).error == ""
+    spec = json.loads((node / "cdi" / "gpu.tranche.dev-claim_ok.json").read_text())
+    env = {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]}
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M" in env[f"ok-{shared.name}"]
+    assert not any("CUDA_MPS" in e for e in env[f"ok-{exclusive.name}"])
+    assert state.unprepare(ref_of(ok)).error == ""
+
+    # key "0" names the exclusive GPU, which this config does not apply to: refused, not
+    # silently unlimited
+    wrong = new_claim(node, "wrong", results, [config(mps("0"), requests=["mps"])])
+    error = state.prepare(wrong, ref_of(wrong)).error
+    assert error.startswith("claim team-a/c-wrong: "), error
+    assert (
+        "config[0].opaque.parameters.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[0]: "
+        f"device {exclusive.name} is not one this config applies to"
+    ) in error
+    assert sharing.daemons.processes() == []
+
+
 def test_mps_on_a_time_sliced_gpu_fails_naming_the_field(node: Path) -> None:
     state, sharing, nvml = sharing_state(node)
     gpu = state.inventory.gpus[0]
