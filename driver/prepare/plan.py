@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from driver.devices.inventory import Device, GpuDevice, Inventory, MigDevice
-from driver.errors import ConfigError, DeviceNotFound
+from driver.errors import ClaimError, ConfigError, DeviceNotFound
 from driver.prepare.claims import ClaimAllocation
 from driver.prepare.config import (
     ConfigEntry,
@@ -220,12 +220,27 @@ def _capacity_mps(
     return mps.model_copy(update=updates) if updates else mps
 
 
+def _one_mps_share(key: str, index: int, share: ShareTarget, held: dict[str, int]) -> None:
+    """Refuse a second share of one MPS share device in a claim: its clients would get one
+    set of limits (the CDI edits and the pods' hard limit are per device), not each its own
+    share's."""
+    first = held.setdefault(share.name, index)
+    if first != index:
+        raise ClaimError(
+            f"claim {key}: status.allocation.devices.results[{index}].device: {share.name} is "
+            f"also allocated to this claim by results[{first}]; a claim may hold one share of "
+            "an MPS share device (one set of MPS limits per device and claim): ask for the "
+            "capacity in one request"
+        )
+
+
 def build_plan(
     allocation: ClaimAllocation,
     inventory: Inventory,
     shares: Mapping[str, ShareTarget] | None = None,
 ) -> Plan:
-    """The plan to prepare ``allocation`` on this node. Raises DeviceNotFound/ConfigError.
+    """The plan to prepare ``allocation`` on this node. Raises DeviceNotFound, ConfigError
+    or ClaimError.
 
     ``shares`` are the share devices this node publishes, by name (``driver.sharing``).
     """
@@ -236,8 +251,11 @@ def build_plan(
     memory: dict[str, int] = {}
     devices: dict[str, Device] = {}
     mps_of: dict[int, MpsConfig] = {}
+    mps_shares: dict[str, int] = {}  # MPS share device -> the result that holds it
     for alloc in allocation.devices:
         share = shares.get(alloc.device)
+        if share is not None and share.strategy == "MPS":
+            _one_mps_share(key, alloc.index, share, mps_shares)
         try:
             dev = inventory.gpu_of(share.gpu_name) if share else inventory.device(alloc.device)
         except DeviceNotFound as e:

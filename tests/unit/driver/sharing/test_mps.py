@@ -196,6 +196,31 @@ def test_a_per_device_limit_is_keyed_by_the_devices_position_in_the_claim(node: 
     assert sharing.daemons.processes() == []
 
 
+def test_two_shares_of_one_mps_device_in_one_claim_are_refused_not_mixed(node: Path) -> None:
+    """Consumable capacity lets the scheduler give one claim two shares of one share device
+    (two requests). Their MPS limits cannot be kept apart: each CDI device got both shares'
+    CUDA_MPS_* settings, the later one winning (20Gi asked, 10Gi given), and the pods' hard
+    limit was the last share's, not the claim's. The claim is refused, naming the result."""
+    state, sharing, _ = sharing_state(node)
+    device = f"{state.inventory.gpus[0].name}-mps-blue"
+    two = [
+        share(device, "s-1", "20Gi", "2") | {"request": "big"},
+        share(device, "s-2", "10Gi", "1") | {"request": "small"},
+    ]
+    obj = new_claim(node, "two", two)
+    error = state.prepare(obj, ref_of(obj)).error
+    assert error.startswith("claim team-a/c-two: status.allocation.devices.results[1].device: "), (
+        error
+    )
+    assert f"{device} is also allocated to this claim by results[0]" in error
+    assert sharing.daemons.processes() == []
+    assert not (node / "cdi" / "gpu.tranche.dev-claim_two.json").exists()
+    # the other claims on the device are unaffected
+    ok = new_claim(node, "ok", [share(device, "s-ok", "20Gi", "2")])
+    assert state.prepare(ok, ref_of(ok)).error == ""
+    assert state.unprepare(ref_of(ok)).error == ""
+
+
 def test_mps_on_a_time_sliced_gpu_fails_naming_the_field(node: Path) -> None:
     state, sharing, nvml = sharing_state(node)
     gpu = state.inventory.gpus[0]
