@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from driver.devices.inventory import Device, GpuDevice, Inventory, MigDevice
-from driver.errors import ConfigError, DeviceNotFound
+from driver.errors import ClaimError, ConfigError, DeviceNotFound
 from driver.prepare.claims import ClaimAllocation
 from driver.prepare.config import (
     ConfigEntry,
@@ -132,7 +132,13 @@ def _check_mps_limits(
     mps: MpsConfig,
     devices: Sequence[PlannedDevice],
     memory: dict[str, int],
+    *,
+    claim_devices: Sequence[PlannedDevice],
+    configured: Sequence[PlannedDevice],
 ) -> None:
+    """``devices``: the MPS group's; ``claim_devices``: all of the claim's, whose positions
+    key ``defaultPerDevicePinnedMemoryLimit`` (as :func:`driver.sharing.mps.device_limit`
+    reads it); ``configured``: those ``entry`` applies to."""
     where = f"{entry.where}.sharing.mpsConfig" if entry else "sharing.mpsConfig"
     limit = mps.default_pinned_device_memory_limit
     if limit is not None:
@@ -142,13 +148,20 @@ def _check_mps_limits(
                     f"{where}.defaultPinnedDeviceMemoryLimit: {limit} bytes exceeds the "
                     f"{memory[d.device]} bytes of device {d.device}"
                 )
-    keys = {str(i): d for i, d in enumerate(devices)} | {d.uuid: d for d in devices if d.uuid}
+    keys = {str(i): d for i, d in enumerate(claim_devices)} | {
+        d.uuid: d for d in claim_devices if d.uuid
+    }
     for key, value in mps.default_per_device_pinned_memory_limit.items():
         target = keys.get(key)
         if target is None:
             raise ConfigError(
                 f"{where}.defaultPerDevicePinnedMemoryLimit[{key}]: not a device of the claim "
-                f"(use its position 0..{len(devices) - 1} or its UUID)"
+                f"(use its position 0..{len(claim_devices) - 1} or its UUID)"
+            )
+        if target not in configured:
+            raise ConfigError(
+                f"{where}.defaultPerDevicePinnedMemoryLimit[{key}]: device {target.device} is "
+                "not one this config applies to"
             )
         if value > memory[target.device]:
             raise ConfigError(
@@ -207,12 +220,27 @@ def _capacity_mps(
     return mps.model_copy(update=updates) if updates else mps
 
 
+def _one_mps_share(key: str, index: int, share: ShareTarget, held: dict[str, int]) -> None:
+    """Refuse a second share of one MPS share device in a claim: its clients would get one
+    set of limits (the CDI edits and the pods' hard limit are per device), not each its own
+    share's."""
+    first = held.setdefault(share.name, index)
+    if first != index:
+        raise ClaimError(
+            f"claim {key}: status.allocation.devices.results[{index}].device: {share.name} is "
+            f"also allocated to this claim by results[{first}]; a claim may hold one share of "
+            "an MPS share device (one set of MPS limits per device and claim): ask for the "
+            "capacity in one request"
+        )
+
+
 def build_plan(
     allocation: ClaimAllocation,
     inventory: Inventory,
     shares: Mapping[str, ShareTarget] | None = None,
 ) -> Plan:
-    """The plan to prepare ``allocation`` on this node. Raises DeviceNotFound/ConfigError.
+    """The plan to prepare ``allocation`` on this node. Raises DeviceNotFound, ConfigError
+    or ClaimError.
 
     ``shares`` are the share devices this node publishes, by name (``driver.sharing``).
     """
@@ -223,8 +251,11 @@ def build_plan(
     memory: dict[str, int] = {}
     devices: dict[str, Device] = {}
     mps_of: dict[int, MpsConfig] = {}
+    mps_shares: dict[str, int] = {}  # MPS share device -> the result that holds it
     for alloc in allocation.devices:
         share = shares.get(alloc.device)
+        if share is not None and share.strategy == "MPS":
+            _one_mps_share(key, alloc.index, share, mps_shares)
         try:
             dev = inventory.gpu_of(share.gpu_name) if share else inventory.device(alloc.device)
         except DeviceNotFound as e:
@@ -291,7 +322,11 @@ def build_plan(
         group = [planned[i] for i in indexes]
         mps = mps_of[indexes[0]]
         try:
-            _check_mps_limits(entries[indexes[0]], mps, group, memory)
+            mine = [entries[i] for i in indexes]
+            configured = [d for d, e in zip(planned, entries, strict=True) if e in mine]
+            _check_mps_limits(
+                mine[0], mps, group, memory, claim_devices=planned, configured=configured
+            )
         except ConfigError as e:
             raise ConfigError(f"claim {key}: {e}") from e
         steps.append(

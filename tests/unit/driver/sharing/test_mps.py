@@ -163,6 +163,64 @@ def test_mps_shares_of_one_gpu_share_one_daemon_with_their_own_limits(node: Path
     assert sharing.daemons.processes() == []
 
 
+def test_a_per_device_limit_is_keyed_by_the_devices_position_in_the_claim(node: Path) -> None:
+    """docs/sharing.md: ``defaultPerDevicePinnedMemoryLimit`` is keyed by the device's position
+    in the claim. Before 2026-12-05 the check counted positions within the MPS devices alone:
+    the claim's second device (key "1") was refused as "not a device of the claim", and key
+    "0" passed the check but limited nothing (position 0 of the claim is not an MPS device)."""
+    state, sharing, _ = sharing_state(node)
+    exclusive, shared = state.inventory.gpus[0], state.inventory.gpus[1]
+    results = [result(exclusive.name, request="solo"), result(shared.name, request="mps")]
+
+    def mps(key: str) -> dict[str, Any]:
+        limits = {"defaultPerDevicePinnedMemoryLimit": {key: "10Gi"}}
+        return MPS | {"sharing": {"strategy": "MPS", "mpsConfig": limits}}
+
+    ok = new_claim(node, "ok", results, [config(mps("1"), requests=["mps"])])
+    assert state.prepare(ok, ref_of(ok)).error == ""
+    spec = json.loads((node / "cdi" / "gpu.tranche.dev-claim_ok.json").read_text())
+    env = {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]}
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M" in env[f"ok-{shared.name}"]
+    assert not any("CUDA_MPS" in e for e in env[f"ok-{exclusive.name}"])
+    assert state.unprepare(ref_of(ok)).error == ""
+
+    # key "0" names the exclusive GPU, which this config does not apply to: refused, not
+    # silently unlimited
+    wrong = new_claim(node, "wrong", results, [config(mps("0"), requests=["mps"])])
+    error = state.prepare(wrong, ref_of(wrong)).error
+    assert error.startswith("claim team-a/c-wrong: "), error
+    assert (
+        "config[0].opaque.parameters.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[0]: "
+        f"device {exclusive.name} is not one this config applies to"
+    ) in error
+    assert sharing.daemons.processes() == []
+
+
+def test_two_shares_of_one_mps_device_in_one_claim_are_refused_not_mixed(node: Path) -> None:
+    """Consumable capacity lets the scheduler give one claim two shares of one share device
+    (two requests). Their MPS limits cannot be kept apart: each CDI device got both shares'
+    CUDA_MPS_* settings, the later one winning (20Gi asked, 10Gi given), and the pods' hard
+    limit was the last share's, not the claim's. The claim is refused, naming the result."""
+    state, sharing, _ = sharing_state(node)
+    device = f"{state.inventory.gpus[0].name}-mps-blue"
+    two = [
+        share(device, "s-1", "20Gi", "2") | {"request": "big"},
+        share(device, "s-2", "10Gi", "1") | {"request": "small"},
+    ]
+    obj = new_claim(node, "two", two)
+    error = state.prepare(obj, ref_of(obj)).error
+    assert error.startswith("claim team-a/c-two: status.allocation.devices.results[1].device: "), (
+        error
+    )
+    assert f"{device} is also allocated to this claim by results[0]" in error
+    assert sharing.daemons.processes() == []
+    assert not (node / "cdi" / "gpu.tranche.dev-claim_two.json").exists()
+    # the other claims on the device are unaffected
+    ok = new_claim(node, "ok", [share(device, "s-ok", "20Gi", "2")])
+    assert state.prepare(ok, ref_of(ok)).error == ""
+    assert state.unprepare(ref_of(ok)).error == ""
+
+
 def test_mps_on_a_time_sliced_gpu_fails_naming_the_field(node: Path) -> None:
     state, sharing, nvml = sharing_state(node)
     gpu = state.inventory.gpus[0]
