@@ -21,6 +21,9 @@ from driver.files import write_atomic
 log = logging.getLogger(__name__)
 
 TAINT_KEY = "gpu.tranche.dev/checkpoint-held"
+# The hold of an earlier plugin's corrupt single-file checkpoint (``checkpoint.json``), whose
+# claims are unknown: ``checkpoint.d/checkpoint.json.hold``, never released by an unprepare.
+LEGACY_HOLD = "checkpoint.json"
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 
 

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from driver.checkpoint import files
+from driver.checkpoint import files, holds
 from driver.checkpoint.history import History
 from driver.checkpoint.parse import parse_legacy
 from driver.checkpoint.records import CheckpointData
@@ -46,7 +46,7 @@ class LegacyFile:
         self._faults = faults
 
     def convert(self, begin_change: Callable[[], View]) -> LoadStatus | None:
-        """Convert ``checkpoint.json`` into claim files; a corrupt one is moved aside.
+        """Convert ``checkpoint.json`` into claim files; a corrupt one is held and moved aside.
 
         ``begin_change``: called before the first write, it bumps the generation and returns
         the checkpoint's view, brought up to date and no longer kept (the claim files written
@@ -54,14 +54,28 @@ class LegacyFile:
         try:
             state, boot_id = parse_legacy(self.path.read_bytes())
         except ValueError as e:
-            moved = self._move_aside(self.path)
+            reason = str(e).splitlines()[0]
+            moved = files.aside_name(self.path, self._clock)
+            # Its claims, their GPUs and tenants are unknown and their pods may still run:
+            # hold the node like a corrupt claim file (the hold first, as there), released
+            # by an administrator or a reboot (no unprepare names it).
+            begin_change()
+            holds.write(self.directory, holds.LEGACY_HOLD, self.boot_id, moved, reason)
+            self.path.replace(moved)
             remove_stale_temporaries(self.path.parent, self.path.name)
             self._leave_tombstone()
-            reason = str(e).splitlines()[0]
-            log.error("checkpoint corrupt path=%s reason=%s moved_to=%s", self.path, reason, moved)
+            log.error(
+                "checkpoint corrupt path=%s reason=%s moved_to=%s hold=%s",
+                self.path,
+                reason,
+                moved,
+                files.hold_path(self.directory, holds.LEGACY_HOLD),
+            )
             return LoadStatus(
                 "corrupt",
-                f"checkpoint {self.path} is corrupt ({reason}); moved to {moved}, starting empty",
+                f"checkpoint {self.path} is corrupt ({reason}); moved to {moved}; its claims "
+                "are unknown, so no claim is prepared on this node until an administrator "
+                f"deletes {files.hold_path(self.directory, holds.LEGACY_HOLD)} or the node reboots",
                 moved_to=moved,
             )
         view = begin_change()
@@ -94,11 +108,6 @@ class LegacyFile:
         self.path.unlink(missing_ok=True)
         self.path.mkdir(exist_ok=True)
         files.fsync_directory(self.path.parent)
-
-    def _move_aside(self, path: Path) -> Path:
-        moved = files.aside_name(path, self._clock)
-        path.replace(moved)
-        return moved
 
     def merge(self, data: CheckpointData, status: LoadStatus) -> LoadStatus:
         """An unlocked load before the conversion: the old file's claims, read only."""

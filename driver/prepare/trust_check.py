@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
+from driver.checkpoint.holds import LEGACY_HOLD
 from driver.checkpoint.store import CheckpointData, ClaimRecord, Hold
 from driver.prepare.claims import ClaimAllocation
 from driver.prepare.plan import Plan, PlannedDevice
@@ -203,6 +204,17 @@ def check_holds(
     for hold in holds:
         if hold.uid == plan.claim_uid:
             continue  # the same claim, prepared again
+        if hold.uid == LEGACY_HOLD:
+            raise ColocationRefused(
+                f"claim {allocation.key}: the claims of the single-file checkpoint may still "
+                f"hold GPUs of node {node}, but it was corrupt (moved to {hold.moved_to}), so "
+                f"which claims, GPUs and tenants are unknown; {tenancy.describe()} is not "
+                f"prepared on this node until an administrator deletes {hold.path} or the "
+                "node reboots (docs/checkpoint.md)",
+                Reason.UNKNOWN_HOLDER,
+                tenancy.tenant,
+                None,
+            )
         raise ColocationRefused(
             f"claim {allocation.key}: claim {hold.uid} may still hold GPUs of node {node}, but "
             f"its checkpoint file was corrupt (moved to {hold.moved_to}), so which GPUs and "

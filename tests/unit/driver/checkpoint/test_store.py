@@ -509,7 +509,7 @@ def test_conversion_keeps_the_boot_id_of_the_old_file(tmp_path: Path) -> None:
     )
 
 
-def test_a_corrupt_single_file_checkpoint_is_moved_aside(tmp_path: Path) -> None:
+def test_a_corrupt_single_file_checkpoint_is_moved_aside_and_held(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
     path.write_text("garbage")
     cp = Checkpoint(path, boot_id="b", clock=lambda: 0.0)
@@ -518,8 +518,12 @@ def test_a_corrupt_single_file_checkpoint_is_moved_aside(tmp_path: Path) -> None
     assert status.kind == "corrupt" and "not JSON" in status.message
     assert status.moved_to == tmp_path / "checkpoint.json.corrupt-19700101T000000"
     assert status.moved_to.read_text() == "garbage"
+    assert "no claim is prepared on this node until an administrator deletes" in status.message
     assert state.claims == {}
-    assert cp.load(locked=True)[1].kind == "new"
+    assert cp.load(locked=True)[1].kind == "ok"
+    (hold,) = cp.holds()  # its claims are unknown: the node is held (docs/checkpoint.md)
+    assert (hold.uid, hold.moved_to) == ("checkpoint.json", str(status.moved_to))
+    assert hold.path == tmp_path / "checkpoint.d" / "checkpoint.json.hold"
 
 
 def test_a_single_file_checkpoint_that_fails_validation_names_the_field(tmp_path: Path) -> None:

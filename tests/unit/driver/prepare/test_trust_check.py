@@ -476,3 +476,46 @@ def test_a_hold_ends_with_a_reboot_or_its_file_but_an_unreadable_one_still_holds
     assert not (tmp_path / "second" / "checkpoint.d" / "ua.hold").exists()
     assert list((tmp_path / "second" / "checkpoint.d").glob("ua.json.corrupt-*"))
     assert fresh.prepare(new, ref_of(new), acme).error == ""
+
+
+def test_a_corrupt_single_file_checkpoint_keeps_every_other_claim_off_the_node(
+    tmp_path: Path,
+) -> None:
+    """An earlier plugin's ``checkpoint.json`` that cannot be read named claims of unknown
+    tenants on unknown GPUs, whose pods may still run: like a corrupt claim file, it holds
+    the node (no claim is prepared on it) until an administrator deletes the hold or the
+    node reboots. Starting empty put another tenant on the same GPU."""
+    create_state("dgx-h100", tmp_path / "sim.json")
+    (tmp_path / "checkpoint.json").write_bytes(b"\x00 damaged by the disk")
+    ds = device_state(tmp_path, NO_FAULTS)
+    report = ds.recover()
+    assert report.checkpoint.kind == "corrupt"
+    names = [g.name for g in ds.inventory.gpus]
+    rival = Tenancy("team-r", "rival", TrustLevel.ISOLATED, None)
+    new = claim("ub", [result(names[0])], name="c-ub", namespace="team-r")
+    refused: list[TrustViolation] = []
+    error = ds.prepare(new, ref_of(new), rival, refused.append).error
+    hold = tmp_path / "checkpoint.d" / "checkpoint.json.hold"
+    assert error.startswith("claim team-r/c-ub: the claims of the single-file checkpoint ")
+    assert "checkpoint.json.corrupt-" in error and str(hold) in error
+    assert [r.reason for r in refused if isinstance(r, ColocationRefused)] == [
+        Reason.UNKNOWN_HOLDER
+    ]
+    assert not (tmp_path / "cdi" / "gpu.tranche.dev-claim_ub.json").exists()
+    # The kubelet's unprepare of a claim the node does not know releases nothing.
+    assert ds.unprepare(ref_of(new)).error == ""
+    assert hold.exists()
+
+    # An administrator deletes the hold, having checked that the old claims' pods are gone.
+    hold.unlink()
+    assert ds.prepare(new, ref_of(new), rival).error == ""
+
+    # A reboot ends whatever the old claims held: the hold of another boot is released.
+    (tmp_path / "second").mkdir()
+    create_state("dgx-h100", tmp_path / "second" / "sim.json")
+    (tmp_path / "second" / "checkpoint.json").write_bytes(b"garbage")
+    device_state(tmp_path / "second", NO_FAULTS).recover()
+    assert (tmp_path / "second" / "checkpoint.d" / "checkpoint.json.hold").exists()
+    fresh = device_state(tmp_path / "second", NO_FAULTS, boot_id="boot-2")
+    fresh.recover()
+    assert fresh.prepare(new, ref_of(new), rival).error == ""
