@@ -48,8 +48,11 @@ class ObjectRef:
         return cls("resource.k8s.io/v1", "ResourceClaim", name, namespace, uid)
 
     @classmethod
-    def node(cls, name: str, uid: str = "") -> ObjectRef:
-        return cls("v1", "Node", name, "", uid)
+    def node(cls, name: str) -> ObjectRef:
+        """A Node, with its name as ``uid``, as the kubelet writes it: ``kubectl describe
+        node`` lists the Events whose ``involvedObject.uid`` is the Node's UID or its name,
+        never one without a uid."""
+        return cls("v1", "Node", name, "", name)
 
     def as_json(self) -> dict[str, str]:
         out = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}

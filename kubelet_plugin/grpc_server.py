@@ -185,6 +185,10 @@ class PluginServer:
     def registration_socket(self) -> str:
         return str(self._reg_path)
 
+    def oldest_call_s(self) -> float | None:
+        """Seconds the longest-running DRA call in progress has run; None when none is."""
+        return self._in_flight.oldest_s()
+
     def start(self) -> None:
         with self._lock:
             if self._sockets:

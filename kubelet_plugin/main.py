@@ -104,7 +104,11 @@ def serve(
         if settings.health_address:
             routes = health_routes(
                 live=lambda: (
-                    probe_sockets(*plugins[0].probe_paths(), settings.driver_name)
+                    probe_sockets(
+                        *plugins[0].probe_paths(),
+                        settings.driver_name,
+                        plugins[0].server.oldest_call_s,
+                    )
                     if started.is_set()
                     else None
                 ),

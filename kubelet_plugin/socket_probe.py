@@ -37,6 +37,10 @@ class ProbeError(Exception):
     """The call did not get its answer; the message says what happened instead."""
 
 
+class ProbeTimeout(ProbeError):
+    """The call got no answer in time: the server may be busy rather than gone."""
+
+
 def call(path: str, method: str, request: Message, response: type[M], timeout: float) -> M:
     """Call ``method`` (``/package.Service/Method``) on the Unix socket ``path`` and return
     its answer, parsed as ``response``. Raises ProbeError for anything but an answer."""
@@ -50,7 +54,7 @@ def call(path: str, method: str, request: Message, response: type[M], timeout: f
         except ProbeError as e:
             raise ProbeError(f"{method} on {path}: {e}") from None
         except TimeoutError:
-            raise ProbeError(f"{method} on {path}: no answer within {timeout:g} s") from None
+            raise ProbeTimeout(f"{method} on {path}: no answer within {timeout:g} s") from None
         except OSError as e:
             raise ProbeError(f"{method} on {path}: {e.strerror or e}") from None
     if body is None:

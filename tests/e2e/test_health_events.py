@@ -4,6 +4,7 @@ listener and recorder the plugin wires (``NodePlugin._on_health_change``)."""
 from __future__ import annotations
 
 import secrets
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -67,3 +68,34 @@ def test_taint_and_heal_are_recorded_as_node_events(
         f"device gpu-5e5e5e5e (and 1 more on {gpu}) on node {node} tainted: "
         "XID 79 GPU fell off the bus (gpu.tranche.dev/xid=79:NoExecute)"
     )
+
+
+def test_node_events_show_in_kubectl_describe_node(
+    cluster: Cluster, make_node: Callable[..., str]
+) -> None:
+    """``kubectl describe node`` finds a Node's Events by ``involvedObject.uid`` (the Node's
+    UID, or its name as the kubelet writes it); an Event without one is never listed there."""
+    node = make_node(f"describe-{secrets.token_hex(4)}")
+    gpu = "GPU-5e5e5e5e-0000-0000-0000-000000000001"
+    monitor = HealthMonitor(HealthPolicy(quiet_seconds=0), node, clock=SteppingClock())
+    monitor.set_devices({"gpu-5e5e5e5e": gpu})
+    with cluster.api_client() as api, cluster.kube() as kube:
+        recorder = EventRecorder(kube, node)
+        monitor.add_listener(HealthEvents(recorder))
+        try:
+            monitor.observe_event(XidEvent(gpu, "xid", 79, 0.0))
+        finally:
+            recorder.close()
+        path = f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name={node}"
+        wait_for("the node event", lambda: get_json(api, path).get("items"))
+
+    kubectl = [f"{cluster.bin_dir}/kubectl", "--kubeconfig", cluster.kubeconfig]
+    described = subprocess.run(
+        [*kubectl, "describe", "node", node],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    events = described[described.index("Events:") :]
+    assert "DeviceTainted" in events, described

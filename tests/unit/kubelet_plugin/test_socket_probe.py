@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kubelet_plugin import socket_probe
+from kubelet_plugin import liveness, socket_probe
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.liveness import GET_INFO, PREPARE, probe_sockets
 from proto.gen.dra.v1 import api_pb2 as dra_v1
@@ -84,6 +84,46 @@ def test_a_wedged_thread_pool_fails(server: PluginServer, driver: RecordingDrive
     driver.block.set()
     busy.join(5)
     assert probe_sockets(server.registration_socket, server.endpoint, DRIVER) is None
+
+
+def _hold_the_one_worker(server: PluginServer, driver: RecordingDriver) -> threading.Thread:
+    driver.block.clear()
+    busy = threading.Thread(target=_prepare_one_claim, args=(server.endpoint,), daemon=True)
+    busy.start()
+    assert driver.entered.wait(5)
+    return busy
+
+
+def test_a_thread_pool_busy_with_the_kubelets_calls_passes(
+    server: PluginServer, driver: RecordingDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A burst of prepares (one at a time under the node lock) keeps every thread busy for
+    # longer than the probe waits; three failed probes in a row would restart the plugin
+    # in the middle of the burst.
+    monkeypatch.setattr(liveness, "PROBE_TIMEOUT_S", 0.5)
+    busy = _hold_the_one_worker(server, driver)
+    assert (
+        probe_sockets(server.registration_socket, server.endpoint, DRIVER, server.oldest_call_s)
+        is None
+    )
+    driver.block.set()
+    busy.join(5)
+
+
+def test_a_call_in_progress_past_the_kubelets_deadline_fails(
+    server: PluginServer, driver: RecordingDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(liveness, "PROBE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(liveness, "STUCK_S", 0.2)
+    busy = _hold_the_one_worker(server, driver)
+    problem = probe_sockets(
+        server.registration_socket, server.endpoint, DRIVER, server.oldest_call_s
+    )
+    assert problem is not None
+    assert "no answer within 0.5 s; a call in progress has run" in problem
+    driver.block.set()
+    busy.join(5)
+    assert server.oldest_call_s() is None
 
 
 def test_a_failed_call_is_not_taken_for_an_answer(server: PluginServer) -> None:
