@@ -10,12 +10,15 @@ alive, ``/readyz`` that the webhook has a certificate to serve.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -34,8 +37,8 @@ from controller.webhook.certs import CertPolicy
 from controller.webhook.server import WebhookServer
 from controller.webhook.tls import WebhookTls
 from driver.cli import Command
-from driver.errors import TrancheError
-from driver.flags import parse_address
+from driver.errors import ConfigError, TrancheError
+from driver.flags import named, parse_address
 from driver.kube.client import api_client
 from driver.startup_gc import collect_startup_garbage
 
@@ -71,7 +74,8 @@ class Controller:
                 policy=policy,
             )
             host, port = parse_address(settings.webhook_address, "--webhook-address")
-            self.webhook = WebhookServer(host, port, self.tls, api, self.metrics)
+            with _listening(settings.webhook_address, "--webhook-address"):
+                self.webhook = WebhookServer(host, port, self.tls, api, self.metrics)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_gc = float("-inf")
@@ -142,6 +146,15 @@ class Controller:
         self.elector.stop()
 
 
+@contextlib.contextmanager
+def _listening(address: str, flag: str) -> Iterator[None]:
+    """An address a server cannot listen on (in use, unknown) is a ConfigError naming ``flag``."""
+    try:
+        yield
+    except OSError as e:
+        raise ConfigError(f"{named(flag)}: cannot listen on {address!r}: {e.strerror or e}") from e
+
+
 def _health_server(address: str, controller: Controller) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -161,8 +174,15 @@ def _health_server(address: str, controller: Controller) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-    server = ThreadingHTTPServer(parse_address(address, "--health-address"), Handler)
-    server.daemon_threads = True
+    host, port = parse_address(address, "--health-address")
+
+    class Server(ThreadingHTTPServer):
+        # An IPv6 host ("::") needs an IPv6 socket: an IPv4 one cannot bind it.
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        daemon_threads = True
+
+    with _listening(address, "--health-address"):
+        server = Server((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
     return server
 
@@ -175,17 +195,18 @@ def run(args: argparse.Namespace) -> int:
             format="time=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
         )
         api = api_client(settings.kubeconfig)
+        controller = Controller(settings, api)
+        if settings.metrics_address:
+            host, port = parse_address(settings.metrics_address, "--metrics-address")
+            with _listening(settings.metrics_address, "--metrics-address"):
+                start_http_server(port, addr=host, registry=controller.metrics.registry)
+        health = (
+            _health_server(settings.health_address, controller) if settings.health_address else None
+        )
     except TrancheError as e:
         log.error("controller cannot start error=%s", e)
         print(f"tranche controller: {e}", file=sys.stderr)
         return 2
-    controller = Controller(settings, api)
-    if settings.metrics_address:
-        host, port = parse_address(settings.metrics_address, "--metrics-address")
-        start_http_server(port, addr=host, registry=controller.metrics.registry)
-    health = (
-        _health_server(settings.health_address, controller) if settings.health_address else None
-    )
     log.info(
         "controller starting identity=%s namespace=%s legacy_webhook=%s",
         settings.identity, settings.namespace, settings.legacy_webhook,

@@ -135,6 +135,8 @@ class _Server(ThreadingHTTPServer):
         metrics: ControllerMetrics,
     ) -> None:
         self.tls, self.writer, self.metrics = tls, writer, metrics
+        # An IPv6 host ("::", "fd00::1") needs an IPv6 socket: an IPv4 one cannot bind it.
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, _Handler)
 
     def get_request(self) -> tuple[socket.socket, Any]:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import http.client
+import socket
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from controller.main import run
+from controller.main import _health_server, run
 from controller.settings import add_arguments
 
 
@@ -51,3 +55,47 @@ def test_an_empty_lease_name_from_the_environment_is_refused_at_start(
     assert "--lease-name [env TRANCHE_LEASE_NAME]: '' is not an object name" in (
         capsys.readouterr().err
     )
+
+
+def _kubeconfig(tmp_path: Path) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    return path
+
+
+def test_an_address_in_use_stops_the_controller_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        argv = ["--namespace", "tranche", "--kubeconfig", str(_kubeconfig(tmp_path)),
+                "--health-address", "", "--metrics-address", address]  # fmt: skip
+        assert run(parser.parse_args(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tranche controller: --metrics-address [env TRANCHE_METRICS_ADDRESS]: ")
+    assert f"cannot listen on {address!r}" in err
+
+
+def test_health_and_readiness_answer_on_an_ipv6_address() -> None:
+    """An IPv6-only cluster probes the pod's IPv6 address: ``--health-address [::]:8081``."""
+    replica = SimpleNamespace(alive=lambda: True, ready=lambda: False)
+    server = _health_server("[::1]:0", replica)  # type: ignore[arg-type]
+    try:
+        conn = http.client.HTTPConnection("::1", server.server_address[1], timeout=10)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200
+        conn.close()
+        conn = http.client.HTTPConnection("::1", server.server_address[1], timeout=10)
+        conn.request("GET", "/readyz")
+        assert conn.getresponse().status == 503
+        conn.close()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -96,3 +96,25 @@ def test_a_pod_of_the_wrong_shape_is_denied_naming_the_field(
     assert response["uid"] == "u-1" and response["allowed"] is False
     assert field in response["status"]["message"]
     assert response["status"]["message"].startswith("pod team-a/")
+
+
+def test_the_webhook_answers_on_an_ipv6_address() -> None:
+    """An IPv6-only cluster calls the webhook at the pod's IPv6 address:
+    ``--webhook-address [::]:8443``."""
+    bundle = rotate(None, POLICY, dt.datetime.now(dt.UTC))
+    with client.ApiClient() as api:
+        tls = WebhookTls(api, "tranche", "tranche-webhook-tls", webhook_configs=(), policy=POLICY)
+        tls._install(bundle)
+        server = WebhookServer("::1", 0, tls, api, ControllerMetrics(), template_interval_s=3600)
+        server.start()
+        try:
+            ctx = ssl.create_default_context(cadata=bundle.ca_bundle.decode())
+            ctx.check_hostname = False
+            conn = http.client.HTTPSConnection("::1", server.port, context=ctx, timeout=10)
+            conn.request("POST", MUTATE_PODS_PATH, body=json.dumps(review({"spec": {}})).encode())
+            answer = conn.getresponse()
+            assert answer.status == 200
+            assert json.loads(answer.read())["response"]["allowed"] is True
+            conn.close()
+        finally:
+            server.stop()
