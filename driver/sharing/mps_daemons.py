@@ -248,6 +248,18 @@ class MpsDaemons:
         process started (seen in ``/proc``, or answering on its pipe from a PID namespace this
         process does not see)."""
         with self._lock:
+            served = self._record(spec.key).get("spec")
+            had = served.get("uuid") if isinstance(served, dict) else None
+            if had is not None and had != spec.uuid:
+                # Its MIG device was made again (a new UUID, after a GPU reset): the daemon
+                # would start its servers on the device that is gone.
+                log.warning(
+                    "mps daemon serves a device that is gone key=%s had=%s uuid=%s; restarting",
+                    spec.key,
+                    had,
+                    spec.uuid,
+                )
+                self.stop(spec.key)
             if self.running(spec.key):
                 if spec.key not in self._known:
                     self._adopt(spec)

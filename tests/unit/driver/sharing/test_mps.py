@@ -17,7 +17,7 @@ import pytest
 
 from driver.checkpoint.store import Checkpoint
 from driver.errors import ClaimError, ConfigError
-from driver.nvml.sim import create_state, open_simulated
+from driver.nvml.sim import SimControl, SimStore, create_state, open_simulated
 from driver.nvml.sim.driver_root import write_mps_control
 from driver.sharing import SharingNode
 from driver.sharing.mps_daemons import DaemonSpec, MpsDaemons
@@ -37,6 +37,11 @@ MPS = {
             "defaultPinnedDeviceMemoryLimit": "10Gi",
         },
     },
+}
+MIG_MPS = {
+    "apiVersion": "gpu.tranche.dev/v1alpha1",
+    "kind": "MigDeviceConfig",
+    "sharing": {"strategy": "MPS"},
 }
 TIMESLICE = {
     "apiVersion": "gpu.tranche.dev/v1alpha1",
@@ -264,6 +269,32 @@ def test_a_daemon_that_dies_is_restarted_and_its_claims_stay_prepared(node: Path
     data, _ = Checkpoint(node / "checkpoint.json", boot_id="boot-1").load()
     assert data.claims["p1"].state == "PrepareCompleted"
     assert edits(node, "p1") == before
+
+
+def test_a_mig_devices_daemon_follows_its_device_when_it_is_made_again(node: Path) -> None:
+    """A GPU reset destroys the MIG device of an MPS claim but not its daemon (a CPU
+    process); the claim's next prepare makes the device again, with another UUID, and the
+    daemon must serve that one: clients get the new UUID, and a daemon left on the old one
+    would start its servers on a device that no longer exists."""
+    state, sharing, nvml = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    mig, other = state.inventory.migs_of(gpu.name)[2], state.inventory.migs_of(gpu.name)[4]
+    obj = new_claim(node, "m1", [result(mig.name, request="mig")], [config(MIG_MPS)])
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    (old,) = nvml.gpu(gpu.uuid).mig_instances
+    SimControl(SimStore(path=node / "sim.json")).recover(gpu.uuid)  # a GPU reset
+    taken = new_claim(node, "m2", [result(other.name, request="mig")])
+    assert state.prepare(taken, ref_of(taken)).error == ""  # takes the old GI id
+    assert state.prepare(obj, ref_of(obj)).error == ""  # a new pod of the claim
+    new = next(i for i in nvml.gpu(gpu.uuid).mig_instances if i.placement[0] == mig.start)
+    assert new.uuid != old.uuid
+    assert f"NVIDIA_VISIBLE_DEVICES={new.uuid}" in edits(node, "m1")["env"]
+    daemons = sharing.daemons
+    assert len(daemons.processes(mig.name)) == 1
+    assert daemons.records()[mig.name][0].uuid == new.uuid
+    assert log_lines(daemons, mig.name, "starts.log")[-1].endswith(f"devices={new.uuid}")
+    assert state.unprepare(ref_of(obj)).error == ""
+    assert daemons.processes() == []
 
 
 def test_a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing(
