@@ -181,14 +181,27 @@ class MpsDaemons:
                 log.error("mps record unreadable path=%s error=%s", path, e)
         return out
 
-    def _write_record(self, spec: DaemonSpec, pgid: int | None, pids: Sequence[int] = ()) -> None:
+    def _write_record(
+        self,
+        spec: DaemonSpec,
+        pgid: int | None,
+        pids: Sequence[int] = (),
+        *,
+        adopted: bool = False,
+    ) -> None:
+        """``adopted``: the daemon was started by another plugin process, whose ``shm_dir``
+        the record keeps (this process's ``mpsSharedShm`` may differ from the one it ran)."""
+        if adopted and self._record(spec.key):
+            shm = self.shm_of(spec.key)
+        else:
+            shm = self.shm_dir(spec.key) if self.shared_shm else None
         data = json.dumps(
             {
                 "spec": spec.to_json(),
                 "pgid": pgid,
                 "pids": list(pids),
                 "pipe_dir": str(self.pipe_dir(spec.key)),
-                "shm_dir": str(self.shm_dir(spec.key)) if self.shared_shm else None,
+                "shm_dir": str(shm) if shm is not None else None,
             },
             indent=2,
         ).encode()
@@ -232,7 +245,7 @@ class MpsDaemons:
         record = self.records().get(spec.key)
         pgid = record[1] if record is not None else None
         pids = self.processes(spec.key) or self.record_pids(spec.key)
-        self._write_record(spec, pgid, pids)
+        self._write_record(spec, pgid, pids, adopted=True)
         log.info(
             "mps daemon adopted key=%s uuid=%s pids=%s pipe_dir=%s",
             spec.key,

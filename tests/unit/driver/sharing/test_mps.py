@@ -463,6 +463,35 @@ def test_a_daemon_another_process_started_is_adopted_when_seen_in_proc(
         first.stop(uuid)
 
 
+@pytest.mark.parametrize("started_shared", [False, True], ids=["own-shm", "shared-shm"])
+def test_an_adopted_daemon_keeps_the_dev_shm_it_was_started_with(
+    tmp_path: Path, started_shared: bool
+) -> None:
+    """A plugin restarted with the other ``mpsSharedShm`` (an upgrade, or ``auto`` deciding
+    otherwise) adopts the running daemon: its claims' containers must still get the daemon's
+    ``/dev/shm`` directory, not one it never had (a mount of a missing directory fails the
+    container) nor none where it has one."""
+    if started_shared and why_not_shareable() is not None:
+        pytest.skip(f"{why_not_shareable()}")
+    binary = str(write_mps_control(tmp_path / "bin"))
+    nvml = open_simulated(create_state("dgx-h100"))
+    uuid = nvml.list_gpus()[0].uuid
+    spec = DaemonSpec(key=uuid, uuid=uuid, gpu_uuid=uuid, whole_gpu=True)
+    first = MpsDaemons(binary, tmp_path / "mps", nvml, shared_shm=started_shared)
+    first.ensure(spec)
+    shm = first.shm_of(uuid)
+    assert (shm is not None) == started_shared
+    try:
+        second = MpsDaemons(binary, tmp_path / "mps", nvml, shared_shm=not started_shared)
+        assert second.restart_dead() == []  # adopted
+        second.ensure(spec)
+        assert len(log_lines(second, uuid, "starts.log")) == 1
+        assert second.shm_of(uuid) == shm
+        assert shm is None or shm.is_dir()
+    finally:
+        first.stop(uuid)
+
+
 REAPER_CHILD = """
 import ctypes, json, os, signal, sys, time
 from pathlib import Path
