@@ -217,6 +217,17 @@ class CreateMigHandler:
                 )
             inst = existing  # created by an earlier attempt of this claim: adopt it
         else:
+            if mine is not None and mine.claim_uid != plan.claim_uid:
+                # Another claim's instance of another profile starts at this memory slice (an
+                # allocation from stale slices): the create would fail, and its journal entry,
+                # keyed by the start alone, must not be overwritten and then dropped with it.
+                theirs = self._live(mine)
+                if theirs is not None:
+                    raise ClaimError(
+                        f"device {step.device}: memory slice {step.start} of GPU "
+                        f"{step.gpu_uuid} holds MIG device {theirs.uuid} ({mine.device}) of "
+                        f"claim {mine.claim_uid}"
+                    )
             if not self._nvml.mig_enabled(step.gpu_uuid):
                 self._enable_mig(step, gpu)
             self._journal.put(

@@ -181,14 +181,27 @@ class MpsDaemons:
                 log.error("mps record unreadable path=%s error=%s", path, e)
         return out
 
-    def _write_record(self, spec: DaemonSpec, pgid: int | None, pids: Sequence[int] = ()) -> None:
+    def _write_record(
+        self,
+        spec: DaemonSpec,
+        pgid: int | None,
+        pids: Sequence[int] = (),
+        *,
+        adopted: bool = False,
+    ) -> None:
+        """``adopted``: the daemon was started by another plugin process, whose ``shm_dir``
+        the record keeps (this process's ``mpsSharedShm`` may differ from the one it ran)."""
+        if adopted and self._record(spec.key):
+            shm = self.shm_of(spec.key)
+        else:
+            shm = self.shm_dir(spec.key) if self.shared_shm else None
         data = json.dumps(
             {
                 "spec": spec.to_json(),
                 "pgid": pgid,
                 "pids": list(pids),
                 "pipe_dir": str(self.pipe_dir(spec.key)),
-                "shm_dir": str(self.shm_dir(spec.key)) if self.shared_shm else None,
+                "shm_dir": str(shm) if shm is not None else None,
             },
             indent=2,
         ).encode()
@@ -232,7 +245,7 @@ class MpsDaemons:
         record = self.records().get(spec.key)
         pgid = record[1] if record is not None else None
         pids = self.processes(spec.key) or self.record_pids(spec.key)
-        self._write_record(spec, pgid, pids)
+        self._write_record(spec, pgid, pids, adopted=True)
         log.info(
             "mps daemon adopted key=%s uuid=%s pids=%s pipe_dir=%s",
             spec.key,
@@ -248,6 +261,18 @@ class MpsDaemons:
         process started (seen in ``/proc``, or answering on its pipe from a PID namespace this
         process does not see)."""
         with self._lock:
+            served = self._record(spec.key).get("spec")
+            had = served.get("uuid") if isinstance(served, dict) else None
+            if had is not None and had != spec.uuid:
+                # Its MIG device was made again (a new UUID, after a GPU reset): the daemon
+                # would start its servers on the device that is gone.
+                log.warning(
+                    "mps daemon serves a device that is gone key=%s had=%s uuid=%s; restarting",
+                    spec.key,
+                    had,
+                    spec.uuid,
+                )
+                self.stop(spec.key)
             if self.running(spec.key):
                 if spec.key not in self._known:
                     self._adopt(spec)

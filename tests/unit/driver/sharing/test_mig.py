@@ -114,6 +114,34 @@ def test_failed_create_leaves_no_instance_and_other_claims_work(node: Path) -> N
     assert state.prepare(ok, ref_of(ok)).error == ""
 
 
+def test_a_claim_allocated_another_profile_at_a_held_start_keeps_the_holders_journal_entry(
+    node: Path,
+) -> None:
+    """Two profiles start at memory slice 0 (1g.10gb and 2g.20gb): a claim given the second
+    while another claim holds the first (an allocation from stale slices) is refused, and the
+    holder's instance stays journalled: after a restart it is still the driver's, not
+    published as an administrator's static MIG device that hides the whole GPU."""
+    state, _, nvml = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    migs = state.inventory.migs_of(gpu.name)
+    small = next(m for m in migs if m.profile.name == "1g.10gb" and m.start == 0)
+    large = next(m for m in migs if m.profile.name == "2g.20gb" and m.start == 0)
+    held = new_claim(node, "a", small.name)
+    assert state.prepare(held, ref_of(held)).error == ""
+    (inst,) = nvml.gpu(gpu.uuid).mig_instances
+    stale = new_claim(node, "b", large.name)
+    error = state.prepare(stale, ref_of(stale)).error
+    assert f"memory slice 0 of GPU {gpu.uuid} holds MIG device {inst.uuid}" in error
+    assert f"({small.name}) of claim a" in error
+    assert [e["claim_uid"] for e in journal(node).values()] == ["a"]
+
+    restarted = sharing_state(node)[0]
+    assert not any(m.static for m in restarted.inventory.migs)
+    assert restarted.inventory.gpus[0].advertised
+    assert restarted.unprepare(ref_of(held)).error == ""
+    assert nvml.gpu(gpu.uuid).mig_instances == ()
+
+
 def test_a_whole_gpu_in_mig_mode_is_switched_back_or_refused(node: Path) -> None:
     state, _, nvml = sharing_state(node)
     gpu = state.inventory.gpus[0]

@@ -17,7 +17,7 @@ import pytest
 
 from driver.checkpoint.store import Checkpoint
 from driver.errors import ClaimError, ConfigError
-from driver.nvml.sim import create_state, open_simulated
+from driver.nvml.sim import SimControl, SimStore, create_state, open_simulated
 from driver.nvml.sim.driver_root import write_mps_control
 from driver.sharing import SharingNode
 from driver.sharing.mps_daemons import DaemonSpec, MpsDaemons
@@ -37,6 +37,11 @@ MPS = {
             "defaultPinnedDeviceMemoryLimit": "10Gi",
         },
     },
+}
+MIG_MPS = {
+    "apiVersion": "gpu.tranche.dev/v1alpha1",
+    "kind": "MigDeviceConfig",
+    "sharing": {"strategy": "MPS"},
 }
 TIMESLICE = {
     "apiVersion": "gpu.tranche.dev/v1alpha1",
@@ -266,6 +271,32 @@ def test_a_daemon_that_dies_is_restarted_and_its_claims_stay_prepared(node: Path
     assert edits(node, "p1") == before
 
 
+def test_a_mig_devices_daemon_follows_its_device_when_it_is_made_again(node: Path) -> None:
+    """A GPU reset destroys the MIG device of an MPS claim but not its daemon (a CPU
+    process); the claim's next prepare makes the device again, with another UUID, and the
+    daemon must serve that one: clients get the new UUID, and a daemon left on the old one
+    would start its servers on a device that no longer exists."""
+    state, sharing, nvml = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    mig, other = state.inventory.migs_of(gpu.name)[2], state.inventory.migs_of(gpu.name)[4]
+    obj = new_claim(node, "m1", [result(mig.name, request="mig")], [config(MIG_MPS)])
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    (old,) = nvml.gpu(gpu.uuid).mig_instances
+    SimControl(SimStore(path=node / "sim.json")).recover(gpu.uuid)  # a GPU reset
+    taken = new_claim(node, "m2", [result(other.name, request="mig")])
+    assert state.prepare(taken, ref_of(taken)).error == ""  # takes the old GI id
+    assert state.prepare(obj, ref_of(obj)).error == ""  # a new pod of the claim
+    new = next(i for i in nvml.gpu(gpu.uuid).mig_instances if i.placement[0] == mig.start)
+    assert new.uuid != old.uuid
+    assert f"NVIDIA_VISIBLE_DEVICES={new.uuid}" in edits(node, "m1")["env"]
+    daemons = sharing.daemons
+    assert len(daemons.processes(mig.name)) == 1
+    assert daemons.records()[mig.name][0].uuid == new.uuid
+    assert log_lines(daemons, mig.name, "starts.log")[-1].endswith(f"devices={new.uuid}")
+    assert state.unprepare(ref_of(obj)).error == ""
+    assert daemons.processes() == []
+
+
 def test_a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing(
     node: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -428,6 +459,35 @@ def test_a_daemon_another_process_started_is_adopted_when_seen_in_proc(
         assert len([r for r in caplog.records if "mps daemon adopted" in r.getMessage()]) == 1
         assert len(log_lines(second, uuid, "starts.log")) == 1
         assert second.record_pids(uuid) == [pid]
+    finally:
+        first.stop(uuid)
+
+
+@pytest.mark.parametrize("started_shared", [False, True], ids=["own-shm", "shared-shm"])
+def test_an_adopted_daemon_keeps_the_dev_shm_it_was_started_with(
+    tmp_path: Path, started_shared: bool
+) -> None:
+    """A plugin restarted with the other ``mpsSharedShm`` (an upgrade, or ``auto`` deciding
+    otherwise) adopts the running daemon: its claims' containers must still get the daemon's
+    ``/dev/shm`` directory, not one it never had (a mount of a missing directory fails the
+    container) nor none where it has one."""
+    if started_shared and why_not_shareable() is not None:
+        pytest.skip(f"{why_not_shareable()}")
+    binary = str(write_mps_control(tmp_path / "bin"))
+    nvml = open_simulated(create_state("dgx-h100"))
+    uuid = nvml.list_gpus()[0].uuid
+    spec = DaemonSpec(key=uuid, uuid=uuid, gpu_uuid=uuid, whole_gpu=True)
+    first = MpsDaemons(binary, tmp_path / "mps", nvml, shared_shm=started_shared)
+    first.ensure(spec)
+    shm = first.shm_of(uuid)
+    assert (shm is not None) == started_shared
+    try:
+        second = MpsDaemons(binary, tmp_path / "mps", nvml, shared_shm=not started_shared)
+        assert second.restart_dead() == []  # adopted
+        second.ensure(spec)
+        assert len(log_lines(second, uuid, "starts.log")) == 1
+        assert second.shm_of(uuid) == shm
+        assert shm is None or shm.is_dir()
     finally:
         first.stop(uuid)
 
