@@ -161,6 +161,17 @@ def test_a_constraint_covers_a_subrequest_named_by_itself_or_its_request(
     assert split.summary == "largest free NVLink domain: 4 GPU(s), the claim needs 5"
 
 
+def test_first_available_falls_back_when_the_first_alternative_cannot_be_placed() -> None:
+    """Five GPUs pass every check on split but no NVLink domain has five free; the scheduler
+    then allocates the next alternative, two GPUs of one domain."""
+    five = {"name": "five", "deviceClassName": "gpu.tranche.dev", "count": 5}
+    two = {"name": "two", "deviceClassName": "gpu.tranche.dev", "count": 2}
+    obj = claim("c", {"name": "gpu", "firstAvailable": [five, two]}, match_attribute=NVL)
+    e = explain_one(WORLD, obj, node_selector={"node": "split"})
+    assert e.fits == ("split",)
+    assert "fits on node split now" in render_explanation(e)
+
+
 @pytest.mark.parametrize(
     ("body", "holder"),
     [
