@@ -371,6 +371,31 @@ def test_claims_of_one_pod_must_fit_together(
     assert ("all fit together on" in text) == bool(together)
 
 
+@pytest.mark.parametrize(("memory", "fits"), [("39Gi", ("share",)), ("40Gi", ())])
+def test_requests_share_one_shared_device_while_its_capacity_lasts(
+    memory: str, fits: tuple[str, ...]
+) -> None:
+    """Only gpu-00000001's time-slice device has capacity left on share (79Gi of memory): the
+    scheduler gives it to both requests of a claim, and to two claims of one pod, when
+    their memory adds up to no more than that."""
+    ns = {"gpu.tranche.dev/trust-level": "shared", "gpu.tranche.dev/sharing-group": "blue"}
+    pod = {
+        "metadata": {"namespace": "team", "name": "p"},
+        "spec": {"nodeSelector": {"node": "share"}},
+    }
+    share = {"memory": memory}
+    both = claim(
+        "c",
+        request(TS, [_blue()], name="x", capacity=share),
+        request(TS, [_blue()], name="y", capacity=share),
+    )
+    (e,) = explain_objects(WORLD, [("team/c", both)], DEFAULT_DRIVER_NAME, pod=pod, ns_labels=ns)
+    assert e.fits == fits
+    pair = [(f"team/{n}", claim(n, request(TS, [_blue()], capacity=share))) for n in ("a", "b")]
+    out = explain_objects(WORLD, pair, DEFAULT_DRIVER_NAME, pod=pod, ns_labels=ns)
+    assert all(e.fits == ("share",) and e.together == fits for e in out), [e.together for e in out]
+
+
 def test_a_cluster_without_slices_says_so() -> None:
     (e,) = explain_objects(cluster([]), [("team/c", claim("c"))], DEFAULT_DRIVER_NAME)
     assert e.state == "pending" and e.nodes == 0
