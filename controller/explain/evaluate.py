@@ -23,6 +23,7 @@ selection in ``nodes`` and the types in ``verdict``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -76,32 +77,42 @@ def judge_node(claim: Claim, node: str, ctx: Context) -> NodeVerdict:
     return devices_verdict
 
 
+# firstAvailable: at most this many combinations of alternatives are searched on one node
+MAX_ALTERNATIVE_COMBINATIONS = 64
+
+
 def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context) -> NodeVerdict:
-    choices: list[tuple[Request, list[Device], int]] = []
+    # per request, every alternative that passes its checks alone, in the claim's order
+    passing: list[list[tuple[Request, list[Device], int]]] = []
     failed: list[Funnel] = []  # each request's own first reason, in request order
     for alternatives in claim.requests:
         first: Funnel | None = None
-        picked: tuple[Request, Funnel] | None = None
+        usable: list[tuple[Request, list[Device], int]] = []
         for request in alternatives:
             funnel = request_funnel(request, devices, ctx)
             first = first or funnel
             if funnel.reason is None:
-                picked = (request, funnel)
-                break
-        if picked is None:
+                needed = len(funnel.candidates) if request.all_devices else request.count
+                usable.append((request, funnel.candidates, needed))
+        if not usable:
             assert first is not None
             failed.append(first)
             continue
-        request, funnel = picked
-        needed = len(funnel.candidates) if request.all_devices else request.count
-        choices.append((request, funnel.candidates, needed))
+        passing.append(usable)
     if failed:
         worst = min(failed, key=lambda f: f.rank)
         more = tuple(f.reason for f in failed if f is not worst and f.reason is not None)
         return NodeVerdict(node, False, worst.reason, rank=worst.rank, more=more)
-    found = search(choices, claim.constraints, ctx.usage, counters=True)
-    if found is not None:
-        return NodeVerdict(node, True, devices=tuple(d.name for d in found), rank=(len(STEPS), 1.0))
+    # The scheduler tries a request's next alternative when the others cannot be placed
+    # with its first one: the first combination, in the claim's order, that fits wins.
+    combinations = itertools.islice(itertools.product(*passing), MAX_ALTERNATIVE_COMBINATIONS)
+    for combination in combinations:
+        found = search(list(combination), claim.constraints, ctx.usage, counters=True)
+        if found is not None:
+            names = tuple(d.name for d in found)
+            return NodeVerdict(node, True, devices=names, rank=(len(STEPS), 1.0))
+    # none fits: the reason is the one of each request's first usable alternative
+    choices = [usable[0] for usable in passing]
     reason = None
     if search(choices, claim.constraints, ctx.usage, counters=False) is not None:
         reason = Reason(

@@ -75,7 +75,7 @@ def _policy_amount(raw: Any, requested: Decimal | None) -> Decimal | None:
     return requested
 
 
-def _capacity_needs(device: Device, request: Request) -> dict[str, Decimal] | None:
+def capacity_needs(device: Device, request: Request) -> dict[str, Decimal] | None:
     """Capacity this request takes from ``device``; None when the device cannot serve it."""
     needs: dict[str, Decimal] = {}
     for cap, amount in request.capacity.items():
@@ -223,7 +223,7 @@ def request_funnel(request: Request, devices: list[Device], ctx: Context) -> Fun
             )
         cur = kept
     # capacity the request asks for (a device too small never matches)
-    sized = [d for d in cur if _capacity_needs(d, request) is not None]
+    sized = [d for d in cur if capacity_needs(d, request) is not None]
     if len(sized) < needed:
         caps = ", ".join(f"{k}={v}" for k, v in request.capacity.items()) or "its default"
         cur = sized
@@ -271,7 +271,7 @@ def request_funnel(request: Request, devices: list[Device], ctx: Context) -> Fun
     for d in cur:
         if d.key in usage.exclusive:
             continue
-        needs = _capacity_needs(d, request) or {}
+        needs = capacity_needs(d, request) or {}
         if d.data.allow_multiple_allocations and not _capacity_free(d, needs, usage):
             continue
         free.append(d)

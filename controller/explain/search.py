@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from controller.explain.funnel import counters_fit
+from controller.explain.funnel import capacity_needs, counters_fit
 from controller.explain.model import Constraint, Device, DeviceKey, Request, Usage
 from controller.explain.verdict import Reason
 
@@ -35,10 +35,23 @@ def search(
     taken: set[DeviceKey] = set()
     charged: set[DeviceKey] = {k for k in usage.holders if k not in usage.exclusive}
     pinned: dict[int, str] = {}
+    # capacity this search gives shared devices; several requests may share one device
+    giving: dict[DeviceKey, dict[str, Decimal]] = {}
     steps = 0
 
     def place(request: Request, d: Device) -> list[tuple[str, Any]] | None:
         undo: list[tuple[str, Any]] = []
+        if d.data.allow_multiple_allocations:
+            needs = capacity_needs(d, request) or {}
+            used = usage.consumed.get(d.key, {})
+            given = giving.setdefault(d.key, {})
+            for cap, amount in needs.items():
+                total = d.capacity(cap) or Decimal(0)
+                if total - used.get(cap, Decimal(0)) - given.get(cap, Decimal(0)) < amount:
+                    return None
+            for cap, amount in needs.items():
+                given[cap] = given.get(cap, Decimal(0)) + amount
+            undo.append(("capacity", (d.key, needs)))
         for i, c in enumerate(constraints):
             if not c.covers(request.name):
                 continue
@@ -69,6 +82,10 @@ def search(
                 del pinned[x]
             elif what == "charged":
                 charged.discard(x)
+            elif what == "capacity":
+                key, needs = x
+                for cap, amount in needs.items():
+                    giving[key][cap] -= amount
             else:
                 for counter_set, amounts in x.consumes:
                     have = left[(x.pool, counter_set)]
@@ -86,8 +103,8 @@ def search(
             if len(candidates) - j < needed - got:
                 break
             d = candidates[j]
-            if d.key in taken:
-                continue
+            if d.key in taken and not d.data.allow_multiple_allocations:
+                continue  # a shared device may serve several requests, capacity permitting
             steps += 1
             if steps > SEARCH_BUDGET:
                 raise _Budget

@@ -61,6 +61,14 @@ TRUE_FALSE = [
     (f'{A}.type == "gpu" || {A}.profile == "1g.10gb"', True),
     ('device.attributes["other.example.com"].size() == 0', True),  # unknown domain: empty
     ("device.allowMultipleAllocations == false", True),
+    # cel-go's ==: other types are unequal, not an error; numbers compare across types
+    (f"{A}.type == 1", False),
+    (f"{A}.type != 1", True),
+    ('device.attributes["resource.kubernetes.io"].numaNode == "1"', False),
+    ('device.attributes["resource.kubernetes.io"].numaNode in ["1", "2"]', False),
+    (f"{A}.mpsMemoryLimitEnforced == 0", False),
+    ('device.attributes["resource.kubernetes.io"].numaNode == 1.0', True),
+    ('device.attributes["resource.kubernetes.io"].numaNode < 1.5', True),
 ]
 
 
@@ -74,7 +82,8 @@ def test_selector(expression: str, expected: bool) -> None:
     [
         (f'{A}.profile == "1g.10gb"', "profile"),  # a missing attribute is an error, no match
         ('device.attributes["other.example.com"].model == "x"', "model"),
-        (f"{A}.type == 1", "overload"),
+        (f'{A}.driverVersion == "570.133.20"', "overload"),  # a version is no string
+        (f"{C}.multiprocessors == 132", "overload"),  # nor a quantity a number
         (f'{C}.memory.compareTo(semver("1.0.0")) > 0', "both sides"),
         ('quantity("lots") == quantity("1")', "not a quantity"),
         (f'{A}.productName.substring(5, 99) == ""', "out of range"),

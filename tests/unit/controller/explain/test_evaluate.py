@@ -161,6 +161,17 @@ def test_a_constraint_covers_a_subrequest_named_by_itself_or_its_request(
     assert split.summary == "largest free NVLink domain: 4 GPU(s), the claim needs 5"
 
 
+def test_first_available_falls_back_when_the_first_alternative_cannot_be_placed() -> None:
+    """Five GPUs pass every check on split but no NVLink domain has five free; the scheduler
+    then allocates the next alternative, two GPUs of one domain."""
+    five = {"name": "five", "deviceClassName": "gpu.tranche.dev", "count": 5}
+    two = {"name": "two", "deviceClassName": "gpu.tranche.dev", "count": 2}
+    obj = claim("c", {"name": "gpu", "firstAvailable": [five, two]}, match_attribute=NVL)
+    e = explain_one(WORLD, obj, node_selector={"node": "split"})
+    assert e.fits == ("split",)
+    assert "fits on node split now" in render_explanation(e)
+
+
 @pytest.mark.parametrize(
     ("body", "holder"),
     [
@@ -358,6 +369,31 @@ def test_claims_of_one_pod_must_fit_together(
     assert pending and all(e.together == together for e in pending), [e.together for e in out]
     text = render_explanation(pending[0])
     assert ("all fit together on" in text) == bool(together)
+
+
+@pytest.mark.parametrize(("memory", "fits"), [("39Gi", ("share",)), ("40Gi", ())])
+def test_requests_share_one_shared_device_while_its_capacity_lasts(
+    memory: str, fits: tuple[str, ...]
+) -> None:
+    """Only gpu-00000001's time-slice device has capacity left on share (79Gi of memory): the
+    scheduler gives it to both requests of a claim, and to two claims of one pod, when
+    their memory adds up to no more than that."""
+    ns = {"gpu.tranche.dev/trust-level": "shared", "gpu.tranche.dev/sharing-group": "blue"}
+    pod = {
+        "metadata": {"namespace": "team", "name": "p"},
+        "spec": {"nodeSelector": {"node": "share"}},
+    }
+    share = {"memory": memory}
+    both = claim(
+        "c",
+        request(TS, [_blue()], name="x", capacity=share),
+        request(TS, [_blue()], name="y", capacity=share),
+    )
+    (e,) = explain_objects(WORLD, [("team/c", both)], DEFAULT_DRIVER_NAME, pod=pod, ns_labels=ns)
+    assert e.fits == fits
+    pair = [(f"team/{n}", claim(n, request(TS, [_blue()], capacity=share))) for n in ("a", "b")]
+    out = explain_objects(WORLD, pair, DEFAULT_DRIVER_NAME, pod=pod, ns_labels=ns)
+    assert all(e.fits == ("share",) and e.together == fits for e in out), [e.together for e in out]
 
 
 def test_a_cluster_without_slices_says_so() -> None:
