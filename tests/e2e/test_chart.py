@@ -121,6 +121,71 @@ def test_chart_renders_and_the_api_server_accepts_every_object(
     assert out.stdout.count("(server dry run)") == len(applicable), out.stdout
 
 
+def test_a_release_name_as_long_as_helm_allows_installs(
+    helm: str, cluster: Cluster, namespace: str
+) -> None:
+    """Helm allows release names of 53 characters; every object the chart names after the
+    release (the Services' names are DNS labels of at most 63) is still accepted."""
+    everything = [*VALUE_SETS["gpu-operator"], *VALUE_SETS["fallback-webhook"]]
+    objs = render(helm, "r" * 53, namespace, *everything)
+    services = [o["metadata"]["name"] for o in objs if o["kind"] == "Service"]
+    assert len(services) == 2 and len(set(services)) == 2, services
+    applicable = [o for o in objs if o["kind"] != "ServiceMonitor"]
+    out = subprocess.run(
+        [f"{cluster.bin_dir}/kubectl", "--kubeconfig", cluster.kubeconfig, "apply",
+         "--dry-run=server", "--namespace", namespace, "-f", "-"],
+        input=yaml.safe_dump_all(applicable), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TRANCHE_WEBHOOK_SERVICE"] in services  # the name its certificate is for
+
+
+def test_the_controller_replicas_prefer_other_nodes_and_drain_one_at_a_time(helm: str) -> None:
+    """Two replicas (the default) on one node, drained together, would leave the legacy
+    webhook (failurePolicy Fail) unanswered and GPU pods uncreatable."""
+
+    def controller(*args: str) -> tuple[Obj, list[Obj]]:
+        objs = render(helm, "tranche", "tranche", *args)
+        (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
+        return deployment, [o for o in objs if o["kind"] == "PodDisruptionBudget"]
+
+    deployment, budgets = controller()
+    pods = deployment["spec"]["selector"]["matchLabels"]
+    (term,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": pods},
+    }
+    (budget,) = budgets
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": pods}}
+    # One replica: a budget would block every drain of its node; an operator's affinity wins.
+    assert controller("--set", "controller.replicas=1")[1] == []
+    assert controller("--set", "controller.podDisruptionBudget.enabled=false")[1] == []
+    mine = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "role", "operator": "In", "values": ["infra"]}]}]}}}  # fmt: skip
+    custom, _ = controller("--set-json", f"controller.affinity={json.dumps(mine)}")
+    assert custom["spec"]["template"]["spec"]["affinity"] == mine
+
+
+def test_the_legacy_webhook_renders_with_no_namespaces_excluded(helm: str) -> None:
+    """``excludeNamespaces: null`` (or ``[]``) leaves the release namespace excluded."""
+    for value in ("null", "[]"):
+        objs = render(
+            helm, "tranche", "tranche", *VALUE_SETS["fallback-webhook"],
+            "--set-json", f"legacyWebhook.excludeNamespaces={value}",
+        )  # fmt: skip
+        (config,) = [o for o in objs if o["kind"] == "MutatingWebhookConfiguration"]
+        (hook,) = config["webhooks"]
+        (rule,) = hook["namespaceSelector"]["matchExpressions"][:1]
+        assert rule["values"] == ["tranche"], (value, rule)
+
+
 def test_rendered_daemonset_asks_for_surge_updates_gpu_nodes_and_node_critical_priority(
     helm: str,
 ) -> None:

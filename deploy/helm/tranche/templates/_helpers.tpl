@@ -9,20 +9,26 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
+{{- /* Object names are "<release>-<part>", cut to 63 characters: a Service's name is a DNS
+label, and Helm allows release names of 53 characters. */ -}}
 {{- define "tranche.pluginName" -}}
-{{ .Release.Name }}-kubelet-plugin
+{{ printf "%s-kubelet-plugin" .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tranche.pluginMetricsName" -}}
+{{ printf "%s-kubelet-plugin-metrics" .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "tranche.controllerName" -}}
-{{ .Release.Name }}-controller
+{{ printf "%s-controller" .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "tranche.webhookName" -}}
-{{ .Release.Name }}-legacy-gpu
+{{ printf "%s-legacy-gpu" .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "tranche.tlsSecret" -}}
-{{ .Release.Name }}-webhook-tls
+{{ printf "%s-webhook-tls" .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- /* A plugin setting that takes JSON/YAML text: a string as it is, a map or list as JSON. */ -}}
