@@ -23,7 +23,7 @@ from pydantic import (
 
 from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
-from driver.flags import add_flag, add_switch, named, number, parse_address
+from driver.flags import add_flag, add_switch, invalid_setting, named, number, parse_address
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # An object name: a DNS subdomain (RFC 1123), at most 253 characters.
@@ -170,5 +170,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             metrics_address=args.metrics_address,
             log_level=args.log_level,
         )
-    except (ValidationError, ValueError, ConfigError) as e:
+    except ValidationError as e:
+        raise invalid_setting(e, args) from e
+    except (ValueError, ConfigError) as e:
         raise ConfigError(f"invalid setting: {e}") from e

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+from pydantic import ValidationError
+
 from driver.errors import ConfigError
 
 N = TypeVar("N", int, float)
@@ -34,6 +36,26 @@ def env_name(flag: str) -> str:
 def named(flag: str) -> str:
     """How an error names a flag that may have come from its twin: ``--flag [env TRANCHE_FLAG]``."""
     return f"{flag} [env {env_name(flag)}]"
+
+
+def invalid_setting(error: ValidationError, args: argparse.Namespace) -> ConfigError:
+    """A settings model's validation ``error`` as one line per field that names the flag and
+    its twin the value came from (the field ``sample_interval_s`` is the flag
+    ``--sample-interval``): what an operator sets, not the model's field name."""
+    given = vars(args)
+    parts = []
+    for e in error.errors():
+        field = str(e["loc"][0]) if e["loc"] else ""
+        dest = next((d for d in (field, field.removesuffix("_s")) if d in given), None)
+        message = str(e["msg"]).removeprefix("Value error, ")
+        if message.startswith("--"):
+            parts.append(message)  # a validator that named its flag already
+        elif dest is None:
+            parts.append(f"{field}: {message}")
+        else:
+            flag = "--" + dest.replace("_", "-")
+            parts.append(f"{named(flag)}: {message} (got {e['input']!r})")
+    return ConfigError("invalid setting: " + "; ".join(parts))
 
 
 def number(value: str, flag: str, kind: type[N]) -> N:

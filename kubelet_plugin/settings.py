@@ -16,7 +16,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from driver.devices.inventory import AdvertiseConfig, parse_advertise, parse_mig_profiles
 from driver.devices.slices import DEFAULT_DRIVER_NAME
 from driver.errors import ConfigError
-from driver.flags import add_flag, add_switch, flag_text, named, number, parse_address
+from driver.flags import (
+    add_flag,
+    add_switch,
+    flag_text,
+    invalid_setting,
+    named,
+    number,
+    parse_address,
+)
 from driver.health.policy import HealthPolicy
 from driver.json_or_yaml import NotJsonOrYaml, parse_json_or_yaml
 from driver.sharing import SharingConfig, parse_sharing
@@ -312,5 +320,7 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             log_format=args.log_format,
             log_level=args.log_level,
         )
-    except (ValidationError, ValueError) as e:
-        raise ConfigError(f"tranche kubelet-plugin: invalid setting: {e}") from e
+    except ValidationError as e:
+        raise invalid_setting(e, args) from e
+    except ValueError as e:
+        raise ConfigError(f"invalid setting: {e}") from e

@@ -21,8 +21,9 @@ from controller.settings import add_arguments
         (["--slice-gc-interval", "soon"], "--slice-gc-interval"),
         (["--cert-validity-days", "1.5"], "--cert-validity-days"),
         (["--ca-validity-days", "x"], "--ca-validity-days"),
-        (["--sync-interval", "0"], "sync_interval_s"),
-        (["--sync-interval", "1e-9"], "sync_interval_s"),  # a busy loop against the API server
+        (["--sync-interval", "0"], "--sync-interval [env TRANCHE_SYNC_INTERVAL]"),
+        # a busy loop against the API server
+        (["--sync-interval", "1e-9"], "--sync-interval [env TRANCHE_SYNC_INTERVAL]"),
         (["--slice-gc-interval", "0.001"], "--slice-gc-interval [env TRANCHE_SLICE_GC_INTERVAL]"),
         (["--driver-name", "gpu tranche"], "--driver-name [env TRANCHE_DRIVER_NAME]"),
         (["--lease-name", ""], "--lease-name [env TRANCHE_LEASE_NAME]"),
