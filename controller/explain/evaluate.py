@@ -9,7 +9,8 @@ needs is the node's reason:
 ``taint`` (NoSchedule/NoExecute taints not tolerated) → ``allocated`` (held by other
 claims) or ``capacity`` (a shared device's consumable capacity used up) →
 ``counters`` (MIG neighbours, whole GPUs or shares of the same GPU hold its counters)
-→ ``constraint`` (``matchAttribute``: no group of free devices large enough) or
+→ ``constraint`` (``matchAttribute``: no group of free devices large enough;
+``distinctAttribute``: too few free devices with different values) or
 ``combination`` (the requests together do not fit). ``trust`` refines ``class`` and
 ``selector`` when tenancy attributes (``dedicatedTo``, ``sharingGroup``) excluded the
 devices.
@@ -124,7 +125,7 @@ def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context)
             "ask for placements that fit side by side (tranche explain free)",
         )
     if reason is None:
-        reason = constraint_reason(choices, claim.constraints)
+        reason = constraint_reason(choices, claim.constraints, ctx.usage)
     if reason is None:
         reason = Reason(
             "combination",
@@ -223,7 +224,7 @@ def merge(claims: Sequence[Claim], ref: str) -> Claim:
             names.append(prefix + alternatives[0].name.split("/")[0])
         for c in claim.constraints:
             covered = tuple(prefix + n for n in c.requests) if c.requests else tuple(names)
-            constraints.append(Constraint(covered, c.match_attribute))
+            constraints.append(replace(c, requests=covered))
     return Claim(ref, claims[0].namespace, tuple(requests), tuple(constraints))
 
 

@@ -413,3 +413,45 @@ def test_each_failing_request_gets_its_own_reason() -> None:
     assert on_dgx == {("small", "selector"), ("big", "class")}
     (near,) = [v for v in e.closest if v.node == "dgx"]
     assert near.reason is not None and near.reason.request == "big"  # class fails before selector
+
+
+PARENT = f"{DEFAULT_DRIVER_NAME}/parentUUID"
+
+
+def _distinct(*requests: dict[str, Any], attribute: str = PARENT) -> dict[str, Any]:
+    obj = claim("c", *requests)
+    names = [r["name"] for r in requests]
+    obj["spec"]["devices"]["constraints"] = [{"requests": names, "distinctAttribute": attribute}]
+    return obj
+
+
+def test_distinct_attribute_needs_free_devices_with_different_values() -> None:
+    """Two MIG devices on different GPUs: on ``busy`` another claim holds the whole first GPU,
+    so the only free MIG devices share one parentUUID and the scheduler places nothing."""
+    slices = node_slices("busy", [h100(0), h100(1)]) + node_slices("idle", [h100(0), h100(1)])
+    world = cluster(slices, [allocated("other", "whole", "busy", ["gpu-00000000"])])
+    obj = _distinct(
+        request(MIG, [_mig("1g.10gb")], name="a"), request(MIG, [_mig("1g.10gb")], name="b")
+    )
+    e = explain_one(world, obj)
+    assert e.fits == ("idle",), render_explanation(e)
+    (busy,) = [v.reason for v in e.closest if v.node == "busy"]
+    assert busy is not None and busy.kind == "constraint" and busy.request == "a,b"
+    assert busy.summary == (
+        f"too few free devices with different {PARENT} (distinctAttribute; the claim needs 2)"
+    )
+    assert busy.detail.startswith(f"1 different value(s) among the free devices: {h100(1).uuid}")
+    assert busy.hint.startswith(f"ask for at most 1 devices with distinctAttribute {PARENT}")
+
+
+def test_distinct_attribute_fails_on_devices_lacking_the_attribute() -> None:
+    """Whole GPUs have no parentUUID: the allocator's constraint refuses them."""
+    e = explain_one(WORLD, _distinct(request(count=2)), node_selector={"node": "dgx"})
+    assert e.fits == ()
+    (dgx,) = [g for g in e.groups if "dgx" in g.nodes]
+    assert dgx.kind == "constraint" and "distinctAttribute" in dgx.summary
+    uuid = f"{DEFAULT_DRIVER_NAME}/uuid"
+    assert explain_one(WORLD, _distinct(request(count=2), attribute=uuid)).fits == (
+        "dgx",
+        "split",
+    )
