@@ -455,3 +455,40 @@ def test_distinct_attribute_fails_on_devices_lacking_the_attribute() -> None:
         "dgx",
         "split",
     )
+
+
+def _all(selector: str) -> dict[str, Any]:
+    selectors = [{"cel": {"expression": selector}}]
+    return {"deviceClassName": "gpu.tranche.dev", "allocationMode": "All", "selectors": selectors}
+
+
+def _uuid_or_profile(i: int) -> str:
+    return f'{A}.uuid == "{h100(i).uuid}" || {A}.profile == "3g.40gb"'
+
+
+@pytest.mark.parametrize(
+    ("held", "body", "device"),
+    [
+        # gpu-00000001 matches; the held gpu-00000000 has no profile
+        (["gpu-00000000"], {"name": "gpu", "exactly": _all(_uuid_or_profile(1))}, "gpu-00000000"),
+        # gpu-00000000 matches before gpu-00000001 errors
+        ([], {"name": "gpu", "exactly": _all(_uuid_or_profile(0))}, "gpu-00000001"),
+        # the first alternative fits, but the scheduler checks the All one before it allocates
+        ([], {"name": "gpu", "firstAvailable": [
+            {"name": "one", "deviceClassName": "gpu.tranche.dev"},
+            {"name": "all", **_all(_uuid_or_profile(0))}]}, "gpu-00000001"),
+    ],
+    ids=["held-device", "after-a-match", "first-available"],
+)  # fmt: skip
+def test_an_all_request_errs_if_its_selector_fails_on_any_device(
+    held: list[str], body: dict[str, Any], device: str
+) -> None:
+    """For allocationMode All the scheduler evaluates the selectors on every device of the
+    node, held or not, before it allocates anything: one CEL error refuses the node."""
+    world = cluster(node_slices("two", [h100(0), h100(1)]), [allocated("o", "h", "two", held)])
+    e = explain_one(world, claim("c", body))
+    assert e.fits == (), render_explanation(e)
+    (near,) = e.closest
+    assert near.reason is not None and near.reason.kind == "cel-error"
+    assert near.reason.summary.endswith("fails: no such member in mapping: 'profile'")
+    assert near.reason.detail == f"on device {device}"
