@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add_switch(
         parser,
         "--recommend",
-        "also try one change at a time (smaller count, no matchAttribute, another MIG profile, "
+        "also try one change at a time (smaller count, a constraint less, another MIG profile, "
         "a selector less, a toleration, no nodeSelector) and list those that fit now",
         env=env,
     )

@@ -5,11 +5,13 @@ checks in order, and the first check that leaves fewer devices than the request
 needs is the node's reason:
 
 ``node-selector`` (the pod's nodeSelector) → ``class`` (DeviceClass selectors) →
-``selector`` (the request's CEL; ``cel-error`` when one fails on a device) →
+``selector`` (the request's CEL; ``cel-error`` when one fails on a device: for an
+``allocationMode: All`` request on any device of the node, held or not) →
 ``taint`` (NoSchedule/NoExecute taints not tolerated) → ``allocated`` (held by other
 claims) or ``capacity`` (a shared device's consumable capacity used up) →
 ``counters`` (MIG neighbours, whole GPUs or shares of the same GPU hold its counters)
-→ ``constraint`` (``matchAttribute``: no group of free devices large enough) or
+→ ``constraint`` (``matchAttribute``: no group of free devices large enough;
+``distinctAttribute``: too few free devices with different values) or
 ``combination`` (the requests together do not fit). ``trust`` refines ``class`` and
 ``selector`` when tenancy attributes (``dedicatedTo``, ``sharingGroup``) excluded the
 devices.
@@ -85,11 +87,16 @@ def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context)
     # per request, every alternative that passes its checks alone, in the claim's order
     passing: list[list[tuple[Request, list[Device], int]]] = []
     failed: list[Funnel] = []  # each request's own first reason, in request order
+    # The scheduler finds the devices of every allocationMode All request (each firstAvailable
+    # alternative too) before it allocates anything: a selector error there refuses the node.
+    fatal: list[Funnel] = []
     for alternatives in claim.requests:
         first: Funnel | None = None
         usable: list[tuple[Request, list[Device], int]] = []
         for request in alternatives:
             funnel = request_funnel(request, devices, ctx)
+            if request.all_devices and funnel.reason and funnel.reason.kind == "cel-error":
+                fatal.append(funnel)
             first = first or funnel
             if funnel.reason is None:
                 needed = len(funnel.candidates) if request.all_devices else request.count
@@ -99,6 +106,9 @@ def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context)
             failed.append(first)
             continue
         passing.append(usable)
+    if fatal:
+        more = tuple(f.reason for f in fatal[1:] if f.reason is not None)
+        return NodeVerdict(node, False, fatal[0].reason, rank=fatal[0].rank, more=more)
     if failed:
         worst = min(failed, key=lambda f: f.rank)
         more = tuple(f.reason for f in failed if f is not worst and f.reason is not None)
@@ -124,7 +134,7 @@ def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context)
             "ask for placements that fit side by side (tranche explain free)",
         )
     if reason is None:
-        reason = constraint_reason(choices, claim.constraints)
+        reason = constraint_reason(choices, claim.constraints, ctx.usage)
     if reason is None:
         reason = Reason(
             "combination",
@@ -223,7 +233,7 @@ def merge(claims: Sequence[Claim], ref: str) -> Claim:
             names.append(prefix + alternatives[0].name.split("/")[0])
         for c in claim.constraints:
             covered = tuple(prefix + n for n in c.requests) if c.requests else tuple(names)
-            constraints.append(Constraint(covered, c.match_attribute))
+            constraints.append(replace(c, requests=covered))
     return Claim(ref, claims[0].namespace, tuple(requests), tuple(constraints))
 
 

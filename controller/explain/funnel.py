@@ -182,7 +182,10 @@ def request_funnel(request: Request, devices: list[Device], ctx: Context) -> Fun
             try:
                 ok = selector.matches(d.data)
             except CelEvalError as e:
-                if not in_use and free_matches < needed:
+                # allocationMode All: the scheduler evaluates every device of the node, held
+                # or not, before it allocates anything; with a count, it stops at the first
+                # error among the free devices it tries
+                if request.all_devices or (not in_use and free_matches < needed):
                     return fail(
                         "cel-error",
                         f"selector `{short(selector.expression)}` fails: {e}",

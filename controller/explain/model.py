@@ -66,6 +66,17 @@ class Device:
             return None
         return str(next(iter(raw.values())))
 
+    def typed_attribute(self, name: str) -> tuple[str, str] | None:
+        """An attribute as (type, text), found as the allocator's ``lookupAttribute`` does:
+        ``name`` fully qualified, or in the driver's domain by its ID; None when missing."""
+        raw = self.data.attributes.get(name)
+        if raw is None and name.startswith(f"{self.driver}/"):
+            raw = self.data.attributes.get(name.removeprefix(f"{self.driver}/"))
+        if not isinstance(raw, Mapping) or not raw:
+            return None
+        kind, value = next(iter(raw.items()))
+        return str(kind), str(value)
+
     @property
     def type(self) -> str:
         return self.attribute("type") or "?"
@@ -308,7 +319,12 @@ class Request:
 @dataclass(frozen=True)
 class Constraint:
     requests: tuple[str, ...]  # empty: every request
-    match_attribute: str
+    attribute: str  # fully qualified
+    distinct: bool = False  # distinctAttribute (all values differ), else matchAttribute
+
+    @property
+    def field(self) -> str:
+        return "distinctAttribute" if self.distinct else "matchAttribute"
 
     def covers(self, request: str) -> bool:
         """A constraint names a request (all its subrequests) or one ``request/subrequest``."""
@@ -389,9 +405,13 @@ def claim_from(obj: Json, ref: str | None = None) -> Claim:
                 )
             )
     constraints = tuple(
-        Constraint(tuple(c.get("requests") or ()), str(c["matchAttribute"]))
+        Constraint(
+            tuple(c.get("requests") or ()),
+            str(c.get("matchAttribute") or c["distinctAttribute"]),
+            distinct=not c.get("matchAttribute"),
+        )
         for c in spec.get("constraints") or []
-        if c.get("matchAttribute")
+        if c.get("matchAttribute") or c.get("distinctAttribute")
     )
     allocation = (obj.get("status") or {}).get("allocation") or {}
     node = _allocated_node(allocation) if allocation else None

@@ -5,7 +5,7 @@ the claim itself, so a recommendation is only shown when the changed claim fits
 somewhere now:
 
 * a smaller ``count`` for a request (the largest that fits);
-* without one ``matchAttribute`` constraint;
+* without one ``matchAttribute`` or ``distinctAttribute`` constraint;
 * another MIG profile, for requests that select MIG devices by ``profile``;
 * without one of the request's own selectors (never one naming ``sharingGroup`` or
   ``dedicatedTo``: those keep tenants apart);
@@ -85,7 +85,7 @@ def candidates(claim: Claim, ctx: Context) -> Iterator[tuple[str, Claim | None, 
     for i, c in enumerate(claim.constraints):
         others = claim.constraints[:i] + claim.constraints[i + 1 :]
         yield (
-            f"without matchAttribute {c.match_attribute}",
+            f"without {c.field} {c.attribute}",
             replace(claim, constraints=others),
             None,
         )

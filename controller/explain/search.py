@@ -1,8 +1,9 @@
 """All requests of a claim together on one node: the placement search (pure).
 
 A depth-first search over the devices each request's funnel left, with counters and
-``matchAttribute`` constraints, as the scheduler allocates; bounded by ``SEARCH_BUDGET``
-steps. When no placement exists, ``constraint_reason`` says which constraint is too tight.
+``matchAttribute`` and ``distinctAttribute`` constraints, as the scheduler allocates; bounded
+by ``SEARCH_BUDGET`` steps. When no placement exists, ``constraint_reason`` says which
+constraint is too tight.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def search(
     chosen: list[Device] = []
     taken: set[DeviceKey] = set()
     charged: set[DeviceKey] = {k for k in usage.holders if k not in usage.exclusive}
-    pinned: dict[int, str] = {}
+    pinned: dict[int, str] = {}  # matchAttribute: the value every device must have
+    distinct: dict[int, list[tuple[str, str]]] = {i: [] for i in range(len(constraints))}
     # capacity this search gives shared devices; several requests may share one device
     giving: dict[DeviceKey, dict[str, Decimal]] = {}
     steps = 0
@@ -55,7 +57,15 @@ def search(
         for i, c in enumerate(constraints):
             if not c.covers(request.name):
                 continue
-            value = d.attribute(c.match_attribute)
+            if c.distinct:
+                typed = d.typed_attribute(c.attribute)
+                if typed is None or any(_same(typed, v) for v in distinct[i]):
+                    _undo(undo)
+                    return None
+                distinct[i].append(typed)
+                undo.append(("distinct", i))
+                continue
+            value = d.attribute(c.attribute)
             if value is None or (i in pinned and pinned[i] != value):
                 _undo(undo)
                 return None
@@ -80,6 +90,8 @@ def search(
         for what, x in reversed(undo):
             if what == "pin":
                 del pinned[x]
+            elif what == "distinct":
+                distinct[x].pop()
             elif what == "charged":
                 charged.discard(x)
             elif what == "capacity":
@@ -130,24 +142,82 @@ def search(
         return None
 
 
+def _same(a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Whether two attribute values break ``distinctAttribute``: equal values of one scalar
+    type; a value of another type (a list) is never distinct, as in the allocator."""
+    if a[0] not in _SCALARS:
+        return True
+    return a == b
+
+
+_SCALARS = frozenset({"string", "int", "bool", "version"})
+
+
+def _distinct_reason(
+    c: Constraint,
+    covered: Sequence[tuple[Request, list[Device], int]],
+    usage: Usage,
+) -> Reason | None:
+    """The reason when ``distinctAttribute`` alone keeps the covered requests off the node."""
+    if search(covered, [c], usage, counters=False) is not None:
+        return None
+    if search(covered, [], usage, counters=False) is None:
+        return None  # too few devices whatever their values: not this constraint
+    needed = sum(n for _, _, n in covered)
+    groups: Counter[str] = Counter()
+    lacking = 0
+    for _, cands, _ in covered:
+        for d in {d.key: d for d in cands}.values():
+            typed = d.typed_attribute(c.attribute)
+            if typed is None:
+                lacking += 1
+            else:
+                groups[typed[1]] += 1
+    values = len(groups)
+    detail = f"{values} different value(s) among the free devices: " + ", ".join(
+        f"{v}: {n} device(s)" for v, n in groups.most_common(4)
+    )
+    if lacking:
+        detail += f"; {lacking} device(s) lack the attribute"
+    request = ",".join(r.name for r, _, _ in covered)
+    return Reason(
+        "constraint",
+        request,
+        f"too few free devices with different {c.attribute} (distinctAttribute; the claim "
+        f"needs {needed})",
+        detail,
+        f"ask for at most {values} devices with distinctAttribute {c.attribute}, "
+        "or wait for devices with other values to be released"
+        if values
+        else f"drop distinctAttribute {c.attribute}",
+    )
+
+
 def constraint_reason(
-    choices: Sequence[tuple[Request, list[Device], int]], constraints: Sequence[Constraint]
+    choices: Sequence[tuple[Request, list[Device], int]],
+    constraints: Sequence[Constraint],
+    usage: Usage,
 ) -> Reason | None:
     for c in constraints:
         covered = [(r, cands, n) for r, cands, n in choices if c.covers(r.name)]
         if not covered:
             continue
+        if c.distinct:
+            reason = _distinct_reason(c, covered, usage)
+            if reason is not None:
+                return reason
+            continue
         needed = sum(n for _, _, n in covered)
         groups: Counter[str] = Counter()
         for _, cands, _ in covered:
             for d in {d.key: d for d in cands}.values():
-                value = d.attribute(c.match_attribute)
+                value = d.attribute(c.attribute)
                 if value is not None:
                     groups[value] += 1
         largest = max(groups.values(), default=0)
         if largest >= needed:
             continue
-        attr = c.match_attribute.rsplit("/", 1)[-1]
+        attr = c.attribute.rsplit("/", 1)[-1]
         request = ",".join(r.name for r, _, _ in covered)
         if attr == "nvlinkDomain":
             summary = (
@@ -157,7 +227,7 @@ def constraint_reason(
             )
         else:
             summary = (
-                f"largest group of free devices with the same {c.match_attribute}: "
+                f"largest group of free devices with the same {c.attribute}: "
                 f"{largest}, the claim needs {needed}"
             )
         detail = ", ".join(f"{v}: {n}" for v, n in groups.most_common(4))
@@ -166,9 +236,9 @@ def constraint_reason(
             request,
             summary,
             detail,
-            f"ask for at most {largest} devices with matchAttribute {c.match_attribute}, "
+            f"ask for at most {largest} devices with matchAttribute {c.attribute}, "
             "or wait for devices of one group to be released"
             if largest
-            else f"drop matchAttribute {c.match_attribute}",
+            else f"drop matchAttribute {c.attribute}",
         )
     return None

@@ -413,3 +413,82 @@ def test_each_failing_request_gets_its_own_reason() -> None:
     assert on_dgx == {("small", "selector"), ("big", "class")}
     (near,) = [v for v in e.closest if v.node == "dgx"]
     assert near.reason is not None and near.reason.request == "big"  # class fails before selector
+
+
+PARENT = f"{DEFAULT_DRIVER_NAME}/parentUUID"
+
+
+def _distinct(*requests: dict[str, Any], attribute: str = PARENT) -> dict[str, Any]:
+    obj = claim("c", *requests)
+    names = [r["name"] for r in requests]
+    obj["spec"]["devices"]["constraints"] = [{"requests": names, "distinctAttribute": attribute}]
+    return obj
+
+
+def test_distinct_attribute_needs_free_devices_with_different_values() -> None:
+    """Two MIG devices on different GPUs: on ``busy`` another claim holds the whole first GPU,
+    so the only free MIG devices share one parentUUID and the scheduler places nothing."""
+    slices = node_slices("busy", [h100(0), h100(1)]) + node_slices("idle", [h100(0), h100(1)])
+    world = cluster(slices, [allocated("other", "whole", "busy", ["gpu-00000000"])])
+    obj = _distinct(
+        request(MIG, [_mig("1g.10gb")], name="a"), request(MIG, [_mig("1g.10gb")], name="b")
+    )
+    e = explain_one(world, obj)
+    assert e.fits == ("idle",), render_explanation(e)
+    (busy,) = [v.reason for v in e.closest if v.node == "busy"]
+    assert busy is not None and busy.kind == "constraint" and busy.request == "a,b"
+    assert busy.summary == (
+        f"too few free devices with different {PARENT} (distinctAttribute; the claim needs 2)"
+    )
+    assert busy.detail.startswith(f"1 different value(s) among the free devices: {h100(1).uuid}")
+    assert busy.hint.startswith(f"ask for at most 1 devices with distinctAttribute {PARENT}")
+
+
+def test_distinct_attribute_fails_on_devices_lacking_the_attribute() -> None:
+    """Whole GPUs have no parentUUID: the allocator's constraint refuses them."""
+    e = explain_one(WORLD, _distinct(request(count=2)), node_selector={"node": "dgx"})
+    assert e.fits == ()
+    (dgx,) = [g for g in e.groups if "dgx" in g.nodes]
+    assert dgx.kind == "constraint" and "distinctAttribute" in dgx.summary
+    uuid = f"{DEFAULT_DRIVER_NAME}/uuid"
+    assert explain_one(WORLD, _distinct(request(count=2), attribute=uuid)).fits == (
+        "dgx",
+        "split",
+    )
+
+
+def _all(selector: str) -> dict[str, Any]:
+    selectors = [{"cel": {"expression": selector}}]
+    return {"deviceClassName": "gpu.tranche.dev", "allocationMode": "All", "selectors": selectors}
+
+
+def _uuid_or_profile(i: int) -> str:
+    return f'{A}.uuid == "{h100(i).uuid}" || {A}.profile == "3g.40gb"'
+
+
+@pytest.mark.parametrize(
+    ("held", "body", "device"),
+    [
+        # gpu-00000001 matches; the held gpu-00000000 has no profile
+        (["gpu-00000000"], {"name": "gpu", "exactly": _all(_uuid_or_profile(1))}, "gpu-00000000"),
+        # gpu-00000000 matches before gpu-00000001 errors
+        ([], {"name": "gpu", "exactly": _all(_uuid_or_profile(0))}, "gpu-00000001"),
+        # the first alternative fits, but the scheduler checks the All one before it allocates
+        ([], {"name": "gpu", "firstAvailable": [
+            {"name": "one", "deviceClassName": "gpu.tranche.dev"},
+            {"name": "all", **_all(_uuid_or_profile(0))}]}, "gpu-00000001"),
+    ],
+    ids=["held-device", "after-a-match", "first-available"],
+)  # fmt: skip
+def test_an_all_request_errs_if_its_selector_fails_on_any_device(
+    held: list[str], body: dict[str, Any], device: str
+) -> None:
+    """For allocationMode All the scheduler evaluates the selectors on every device of the
+    node, held or not, before it allocates anything: one CEL error refuses the node."""
+    world = cluster(node_slices("two", [h100(0), h100(1)]), [allocated("o", "h", "two", held)])
+    e = explain_one(world, claim("c", body))
+    assert e.fits == (), render_explanation(e)
+    (near,) = e.closest
+    assert near.reason is not None and near.reason.kind == "cel-error"
+    assert near.reason.summary.endswith("fails: no such member in mapping: 'profile'")
+    assert near.reason.detail == f"on device {device}"
