@@ -286,6 +286,7 @@ class CreateMigHandler:
                 f"device {step.device}: MIG mode on GPU {step.gpu_uuid} is pending a reset"
             )
         log.info("mig mode enabled gpu=%s device=%s", step.gpu_uuid, step.device)
+        self._faults.reached("mig:after-enable")
 
     def undo(
         self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
@@ -298,6 +299,20 @@ class CreateMigHandler:
             # is still this claim's (a UUID is never given to another instance).
             if self._destroy_recorded(step, plan, uuids.get(step.device), others):
                 self._maybe_disable(step.gpu_uuid, others)
+                return
+            # Never created: the step may still have turned MIG mode on (the create failed,
+            # or the plugin died before journalling its intent). Best effort: the claim's
+            # own error is what its prepare reports, and a whole-GPU claim turns it off too.
+            try:
+                self._maybe_disable(step.gpu_uuid, others)
+            except NvmlError as e:
+                log.warning(
+                    "mig mode not disabled gpu=%s device=%s claim_uid=%s error=%s",
+                    step.gpu_uuid,
+                    step.device,
+                    plan.claim_uid,
+                    e,
+                )
             return
         if entry.claim_uid != plan.claim_uid:
             return  # the placement holds another claim's device now
