@@ -42,6 +42,7 @@ POINTS = (
     "checkpoint:before-started-cleared",
     "checkpoint:after-convert",
     "cdi:before-replace",
+    "mig:after-enable",
     "mig:after-intent",
     "mig:after-create",
     "mps:after-spawn",

@@ -61,6 +61,11 @@ class MigCalls(NvmlCalls):
         """Whether MIG mode is on now (False where the GPU has no MIG): one NVML call."""
         return self._mig_mode(self.handle(uuid), uuid)[1]
 
+    def mig_pending(self, uuid: str) -> bool:
+        """Whether MIG mode is pending on: the mode the GPU takes at its next reset (False
+        where the GPU has no MIG): one NVML call."""
+        return self._mig_mode(self.handle(uuid), uuid)[2]
+
     def mig_instances(self, parent_uuid: str) -> tuple[MigInstance, ...]:
         """The MIG devices (GI with a CI) that exist on a GPU; empty when MIG is off."""
         h = self.handle(parent_uuid)

@@ -53,6 +53,8 @@ class MigControl(Protocol):
 
     def mig_enabled(self, uuid: str) -> bool: ...
 
+    def mig_pending(self, uuid: str) -> bool: ...
+
     def probe(self, uuid: str) -> DeviceProbe: ...
 
     def set_mig_mode(self, uuid: str, enabled: bool) -> bool: ...
@@ -281,11 +283,46 @@ class CreateMigHandler:
                 f"device {step.device}: MIG mode is off on GPU {step.gpu_uuid} and turning it "
                 "on needs a GPU reset on this GPU; its MIG devices should not be advertised"
             )
-        if not self._nvml.set_mig_mode(step.gpu_uuid, True):
+        # A refused activation (IN_USE: processes run on the GPU; RESET_REQUIRED: a
+        # passthrough VM) still sets the pending mode, which the GPU takes at its next reset:
+        # an enable of the driver's that did not take effect is withdrawn.
+        pending = self._nvml.mig_pending(step.gpu_uuid)
+        try:
+            applied = self._nvml.set_mig_mode(step.gpu_uuid, True)
+        except NvmlError as e:
+            raise NvmlError(
+                f"device {step.device}: MIG mode on GPU {step.gpu_uuid} was not turned on: "
+                f"{e}{self._withdraw_enable(step, pending)}",
+                e.code,
+            ) from e
+        if not applied:
             raise ClaimError(
-                f"device {step.device}: MIG mode on GPU {step.gpu_uuid} is pending a reset"
+                f"device {step.device}: turning MIG mode on on GPU {step.gpu_uuid} needs a "
+                f"GPU reset{self._withdraw_enable(step, pending)}"
             )
         log.info("mig mode enabled gpu=%s device=%s", step.gpu_uuid, step.device)
+        self._faults.reached("mig:after-enable")
+
+    def _withdraw_enable(self, step: CreateMigDevice, was_pending: bool) -> str:
+        """Set the pending MIG mode back to off after an enable that did not take effect,
+        unless it was pending on before (not the driver's); what was done, for the error."""
+        if was_pending:
+            return ""
+        try:
+            self._nvml.set_mig_mode(step.gpu_uuid, False)
+        except NvmlError as e:
+            log.warning(
+                "mig mode pending enable not cleared gpu=%s device=%s error=%s",
+                step.gpu_uuid,
+                step.device,
+                e,
+            )
+            return (
+                f"; clearing the pending enable failed ({e}): MIG mode comes on at the GPU's "
+                "next reset"
+            )
+        log.warning("mig mode pending enable cleared gpu=%s device=%s", step.gpu_uuid, step.device)
+        return "; the pending enable was cleared"
 
     def undo(
         self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
@@ -298,6 +335,20 @@ class CreateMigHandler:
             # is still this claim's (a UUID is never given to another instance).
             if self._destroy_recorded(step, plan, uuids.get(step.device), others):
                 self._maybe_disable(step.gpu_uuid, others)
+                return
+            # Never created: the step may still have turned MIG mode on (the create failed,
+            # or the plugin died before journalling its intent). Best effort: the claim's
+            # own error is what its prepare reports, and a whole-GPU claim turns it off too.
+            try:
+                self._maybe_disable(step.gpu_uuid, others)
+            except NvmlError as e:
+                log.warning(
+                    "mig mode not disabled gpu=%s device=%s claim_uid=%s error=%s",
+                    step.gpu_uuid,
+                    step.device,
+                    plan.claim_uid,
+                    e,
+                )
             return
         if entry.claim_uid != plan.claim_uid:
             return  # the placement holds another claim's device now

@@ -124,6 +124,20 @@ class SimControl:
 
         self.store.update(change)
 
+    def fail_mig_create(self, gpu: str | int, error: str | None) -> None:
+        """Make every GPU-instance create on the GPU fail with NVML error ``error`` (the
+        name after ``NVML_ERROR_``, e.g. ``INSUFFICIENT_RESOURCES``); None: succeed again."""
+        code = 0
+        if error is not None:
+            code = getattr(pynvml, f"NVML_ERROR_{error.upper()}", 0)
+            if not isinstance(code, int) or code == 0:
+                raise ValueError(f"NVML error {error!r} unknown; e.g. INSUFFICIENT_RESOURCES")
+
+        def change(state: SimState) -> None:
+            find_gpu(state, gpu).mig_create_error = code
+
+        self.store.update(change)
+
     def reboot(self) -> None:
         """The machine reboots: on every GPU the MIG instances, processes, time slice and
         compute mode are gone (MIG mode and a lost GPU stay as they were)."""

@@ -118,6 +118,8 @@ class SimMigCalls(SimCalls):
             spec = self._gi_profile(gpu, profile_id)
             if gpu.mig_current != pynvml.NVML_DEVICE_MIG_ENABLE:
                 raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            if gpu.mig_create_error:
+                raise _fail(gpu.mig_create_error)  # SimControl.fail_mig_create
             if start not in spec.placements.starts or size != spec.placements.size:
                 raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
             same = [i for i in gpu.instances if i.profile_id == profile_id]

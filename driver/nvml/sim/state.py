@@ -72,6 +72,7 @@ class SimGpu(_Model):
     instances: list[SimInstance] = []
     processes: list[SimProcess] = []
     lost: bool = False
+    mig_create_error: int = 0  # NVML error every GPU-instance create fails with (0: none)
     compute_mode: int = 0
     timeslice: int = 0
     gpu_util: int | None = None  # None: derived from the processes' SM use

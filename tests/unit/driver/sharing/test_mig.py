@@ -114,6 +114,74 @@ def test_failed_create_leaves_no_instance_and_other_claims_work(node: Path) -> N
     assert state.prepare(ok, ref_of(ok)).error == ""
 
 
+def test_a_create_that_fails_after_mig_mode_was_turned_on_turns_it_off_again(node: Path) -> None:
+    """The prepare switched MIG mode on for its device, then NVML refused the instance: the
+    roll-back leaves the GPU as it found it, MIG mode off, since no claim uses MIG on it."""
+    mig = slot(node, index=2)
+    state, _, nvml = sharing_state(node)
+    control = SimControl(SimStore(path=node / "sim.json"))
+    control.fail_mig_create(mig.parent.uuid, "INSUFFICIENT_RESOURCES")
+    obj = new_claim(node, "m1", mig.name)
+    res = state.prepare(obj, ref_of(obj))
+    assert f"creating MIG {mig.profile.name} at memory slice {mig.start}" in res.error
+    assert "INSUFFICIENT_RESOURCES" in res.error or "Insufficient" in res.error, res.error
+    gpu = nvml.gpu(mig.parent.uuid)
+    assert (gpu.mig_enabled, gpu.mig_pending) == (False, False)
+    assert journal(node) == {}
+
+    control.fail_mig_create(mig.parent.uuid, None)
+    assert state.prepare(obj, ref_of(obj)).error == ""  # the kubelet's retry
+    assert nvml.gpu(mig.parent.uuid).mig_enabled
+
+
+def test_mig_mode_refused_on_a_busy_gpu_is_not_left_pending_for_its_next_reset(
+    node: Path,
+) -> None:
+    """A process runs on the whole GPU: NVML refuses to turn MIG mode on (IN_USE) but sets
+    the pending mode. The driver withdraws it, so a later GPU reset does not bring the GPU
+    back in MIG mode for a claim that failed."""
+    mig = slot(node, index=2)
+    state, _, nvml = sharing_state(node)
+    control = SimControl(SimStore(path=node / "sim.json"))
+    control.add_process(mig.parent.uuid, 4242, used_memory_bytes=1 << 30)
+    obj = new_claim(node, "m1", mig.name)
+    error = state.prepare(obj, ref_of(obj)).error
+    gpu = nvml.gpu(mig.parent.uuid)
+    assert (gpu.mig_enabled, gpu.mig_pending) == (False, False)
+    assert f"device {mig.name}: MIG mode on GPU {mig.parent.uuid} was not turned on" in error
+    assert "IN_USE" in error and "the pending enable was cleared" in error, error
+    assert journal(node) == {}
+
+    control.remove_process(4242)
+    control.recover(mig.parent.uuid)  # a GPU reset
+    assert not nvml.gpu(mig.parent.uuid).mig_enabled
+    assert state.prepare(obj, ref_of(obj)).error == ""  # the kubelet's retry, GPU now idle
+
+
+def test_mig_mode_that_would_need_a_reset_is_not_left_pending(node: Path) -> None:
+    """A Hopper GPU whose MIG mode change NVML answers RESET_REQUIRED (a passthrough VM
+    without GPU reset): the claim fails and the enable is withdrawn, not left to a reboot."""
+    mig = slot(node, index=2)
+    state, _, nvml = sharing_state(node)
+
+    def passthrough(s: Any) -> None:
+        gpu = next(g for g in s.gpus if g.uuid == mig.parent.uuid)
+        gpu.model = gpu.model.model_copy(
+            update={"mig": gpu.model.mig.model_copy(update={"mode_toggle_needs_reset": True})}
+        )
+
+    store = SimStore(path=node / "sim.json")
+    store.update(passthrough)
+    obj = new_claim(node, "m1", mig.name)
+    error = state.prepare(obj, ref_of(obj)).error
+    gpu = nvml.gpu(mig.parent.uuid)
+    assert (gpu.mig_enabled, gpu.mig_pending) == (False, False)
+    assert f"turning MIG mode on on GPU {mig.parent.uuid} needs a GPU reset" in error, error
+    assert "the pending enable was cleared" in error
+    SimControl(store).recover(mig.parent.uuid)
+    assert not nvml.gpu(mig.parent.uuid).mig_enabled
+
+
 def test_a_claim_allocated_another_profile_at_a_held_start_keeps_the_holders_journal_entry(
     node: Path,
 ) -> None:
@@ -309,7 +377,14 @@ def run_child(node: Path, op: str, uid: str, fault: str = "") -> subprocess.Comp
 
 
 @pytest.mark.parametrize(
-    "fault", ["mig:after-intent", "mig:after-create", "prepare:after-step", "prepare:after-cdi"]
+    "fault",
+    [
+        "mig:after-enable",
+        "mig:after-intent",
+        "mig:after-create",
+        "prepare:after-step",
+        "prepare:after-cdi",
+    ],
 )
 def test_crash_around_mig_create_is_rolled_back(node: Path, fault: str) -> None:
     mig = slot(node, index=0)
@@ -323,6 +398,7 @@ def test_crash_around_mig_create_is_rolled_back(node: Path, fault: str) -> None:
     report = state.recover()
     assert report.rolled_back == ("c1",)
     assert nvml.gpu(mig.parent.uuid).mig_instances == ()
+    assert not nvml.gpu(mig.parent.uuid).mig_enabled  # as before the prepare: nothing uses MIG
     assert journal(node) == {}
     obj = new_claim(node, "c1", mig.name)
     assert state.prepare(obj, ref_of(obj)).error == ""
