@@ -51,7 +51,9 @@ from tests.unit.sharing_node import sharing_state
 REPO = Path(__file__).resolve().parents[4]
 # Any seed is a valid sequence. These seven were picked from seeds 0-39 for the most
 # (claim kind, fault point) pairs their killed children cover per second of run time: 35 of
-# the 50 pairs seeds 0-39 reach, in about 45 s on two cores (seeds 0-9: 26, in 55 s).
+# the 50 pairs seeds 0-39 reached, in about 45 s on two cores (seeds 0-9: 26, in 55 s). A new
+# fault point (mig:after-enable, added later) changes the sequence each seed draws, so those
+# counts describe the list of that day; the seeds were not searched again.
 # A longer search: run_sequence(node, seed, steps) over other seeds and more steps.
 SEEDS = (4, 7, 10, 12, 25, 31, 32)
 STEPS = 12
