@@ -7,8 +7,9 @@ result into co-locations: a GPU (or a dedicated node) held by more than one tena
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from driver.trust.policy import (
@@ -97,17 +98,118 @@ def _request_classes(claim: Obj) -> dict[str, str]:
     return out
 
 
-def consumers(
+# How the plugin names devices (driver/devices/inventory.py ``gpu_names``, ``mig_name``;
+# driver/sharing/devices.py ``share_name``): ``gpu-<hex>``, ``<gpu>-mig-<profile>-<start>``,
+# ``<gpu>-ts-<group>``, ``<gpu>-mps-<group>``.
+_DEVICE_NAME = re.compile(r"(?P<gpu>gpu-[0-9a-f]+)(?:-(?P<kind>mig|ts|mps)-.+)?")
+_NAME_MECHANISMS: Mapping[str, Mechanism] = {
+    "mig": Mechanism.MIG,
+    "ts": Mechanism.TIMESLICE,
+    "mps": Mechanism.MPS,
+}
+NOT_IN_SLICES = (
+    "cannot be judged (not in any ResourceSlice): neither the claim's status.devices nor "
+    "the device name tells its GPU"
+)
+
+
+@dataclass(frozen=True)
+class Unjudged:
+    """An allocated device whose physical GPU the audit cannot tell."""
+
+    consumer: Consumer
+    pool: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Holdings:
+    consumers: list[Consumer]
+    unjudged: list[Unjudged]
+
+
+def _hex_of(uuid: str) -> str:
+    return re.sub(r"[^0-9a-f]", "", uuid.lower().removeprefix("gpu-"))
+
+
+def _recorded(claim: Obj, driver: str, result: Obj) -> Mapping[str, Any]:
+    """``status.devices[].data`` the plugin wrote at prepare for this allocation result."""
+    key = (driver, result.get("pool"), result.get("device"), result.get("shareID") or "")
+    for entry in (claim.get("status") or {}).get("devices") or []:
+        if not isinstance(entry, dict):
+            continue
+        found = (entry.get("driver"), entry.get("pool"), entry.get("device"))
+        if (*found, entry.get("shareID") or "") == key:
+            data = entry.get("data")
+            return data if isinstance(data, dict) else {}
+    return {}
+
+
+def _unlisted(
+    claim: Obj, driver: str, result: Obj, class_name: str
+) -> tuple[Mechanism, str | None, str | None]:
+    """Mechanism, GPU UUID (recorded at prepare) and GPU name (from the device's name) of a
+    device no ResourceSlice lists; None for what neither tells."""
+    device = result.get("device", "")
+    data = _recorded(claim, driver, result)
+    match = _DEVICE_NAME.fullmatch(device)
+    kind = _NAME_MECHANISMS.get(match["kind"]) if match and match["kind"] else None
+    if data.get("mode") == "MIG" or data.get("migProfile") or kind is Mechanism.MIG:
+        mechanism = Mechanism.MIG
+    elif kind is not None or result.get("shareID"):
+        mps = kind is Mechanism.MPS or (kind is None and data.get("mode") == "MPS")
+        mechanism = Mechanism.MPS if mps else Mechanism.TIMESLICE
+    else:
+        mechanism = class_mechanism(class_name, driver)
+    uuid = data.get("gpuUUID")
+    return (
+        mechanism,
+        uuid if isinstance(uuid, str) and uuid else None,
+        match["gpu"] if match else None,
+    )
+
+
+def _gpu_part(device: str) -> str | None:
+    match = _DEVICE_NAME.fullmatch(device)
+    return match["gpu"] if match else None
+
+
+def _gpu_by_name(
+    pool: str, name: str, facts: Mapping[tuple[str, str], DeviceFacts], uuids: set[str]
+) -> str:
+    """The physical GPU of the GPU named ``name`` on ``pool``: the GPU of the listed devices
+    of that name, else the one known UUID of the node the name is made from (its first 8 or
+    16 hex digits), else the name itself."""
+    listed = {f.gpu for (p, dev), f in facts.items() if p == pool and _gpu_part(dev) == name}
+    if len(listed) == 1:
+        return listed.pop()
+    digits = name.removeprefix("gpu-")
+    made_from = {u for u in uuids if len(digits) >= 8 and _hex_of(u).startswith(digits)}
+    return made_from.pop() if len(made_from) == 1 else name
+
+
+def holdings(
     claims: Iterable[Obj],
     slices: Iterable[Obj],
     tenancies: Mapping[str, Resolution],
     default_level: TrustLevel,
     driver: str = DRIVER,
-) -> list[Consumer]:
+) -> Holdings:
     """One consumer per allocated device result of ``driver``; results with admin access
-    are not judged (as at prepare: a cluster administrator's grant)."""
+    are not judged (as at prepare: a cluster administrator's grant).
+
+    A device no ResourceSlice lists (its sharing group dropped from the config, its MIG slot
+    no longer advertised, its node's slices deleted) is placed on its GPU by what the plugin
+    recorded at prepare (``status.devices[].data.gpuUUID``), else by its name
+    (``<gpu>-mig-...``, ``<gpu>-ts-<group>``); when neither tells, it is ``unjudged`` and
+    counted as a GPU of its own (so its node is still judged)."""
     facts = device_facts(slices, driver)
+    uuids: dict[str, set[str]] = {}  # pool -> the GPUs the slices and claim statuses name
+    for (pool, _), f in facts.items():
+        uuids.setdefault(pool, set()).add(f.gpu)
     out: list[Consumer] = []
+    named: list[tuple[int, str, str]] = []  # (index in out, pool, GPU name)
+    unjudged: list[Unjudged] = []
     for claim in claims:
         meta = claim.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
@@ -120,20 +222,42 @@ def consumers(
                 continue
             pool, device = result.get("pool", ""), result.get("device", "")
             known = facts.get((pool, device))
+            gpu_name, placed = None, True
             if known is None:
-                mechanism = class_mechanism(classes.get(result.get("request", ""), ""), driver)
-                known = DeviceFacts(mechanism, device, pool)
-            out.append(
-                Consumer(
-                    claim=f"{ns}/{name}",
-                    tenancy=resolution.tenancy,
-                    mechanism=known.mechanism,
-                    node=known.node,
-                    gpu=known.gpu,
-                    device=device,
-                )
+                class_name = classes.get(result.get("request", ""), "")
+                mechanism, uuid, gpu_name = _unlisted(claim, driver, result, class_name)
+                if uuid is not None:
+                    uuids.setdefault(pool, set()).add(uuid)
+                    gpu_name = None
+                placed = uuid is not None or gpu_name is not None
+                known = DeviceFacts(mechanism, uuid or device, pool)
+            consumer = Consumer(
+                claim=f"{ns}/{name}",
+                tenancy=resolution.tenancy,
+                mechanism=known.mechanism,
+                node=known.node,
+                gpu=known.gpu,
+                device=device,
             )
-    return out
+            if gpu_name is not None:
+                named.append((len(out), pool, gpu_name))
+            elif not placed:
+                unjudged.append(Unjudged(consumer, pool, NOT_IN_SLICES))
+            out.append(consumer)
+    for i, pool, gpu_name in named:
+        out[i] = replace(out[i], gpu=_gpu_by_name(pool, gpu_name, facts, uuids.get(pool, set())))
+    return Holdings(out, unjudged)
+
+
+def consumers(
+    claims: Iterable[Obj],
+    slices: Iterable[Obj],
+    tenancies: Mapping[str, Resolution],
+    default_level: TrustLevel,
+    driver: str = DRIVER,
+) -> list[Consumer]:
+    """The consumers of :func:`holdings`."""
+    return holdings(claims, slices, tenancies, default_level, driver).consumers
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,11 @@ every namespace's tenant and trust level, and reports each GPU (and each dedicat
 node) used by more than one tenant with the verdict of the current levels. Label
 problems (unknown level, misplaced sharing group, conflicting namespaces of one
 tenant) are listed too, and so is every claim that could not be read whole (JSON nested
-too deep: the cut value is named; its allocation is still judged). Exit status: 0 all
-allowed, 1 forbidden co-location found, 2 the cluster could not be read.
+too deep: the cut value is named; its allocation is still judged), and every allocated
+device whose GPU cannot be told (in no ResourceSlice, no GPU recorded in the claim's status,
+a name not of the plugin's form). Exit status: 0 all judged and allowed, 1 forbidden
+co-location found, 2 the cluster could not be read, 3 none found but the audit is
+incomplete (a device could not be judged).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from kubernetes import client
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from controller.kube_client import request
-from controller.trust.audit import DRIVER, Colocation, colocations, consumers
+from controller.trust.audit import DRIVER, Colocation, Unjudged, colocations, holdings
 from driver.cli import Command
 from driver.errors import TrancheError
 from driver.flags import add_flag
@@ -88,12 +91,16 @@ def render_text(
     resolutions: dict[str, Resolution],
     out: TextIO,
     unreadable: Sequence[str] = (),
+    unjudged: Sequence[Unjudged] = (),
 ) -> None:
     problems = sorted({p for r in resolutions.values() for p in r.problems})
     for p in problems:
         out.write(f"label problem: {p}\n")
     for note in unreadable:
         out.write(f"unreadable: {note}\n")
+    for u in unjudged:
+        c = u.consumer
+        out.write(f"not judged: node {c.node}: {c.claim}: {_who(c)}: {u.reason}\n")
     if not found:
         out.write("no GPU or dedicated node is used by more than one tenant\n")
     for co in found:
@@ -105,6 +112,8 @@ def render_text(
         for a, b, v in co.verdicts:
             pair = a.claim if a is b else f"{a.claim} + {b.claim}"
             out.write(f"  forbidden: {pair}: {v.reason}: {v.detail}\n")
+    if unjudged:
+        out.write(f"audit incomplete: {len(unjudged)} allocated device(s) could not be judged\n")
 
 
 def render_json(
@@ -112,10 +121,24 @@ def render_json(
     resolutions: dict[str, Resolution],
     out: TextIO,
     unreadable: Sequence[str] = (),
+    unjudged: Sequence[Unjudged] = (),
 ) -> None:
     doc = {
         "labelProblems": sorted({p for r in resolutions.values() for p in r.problems}),
         "unreadable": list(unreadable),
+        "complete": not unjudged,
+        "unjudged": [
+            {
+                "claim": u.consumer.claim,
+                "tenant": u.consumer.tenancy.tenant,
+                "node": u.consumer.node,
+                "pool": u.pool,
+                "device": u.consumer.device,
+                "mechanism": str(u.consumer.mechanism),
+                "reason": u.reason,
+            }
+            for u in unjudged
+        ],
         "colocations": [
             {
                 "node": co.node,
@@ -156,12 +179,21 @@ def check(settings: TrustCheckSettings, api: client.ApiClient, out: TextIO) -> i
     unreadable = [note for c in claims if (note := undecodable(c)) is not None]
     for note in unreadable:  # its allocation is still judged: only the cut value is missing
         log.warning("claim not read whole error=%s", note)
-    found = colocations(
-        consumers(claims, slices, resolutions, settings.default_trust_level, settings.driver_name)
-    )
+    held = holdings(claims, slices, resolutions, settings.default_trust_level, settings.driver_name)
+    for u in held.unjudged:
+        log.warning(
+            "device not judged claim=%s node=%s device=%s reason=%s",
+            u.consumer.claim,
+            u.consumer.node,
+            u.consumer.device,
+            u.reason,
+        )
+    found = colocations(held.consumers)
     render = render_json if settings.output == "json" else render_text
-    render(found, resolutions, out, unreadable)
-    return 0 if all(co.allowed for co in found) else 1
+    render(found, resolutions, out, unreadable, held.unjudged)
+    if not all(co.allowed for co in found):
+        return 1
+    return 3 if held.unjudged else 0
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -6,14 +6,14 @@ import argparse
 import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
 
-from controller.trust.audit import class_mechanism, colocations, consumers
+from controller.trust.audit import class_mechanism, colocations, consumers, holdings
+from controller.trust.cli import TrustCheckSettings, check, render_json, render_text
 from controller.trust.cli import command as trust_command
-from controller.trust.cli import render_json, render_text
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, Mechanism, Reason, resolve_tenants
 
 
@@ -197,3 +197,86 @@ def test_a_custom_driver_name_is_audited_not_ignored() -> None:
 )
 def test_class_mechanisms_follow_the_driver_name(name: str, mechanism: Mechanism) -> None:
     assert class_mechanism(name, "gpu.example.com") == mechanism
+
+
+def test_a_share_device_gone_from_the_slices_is_still_placed_on_its_gpu() -> None:
+    # Group red was dropped from the sharing config: its share device is in no slice any more,
+    # but the red claim still holds it. Before: counted as a GPU of its own, so the two groups
+    # on GPU-A were not reported.
+    res = resolve_tenants({"a": shared("blue"), "c": shared("red")})
+    slices = [{"spec": {**SLICES[0]["spec"], "devices": SLICES[0]["spec"]["devices"][:2]}}]
+    claims = [claim("a", "c1", "gpu-aaaa-ts-blue"), claim("c", "c3", "gpu-aaaa-ts-red")]
+    held = holdings(claims, slices, res, res["a"].tenancy.level)
+    assert held.unjudged == []
+    found = colocations(held.consumers)
+    assert [(co.gpu, co.tenants, co.allowed) for co in found] == [("GPU-A", ("a", "c"), False)]
+    assert {v.reason for _, _, v in found[0].verdicts} == {Reason.DIFFERENT_SHARING_GROUP}
+
+
+def recorded(c: dict[str, Any], gpu_uuid: str, mode: str = "MIG") -> dict[str, Any]:
+    """``c`` with the ``status.devices`` entry the plugin writes at prepare."""
+    result = c["status"]["allocation"]["devices"]["results"][0]
+    data = {"uuid": f"MIG-{c['metadata']['name']}", "gpuUUID": gpu_uuid, "mode": mode}
+    c["status"]["devices"] = [{k: result[k] for k in ("driver", "pool", "device")} | {"data": data}]
+    return c
+
+
+def test_devices_of_a_node_without_slices_are_placed_by_the_recorded_gpu_then_the_name() -> None:
+    # The node's slices were deleted. A partitioned and a shared tenant hold MIG devices of one
+    # GPU (allowed), an isolated tenant a time-slice share of the same GPU (forbidden). One
+    # claim's status records the GPU, the others are known by their names only.
+    uuid = "GPU-12345678-9abc-def0-1234-56789abcdef0"
+    res = resolve_tenants({"p": {LABEL_LEVEL: "partitioned"}, "s": shared("blue"), "i": None})
+    claims = [
+        recorded(claim("p", "c1", "gpu-12345678-mig-1g10gb-0"), uuid),
+        claim("s", "c2", "gpu-12345678-mig-1g10gb-1"),
+        claim("i", "c3", "gpu-12345678-ts-blue"),
+    ]
+    held = holdings(claims, [], res, res["i"].tenancy.level)
+    assert held.unjudged == []
+    assert [(c.mechanism, c.gpu) for c in held.consumers] == [
+        (Mechanism.MIG, uuid),
+        (Mechanism.MIG, uuid),
+        (Mechanism.TIMESLICE, uuid),
+    ]
+    (co,) = colocations(held.consumers)
+    assert (co.node, co.tenants, co.allowed) == ("node-a", ("i", "p", "s"), False)
+    assert {(a.claim, b.claim, v.reason) for a, b, v in co.verdicts} == {
+        ("i/c3", "i/c3", Reason.LEVEL_FORBIDS_MECHANISM),
+        ("p/c1", "i/c3", Reason.ISOLATED_GPU),
+        ("s/c2", "i/c3", Reason.ISOLATED_GPU),
+    }
+
+
+def test_a_device_nothing_places_is_reported_as_not_judged_and_the_check_exits_3(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    res_labels = {"a": shared("blue"), "c": shared("red")}
+    mystery = claim("c", "c3", "spare-7")  # in no slice, no status, not a name of the plugin's
+    claims = [claim("a", "c1", "gpu-aaaa-ts-blue"), mystery]
+    namespaces = [{"metadata": {"name": ns, "labels": lb}} for ns, lb in res_labels.items()]
+    monkeypatch.setattr("controller.trust.cli._read", lambda _api: (namespaces, claims, SLICES[:1]))
+    out = io.StringIO()
+    assert check(TrustCheckSettings(), cast(Any, None), out) == 3
+    text = out.getvalue()
+    assert (
+        "not judged: node node-a: c/c3: tenant c (trust level shared, sharing group red) "
+        "holds gpu spare-7: cannot be judged (not in any ResourceSlice)"
+    ) in text
+    assert "audit incomplete: 1 allocated device(s) could not be judged" in text
+
+    doc = io.StringIO()
+    assert check(TrustCheckSettings(output="json"), cast(Any, None), doc) == 3
+    parsed = json.loads(doc.getvalue())
+    assert parsed["complete"] is False
+    (entry,) = parsed["unjudged"]
+    assert (entry["claim"], entry["device"], entry["node"]) == ("c/c3", "spare-7", "node-a")
+    assert entry["reason"].startswith("cannot be judged (not in any ResourceSlice)")
+
+    # A forbidden co-location found elsewhere still exits 1; a complete, allowed audit 0.
+    claims.append(claim("c", "c4", "gpu-aaaa-ts-red"))
+    assert check(TrustCheckSettings(), cast(Any, None), io.StringIO()) == 1
+    claims[1:] = []
+    doc = io.StringIO()
+    assert check(TrustCheckSettings(output="json"), cast(Any, None), doc) == 0
+    assert json.loads(doc.getvalue())["complete"] is True
