@@ -457,6 +457,27 @@ def test_distinct_attribute_fails_on_devices_lacking_the_attribute() -> None:
     )
 
 
+def test_match_attribute_compares_typed_values() -> None:
+    """The allocator's matchAttributeConstraint compares typed values: an int attribute 1 and
+    a string attribute "1" differ, so two GPUs carrying them cannot be allocated together."""
+    slices = node_slices("two", [h100(0), h100(1)])
+    rack = {"gpu-00000000": {"int": 1}, "gpu-00000001": {"string": "1"}}
+    for s in slices:
+        for d in s["spec"].get("devices", []):
+            if d["name"] in rack:
+                d["attributes"]["rack"] = rack[d["name"]]
+    rack_attr = f"{DEFAULT_DRIVER_NAME}/rack"
+    e = explain_one(cluster(slices, []), claim("c", request(count=2), match_attribute=rack_attr))
+    assert e.fits == (), render_explanation(e)
+    (two,) = [v.reason for v in e.closest if v.node == "two"]
+    assert two is not None and two.kind == "constraint"
+    assert (
+        two.summary
+        == f"largest group of free devices with the same {rack_attr}: 1, the claim needs 2"
+    )
+    assert two.detail == "1 (int): 1, 1 (string): 1"
+
+
 def _all(selector: str) -> dict[str, Any]:
     selectors = [{"cel": {"expression": selector}}]
     return {"deviceClassName": "gpu.tranche.dev", "allocationMode": "All", "selectors": selectors}
