@@ -29,7 +29,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
-from controller.explain.funnel import Funnel, request_funnel
+from controller.explain.funnel import Funnel, request_funnel, selector_error
 from controller.explain.model import Claim, Constraint, Device, ExplainError, Request
 from controller.explain.nodes import node_labels_match, term_matches
 from controller.explain.search import constraint_reason, search
@@ -90,6 +90,7 @@ def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context)
     # The scheduler finds the devices of every allocationMode All request (each firstAvailable
     # alternative too) before it allocates anything: a selector error there refuses the node.
     fatal: list[Funnel] = []
+    funnels: list[Funnel | None] = []  # per request: its first reason when none is usable
     for alternatives in claim.requests:
         first: Funnel | None = None
         usable: list[tuple[Request, list[Device], int]] = []
@@ -104,12 +105,20 @@ def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context)
         if not usable:
             assert first is not None
             failed.append(first)
+            funnels.append(first)
             continue
+        funnels.append(None)
         passing.append(usable)
     if fatal:
         more = tuple(f.reason for f in fatal[1:] if f.reason is not None)
         return NodeVerdict(node, False, fatal[0].reason, rank=fatal[0].rank, more=more)
     if failed:
+        # the scheduler gives up every alternative of the requests up to the first it cannot
+        # place at all; it never reaches the later ones
+        first_failed = next(i for i, f in enumerate(funnels) if f is not None)
+        error = _given_up_error(claim.requests[: first_failed + 1], devices, ctx)
+        if error is not None:
+            return error.verdict(node)
         worst = min(failed, key=lambda f: f.rank)
         more = tuple(f.reason for f in failed if f is not worst and f.reason is not None)
         return NodeVerdict(node, False, worst.reason, rank=worst.rank, more=more)
@@ -119,9 +128,21 @@ def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context)
     for combination in combinations:
         found = search(list(combination), claim.constraints, ctx.usage, counters=True)
         if found is not None:
+            # each request's alternatives before the one placed were given up
+            given_up = [
+                alts[: next(k for k, r in enumerate(alts) if r is chosen)]
+                for alts, (chosen, _, _) in zip(claim.requests, combination, strict=True)
+            ]
+            error = _given_up_error(given_up, devices, ctx)
+            if error is not None:
+                return error.verdict(node)
             names = tuple(d.name for d in found)
             return NodeVerdict(node, True, devices=names, rank=(len(STEPS), 1.0))
-    # none fits: the reason is the one of each request's first usable alternative
+    # none fits: the scheduler gave up every alternative of every request
+    error = _given_up_error(claim.requests, devices, ctx)
+    if error is not None:
+        return error.verdict(node)
+    # the reason is the one of each request's first usable alternative
     choices = [usable[0] for usable in passing]
     reason = None
     if search(choices, claim.constraints, ctx.usage, counters=False) is not None:
@@ -145,6 +166,19 @@ def _judge_devices(claim: Claim, node: str, devices: list[Device], ctx: Context)
             "ask for fewer devices, or merge the requests into one with a larger count",
         )
     return NodeVerdict(node, False, reason, rank=(STEPS[reason.kind], 0.5))
+
+
+def _given_up_error(
+    given_up: Sequence[Sequence[Request]], devices: list[Device], ctx: Context
+) -> Funnel | None:
+    """The first selector error, in the claim's order, among alternatives the scheduler gave
+    up: it tried each on every free device, and a CEL error aborts the claim on the node."""
+    for alternatives in given_up:
+        for request in alternatives:
+            error = selector_error(request, devices, ctx)
+            if error is not None:
+                return error
+    return None
 
 
 # --- the claim over all nodes ------------------------------------------------------------

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from controller.explain.cel import CelEvalError
+from controller.explain.cel import CelEvalError, Selector
 from controller.explain.model import CounterKey, Device, Request, Taint, Usage
-from controller.explain.verdict import STEPS, Context, Reason, short
+from controller.explain.verdict import STEPS, Context, NodeVerdict, Reason, short
 from driver.checkpoint.holds import TAINT_KEY as HELD_TAINT
 from driver.quantity import parse_quantity
 from driver.trust.policy import Tenancy
@@ -41,6 +41,10 @@ class Funnel:
     candidates: list[Device]
     reason: Reason | None
     rank: tuple[int, float]
+
+    def verdict(self, node: str) -> NodeVerdict:
+        """The node refused for this funnel's reason."""
+        return NodeVerdict(node, False, self.reason, rank=self.rank)
 
 
 def _blocking(device: Device, request: Request) -> list[Taint]:
@@ -157,6 +161,38 @@ def _trust_refinement(
     return None
 
 
+def _cel_error(name: str, selector: Selector, error: CelEvalError, device: Device) -> Funnel:
+    return Funnel(
+        [],
+        Reason(
+            "cel-error",
+            name,
+            f"selector `{short(selector.expression)}` fails: {error}",
+            f"on device {device.name}",
+            "guard attributes that only some devices have with has(...) or "
+            "check type first (&& stops at the first false)",
+        ),
+        (STEPS["cel-error"], 0.0),
+    )
+
+
+def selector_error(request: Request, devices: list[Device], ctx: Context) -> Funnel | None:
+    """The CEL error the scheduler hits when it gives up ``request`` on the node: it has then
+    tried every free device in the node's order, the DeviceClass selectors and then the
+    request's, up to the first false; None when none fails."""
+    selectors = [*ctx.class_selectors(request.device_class), *request.selectors]
+    for d in devices:
+        if d.key in ctx.usage.exclusive:
+            continue
+        for selector in selectors:
+            try:
+                if not selector.matches(d.data):
+                    break
+            except CelEvalError as e:
+                return _cel_error(request.name, selector, e, d)
+    return None
+
+
 def request_funnel(request: Request, devices: list[Device], ctx: Context) -> Funnel:
     usage = ctx.usage
     needed = 1 if request.all_devices else request.count
@@ -186,13 +222,7 @@ def request_funnel(request: Request, devices: list[Device], ctx: Context) -> Fun
                 # or not, before it allocates anything; with a count, it stops at the first
                 # error among the free devices it tries
                 if request.all_devices or (not in_use and free_matches < needed):
-                    return fail(
-                        "cel-error",
-                        f"selector `{short(selector.expression)}` fails: {e}",
-                        f"on device {d.name}",
-                        "guard attributes that only some devices have with has(...) or "
-                        "check type first (&& stops at the first false)",
-                    )
+                    return _cel_error(name, selector, e, d)
                 ok = False
             if ok:
                 kept.append(d)

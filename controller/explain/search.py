@@ -35,7 +35,7 @@ def search(
     chosen: list[Device] = []
     taken: set[DeviceKey] = set()
     charged: set[DeviceKey] = {k for k in usage.holders if k not in usage.exclusive}
-    pinned: dict[int, str] = {}  # matchAttribute: the value every device must have
+    pinned: dict[int, tuple[str, str]] = {}  # matchAttribute: the typed value every device has
     distinct: dict[int, list[tuple[str, str]]] = {i: [] for i in range(len(constraints))}
     # capacity this search gives shared devices; several requests may share one device
     giving: dict[DeviceKey, dict[str, Decimal]] = {}
@@ -65,8 +65,8 @@ def search(
                 distinct[i].append(typed)
                 undo.append(("distinct", i))
                 continue
-            value = d.attribute(c.attribute)
-            if value is None or (i in pinned and pinned[i] != value):
+            value = d.typed_attribute(c.attribute)
+            if value is None or (i in pinned and not _equal(pinned[i], value)):
                 _undo(undo)
                 return None
             if i not in pinned:
@@ -150,6 +150,12 @@ def _same(a: tuple[str, str], b: tuple[str, str]) -> bool:
     return a == b
 
 
+def _equal(a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Whether a device's value keeps ``matchAttribute``: the pinned value's scalar type and
+    value (an int 1 and a string "1" differ); after the first device, a list never matches."""
+    return b[0] in _SCALARS and a == b
+
+
 _SCALARS = frozenset({"string", "int", "bool", "version"})
 
 
@@ -208,10 +214,10 @@ def constraint_reason(
                 return reason
             continue
         needed = sum(n for _, _, n in covered)
-        groups: Counter[str] = Counter()
+        groups: Counter[tuple[str, str]] = Counter()
         for _, cands, _ in covered:
             for d in {d.key: d for d in cands}.values():
-                value = d.attribute(c.attribute)
+                value = d.typed_attribute(c.attribute)
                 if value is not None:
                     groups[value] += 1
         largest = max(groups.values(), default=0)
@@ -230,7 +236,11 @@ def constraint_reason(
                 f"largest group of free devices with the same {c.attribute}: "
                 f"{largest}, the claim needs {needed}"
             )
-        detail = ", ".join(f"{v}: {n}" for v, n in groups.most_common(4))
+        texts = Counter(v for _, v in groups)  # a value of two types: name the types
+        detail = ", ".join(
+            f"{v} ({t}): {n}" if texts[v] > 1 else f"{v}: {n}"
+            for (t, v), n in groups.most_common(4)
+        )
         return Reason(
             "constraint",
             request,

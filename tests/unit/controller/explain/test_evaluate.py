@@ -457,6 +457,27 @@ def test_distinct_attribute_fails_on_devices_lacking_the_attribute() -> None:
     )
 
 
+def test_match_attribute_compares_typed_values() -> None:
+    """The allocator's matchAttributeConstraint compares typed values: an int attribute 1 and
+    a string attribute "1" differ, so two GPUs carrying them cannot be allocated together."""
+    slices = node_slices("two", [h100(0), h100(1)])
+    rack = {"gpu-00000000": {"int": 1}, "gpu-00000001": {"string": "1"}}
+    for s in slices:
+        for d in s["spec"].get("devices", []):
+            if d["name"] in rack:
+                d["attributes"]["rack"] = rack[d["name"]]
+    rack_attr = f"{DEFAULT_DRIVER_NAME}/rack"
+    e = explain_one(cluster(slices, []), claim("c", request(count=2), match_attribute=rack_attr))
+    assert e.fits == (), render_explanation(e)
+    (two,) = [v.reason for v in e.closest if v.node == "two"]
+    assert two is not None and two.kind == "constraint"
+    assert (
+        two.summary
+        == f"largest group of free devices with the same {rack_attr}: 1, the claim needs 2"
+    )
+    assert two.detail == "1 (int): 1, 1 (string): 1"
+
+
 def _all(selector: str) -> dict[str, Any]:
     selectors = [{"cel": {"expression": selector}}]
     return {"deviceClassName": "gpu.tranche.dev", "allocationMode": "All", "selectors": selectors}
@@ -487,6 +508,48 @@ def test_an_all_request_errs_if_its_selector_fails_on_any_device(
     node, held or not, before it allocates anything: one CEL error refuses the node."""
     world = cluster(node_slices("two", [h100(0), h100(1)]), [allocated("o", "h", "two", held)])
     e = explain_one(world, claim("c", body))
+    assert e.fits == (), render_explanation(e)
+    (near,) = e.closest
+    assert near.reason is not None and near.reason.kind == "cel-error"
+    assert near.reason.summary.endswith("fails: no such member in mapping: 'profile'")
+    assert near.reason.detail == f"on device {device}"
+
+
+def _count(name: str, selector: str) -> dict[str, Any]:
+    selectors = [{"cel": {"expression": selector}}]
+    return {"name": name, "deviceClassName": "gpu.tranche.dev", "selectors": selectors}
+
+
+ONE = {"name": "one", "deviceClassName": "gpu.tranche.dev"}
+MIG0 = "gpu-00000000-mig-1g10gb-0"
+
+
+@pytest.mark.parametrize(
+    ("held", "body", "device"),
+    [
+        # the first alternative errs on gpu-00000000; the scheduler does not move on to "one"
+        ([], {"name": "gpu", "firstAvailable": [_count("mig", f'{A}.profile == "3g.40gb"'), ONE]}, "gpu-00000000"),
+        # gpu-00000000 matches but a MIG device of it is held (counters): the scheduler tries
+        # gpu-00000001 next, and errs there
+        ([MIG0], {"name": "gpu", "firstAvailable": [_count("uuid", _uuid_or_profile(0)), ONE]}, "gpu-00000001"),
+        # the same with no alternative left: the error, not the counters, is the reason
+        ([MIG0], {"name": "gpu", "exactly": _count("uuid", _uuid_or_profile(0))}, "gpu-00000001"),
+        # gpu-00000000 is placed before the scheduler reaches gpu-00000001: fits
+        ([], {"name": "gpu", "firstAvailable": [_count("uuid", _uuid_or_profile(0)), ONE]}, None),
+    ],
+    ids=["first-device", "after-a-match", "no-alternative", "placed-first"],
+)  # fmt: skip
+def test_an_alternative_given_up_after_a_selector_error_refuses_the_node(
+    held: list[str], body: dict[str, Any], device: str | None
+) -> None:
+    """With a count, the scheduler gives up a firstAvailable alternative only after trying it
+    on every free device of the node; a CEL error on one aborts the claim there instead of
+    moving on to the next alternative."""
+    world = cluster(node_slices("two", [h100(0), h100(1)]), [allocated("o", "h", "two", held)])
+    e = explain_one(world, claim("c", body))
+    if device is None:
+        assert e.fits == ("two",), render_explanation(e)
+        return
     assert e.fits == (), render_explanation(e)
     (near,) = e.closest
     assert near.reason is not None and near.reason.kind == "cel-error"
