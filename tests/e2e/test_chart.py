@@ -101,6 +101,17 @@ def render(helm: str, release: str, namespace: str, *args: str) -> list[Obj]:
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
+def server_dry_run(cluster: Cluster, namespace: str, objs: list[Obj]) -> None:
+    """The API server accepts every object of ``objs`` (``kubectl apply --dry-run=server``)."""
+    out = subprocess.run(
+        [f"{cluster.bin_dir}/kubectl", "--kubeconfig", cluster.kubeconfig, "apply",
+         "--dry-run=server", "--namespace", namespace, "-f", "-"],
+        input=yaml.safe_dump_all(objs), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("(server dry run)") == len(objs), out.stdout
+
+
 @pytest.mark.matrix
 @pytest.mark.parametrize("values", sorted(VALUE_SETS))
 def test_chart_renders_and_the_api_server_accepts_every_object(
@@ -112,13 +123,7 @@ def test_chart_renders_and_the_api_server_accepts_every_object(
     # ServiceMonitor needs the Prometheus operator's CRD, which the test cluster lacks.
     applicable = [o for o in objs if o["kind"] != "ServiceMonitor"]
     assert (values == "gpu-operator") == (len(applicable) < len(objs))
-    out = subprocess.run(
-        [f"{cluster.bin_dir}/kubectl", "--kubeconfig", cluster.kubeconfig, "apply",
-         "--dry-run=server", "--namespace", namespace, "-f", "-"],
-        input=yaml.safe_dump_all(applicable), capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.count("(server dry run)") == len(applicable), out.stdout
+    server_dry_run(cluster, namespace, applicable)
 
 
 def test_a_release_name_as_long_as_helm_allows_installs(
@@ -131,12 +136,7 @@ def test_a_release_name_as_long_as_helm_allows_installs(
     services = [o["metadata"]["name"] for o in objs if o["kind"] == "Service"]
     assert len(services) == 2 and len(set(services)) == 2, services
     applicable = [o for o in objs if o["kind"] != "ServiceMonitor"]
-    out = subprocess.run(
-        [f"{cluster.bin_dir}/kubectl", "--kubeconfig", cluster.kubeconfig, "apply",
-         "--dry-run=server", "--namespace", namespace, "-f", "-"],
-        input=yaml.safe_dump_all(applicable), capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    server_dry_run(cluster, namespace, applicable)
     (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
