@@ -22,7 +22,9 @@ from driver.nvml.sim.driver_root import write_mps_control
 from driver.prepare.cdi import CdiSpecs
 from driver.prepare.executor import DeviceState
 from driver.sharing import SharingConfig, SharingNode, managed_mig_uuids
+from driver.sharing.mps_shm import why_not_shareable
 from driver.sharing.settings import DEFAULT_MPS_CONTROL
+from tests.conftest import unavailable
 
 DRIVER = "gpu.tranche.dev"
 NODE = "node-a"
@@ -89,3 +91,12 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def require_shared_shm() -> None:
+    """Skip locally, fail under ``CI=true``, where this process cannot give an MPS daemon a
+    ``/dev/shm`` of its own (root with CAP_SYS_ADMIN, ``unshare`` and ``mount``): CI runs as
+    root, as the real node's tests need too, so a skip there would hide a missing part."""
+    why = why_not_shareable()
+    if why is not None:
+        unavailable(why, what="a process that can share an MPS daemon's /dev/shm")

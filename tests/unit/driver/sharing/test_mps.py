@@ -21,9 +21,9 @@ from driver.nvml.sim import SimControl, SimStore, create_state, open_simulated
 from driver.nvml.sim.driver_root import write_mps_control
 from driver.sharing import SharingNode
 from driver.sharing.mps_daemons import DaemonSpec, MpsDaemons
-from driver.sharing.mps_shm import resolve, why_not_shareable
+from driver.sharing.mps_shm import resolve
 from tests.unit.claim_values import claim, config, ref_of, result
-from tests.unit.sharing_node import CONFIG, sharing_state
+from tests.unit.sharing_node import CONFIG, require_shared_shm, sharing_state
 from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[4]
@@ -106,11 +106,11 @@ def test_mps_on_a_whole_gpu(node: Path) -> None:
     assert daemons.processes() == []
 
 
-@pytest.mark.skipif(why_not_shareable() is not None, reason=f"{why_not_shareable()}")
 def test_an_mps_daemon_and_its_clients_share_one_dev_shm(node: Path) -> None:
     """Real CUDA clients reach the MPS server through /dev/shm: the daemon runs with its
     shm directory on /dev/shm (a mount namespace of its own) and every client container
     gets the same directory there."""
+    require_shared_shm()
     on = CONFIG.model_copy(update={"mps_shared_shm": "on"})
     state, sharing, _ = sharing_state(node, config=on)
     gpu = state.inventory.gpus[0]
@@ -350,12 +350,12 @@ def test_recovery_stops_daemons_no_claim_uses(node: Path) -> None:
     assert open_simulated(node / "sim.json").compute_mode(gpu.uuid) == "Default"
 
 
-@pytest.mark.skipif(why_not_shareable() is not None, reason=f"{why_not_shareable()}")
 def test_daemons_are_kept_while_a_claim_whose_checkpoint_file_was_corrupt_is_held(
     node: Path,
 ) -> None:
     """Which daemon the claim's pods use is unknown: none is stopped until the kubelet
     unprepares it; then the ones nothing uses are."""
+    require_shared_shm()
     state, _, _ = sharing_state(node)
     gpu = state.inventory.gpus[0]
     obj = new_claim(node, "p1", [result(gpu.name)], [config(MPS)])
@@ -471,8 +471,8 @@ def test_an_adopted_daemon_keeps_the_dev_shm_it_was_started_with(
     otherwise) adopts the running daemon: its claims' containers must still get the daemon's
     ``/dev/shm`` directory, not one it never had (a mount of a missing directory fails the
     container) nor none where it has one."""
-    if started_shared and why_not_shareable() is not None:
-        pytest.skip(f"{why_not_shareable()}")
+    if started_shared:
+        require_shared_shm()
     binary = str(write_mps_control(tmp_path / "bin"))
     nvml = open_simulated(create_state("dgx-h100"))
     uuid = nvml.list_gpus()[0].uuid
@@ -582,8 +582,8 @@ def test_a_daemon_started_in_the_configured_cgroup_is_outside_the_plugins(
     stopping the container does not end it; with a shared /dev/shm as well, it still does,
     and its /dev/shm is its shm directory."""
     hierarchy = _cgroup_hierarchy()
-    if shared_shm and why_not_shareable() is not None:
-        pytest.skip(f"{why_not_shareable()}")
+    if shared_shm:
+        require_shared_shm()
     name = f"tranche-mps-test-{os.getpid()}-{tmp_path.name[-12:]}"
     cgroup = hierarchy / name
     binary = str(write_mps_control(tmp_path / "bin"))
