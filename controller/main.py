@@ -14,7 +14,6 @@ import contextlib
 import datetime as dt
 import logging
 import signal
-import socket
 import sys
 import threading
 import time
@@ -38,7 +37,7 @@ from controller.webhook.server import WebhookServer
 from controller.webhook.tls import WebhookTls
 from driver.cli import Command
 from driver.errors import ConfigError, TrancheError
-from driver.flags import named, parse_address
+from driver.flags import named, parse_address, socket_family
 from driver.kube.client import api_client
 from driver.startup_gc import collect_startup_garbage
 
@@ -177,8 +176,7 @@ def _health_server(address: str, controller: Controller) -> ThreadingHTTPServer:
     host, port = parse_address(address, "--health-address")
 
     class Server(ThreadingHTTPServer):
-        # An IPv6 host ("::") needs an IPv6 socket: an IPv4 one cannot bind it.
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        address_family = socket_family(host)
         daemon_threads = True
 
     with _listening(address, "--health-address"):

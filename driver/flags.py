@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -139,6 +140,12 @@ def parse_address(value: str, field: str) -> tuple[str, int]:
     if not m or not 0 <= int(m["port"]) <= 65535:
         raise ConfigError(f"{field}: {value!r} is not HOST:PORT")
     return (m["host"].strip("[]") or "0.0.0.0", int(m["port"]))
+
+
+def socket_family(host: str) -> socket.AddressFamily:
+    """The socket family that can bind ``host`` of :func:`parse_address`: IPv6 for an IPv6
+    host (``::``, ``fd00::1``), which an IPv4 socket cannot bind; IPv4 otherwise."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def flag_text(value: str, source: str) -> tuple[str, str]:

@@ -12,7 +12,6 @@ filter) is ignored: every scrape gets every series.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from collections.abc import Callable, Mapping
 from email.message import Message
@@ -24,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from driver.errors import ConfigError
-from driver.flags import parse_address
+from driver.flags import parse_address, socket_family
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ class HttpEndpoint:
                 return None  # probes and scrapes every few seconds are not news
 
         class Server(ThreadingHTTPServer):
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            address_family = socket_family(host)
 
         self._server = Server((host, port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)

@@ -24,6 +24,7 @@ from controller.webhook.pods import PodRejected, mutate_pod
 from controller.webhook.templates import DEFAULT_INTERVAL_S, TemplateWriter
 from controller.webhook.tls import WebhookTls
 from driver.errors import TrancheError
+from driver.flags import socket_family
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,7 @@ class _Server(ThreadingHTTPServer):
         metrics: ControllerMetrics,
     ) -> None:
         self.tls, self.writer, self.metrics = tls, writer, metrics
-        # An IPv6 host ("::", "fd00::1") needs an IPv6 socket: an IPv4 one cannot bind it.
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.address_family = socket_family(address[0])
         super().__init__(address, _Handler)
 
     def get_request(self) -> tuple[socket.socket, Any]:
