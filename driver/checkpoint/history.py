@@ -43,6 +43,13 @@ class History:
         self._clock = clock
         self._faults = faults
 
+    def read_bytes(self) -> bytes:
+        """The history file as it is on disk; empty when there is none yet."""
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return b""
+
     def write(self, records: Iterable[AllocationRecord]) -> None:
         payload = b"".join(
             files.encode_history(r.model_dump(mode="json", by_alias=True)) for r in records
@@ -69,11 +76,7 @@ class History:
         ones) and ``added`` ones it lacks, each once, the last ``limit`` of them,
         none whose key is in ``current``; the records kept."""
         on_file = View(None, found=True)
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            raw = b""
-        on_file.add_history(history_records(files.decode_history(raw)))
+        on_file.add_history(history_records(files.decode_history(self.read_bytes())))
         on_file.add_history([r for r in added if history_key(r) not in on_file.history])
         kept = [r for k, r in on_file.history.items() if k not in current][-self.limit :]
         self.write(kept)

@@ -81,10 +81,7 @@ class DirectoryReader:
             view.boot_ids[uid] = boot_id
         changed = self._read_holds(view, quarantine, hold_files) or changed
         self._started.read(view, quarantine)
-        try:
-            raw_history = self._history.path.read_bytes()
-        except FileNotFoundError:
-            raw_history = b""
+        raw_history = self._history.read_bytes()
         view.add_history(history_records(files.decode_history(raw_history)))
         view.history_lines = raw_history.count(b"\n")
         changed = self._drop_ended(view, quarantine) or changed

@@ -134,8 +134,7 @@ class MpsDaemons:
     def shm_of(self, key: str) -> Path | None:
         """The directory behind the ``/dev/shm`` of the daemon of ``key``, as its record says
         (a daemon adopted from another plugin process keeps the one it was started with)."""
-        shm = self._record(key).get("shm_dir")
-        return Path(shm) if isinstance(shm, str) and shm else None
+        return _shm_in(self._record(key))
 
     def _env(self, spec: DaemonSpec) -> dict[str, str]:
         shm = {mps_shm.ENV_SHM: str(self.shm_dir(spec.key))} if self.shared_shm else {}
@@ -191,10 +190,9 @@ class MpsDaemons:
     ) -> None:
         """``adopted``: the daemon was started by another plugin process, whose ``shm_dir``
         the record keeps (this process's ``mpsSharedShm`` may differ from the one it ran)."""
-        if adopted and self._record(spec.key):
-            shm = self.shm_of(spec.key)
-        else:
-            shm = self.shm_dir(spec.key) if self.shared_shm else None
+        record = self._record(spec.key) if adopted else {}
+        own = self.shm_dir(spec.key) if self.shared_shm else None
+        shm = _shm_in(record) if record else own
         data = json.dumps(
             {
                 "spec": spec.to_json(),
@@ -543,3 +541,9 @@ def _default_commands(mps: MpsConfig) -> list[str]:
         limit = mib(mps.default_pinned_device_memory_limit)
         out.append(f"set_default_device_pinned_mem_limit 0 {limit}")
     return out
+
+
+def _shm_in(record: dict[str, object]) -> Path | None:
+    """The ``/dev/shm`` directory a daemon's record names; None where it has none."""
+    shm = record.get("shm_dir")
+    return Path(shm) if isinstance(shm, str) and shm else None
