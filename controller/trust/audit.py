@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from driver.devices.inventory import GPU_NAME_PATTERN, uuid_hex
 from driver.trust.policy import (
     Consumer,
     Mechanism,
@@ -101,7 +102,7 @@ def _request_classes(claim: Obj) -> dict[str, str]:
 # How the plugin names devices (driver/devices/inventory.py ``gpu_names``, ``mig_name``;
 # driver/sharing/devices.py ``share_name``): ``gpu-<hex>``, ``<gpu>-mig-<profile>-<start>``,
 # ``<gpu>-ts-<group>``, ``<gpu>-mps-<group>``.
-_DEVICE_NAME = re.compile(r"(?P<gpu>gpu-[0-9a-f]+)(?:-(?P<kind>mig|ts|mps)-.+)?")
+_DEVICE_NAME = re.compile(rf"(?P<gpu>{GPU_NAME_PATTERN})(?:-(?P<kind>mig|ts|mps)-.+)?")
 _NAME_MECHANISMS: Mapping[str, Mechanism] = {
     "mig": Mechanism.MIG,
     "ts": Mechanism.TIMESLICE,
@@ -126,10 +127,6 @@ class Unjudged:
 class Holdings:
     consumers: list[Consumer]
     unjudged: list[Unjudged]
-
-
-def _hex_of(uuid: str) -> str:
-    return re.sub(r"[^0-9a-f]", "", uuid.lower().removeprefix("gpu-"))
 
 
 def _recorded(claim: Obj, driver: str, result: Obj) -> Mapping[str, Any]:
@@ -184,7 +181,7 @@ def _gpu_by_name(
     if len(listed) == 1:
         return listed.pop()
     digits = name.removeprefix("gpu-")
-    made_from = {u for u in uuids if len(digits) >= 8 and _hex_of(u).startswith(digits)}
+    made_from = {u for u in uuids if len(digits) >= 8 and uuid_hex(u).startswith(digits)}
     return made_from.pop() if len(made_from) == 1 else name
 
 

@@ -251,7 +251,13 @@ class Inventory:
         raise DeviceNotFound(f"device {name!r} is not on this node{hint}", matches=close)
 
 
-def _hex_of(uuid: str) -> str:
+# A GPU's device name, ``gpu-<hex>`` (:func:`gpu_names`), as a regular expression: the
+# names of its MIG and share devices start with it.
+GPU_NAME_PATTERN = r"gpu-[0-9a-f]+"
+
+
+def uuid_hex(uuid: str) -> str:
+    """The hex digits of a GPU UUID, from which :func:`gpu_names` makes its name."""
     return re.sub(r"[^0-9a-f]", "", uuid.lower().removeprefix("gpu-"))
 
 
@@ -260,12 +266,12 @@ def gpu_names(uuids: Iterable[str]) -> dict[str, str]:
     uuid_list = list(uuids)
     short: dict[str, list[str]] = {}
     for uuid in uuid_list:
-        short.setdefault(_hex_of(uuid)[:8], []).append(uuid)
+        short.setdefault(uuid_hex(uuid)[:8], []).append(uuid)
     names: dict[str, str] = {}
     for group in short.values():
         digits = 16 if len(group) > 1 else 8
         for uuid in group:
-            names[uuid] = f"gpu-{_hex_of(uuid)[:digits]}"
+            names[uuid] = f"gpu-{uuid_hex(uuid)[:digits]}"
     return names
 
 

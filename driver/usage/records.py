@@ -26,12 +26,13 @@ from driver.checkpoint.store import (
     Checkpoint,
     read_allocations,
 )
+from driver.devices.inventory import GPU_NAME_PATTERN
 from driver.usage.attribution import ClaimAllocation, HeldDevice, RecordsProvider
 
 # ``<gpu>-mig-<profile>-<start>`` (driver.devices.inventory.mig_name), the GPU's name being
 # ``gpu-<hex>``: anchored, so that a share device ``<gpu>-ts-<group>`` whose group an
 # administrator named like a profile is not taken for a MIG slice.
-_MIG_SLICES = re.compile(r"gpu-[0-9a-f]+-mig-(\d+)g")
+_MIG_SLICES = re.compile(rf"{GPU_NAME_PATTERN}-mig-(\d+)g")
 
 
 def held_device(device: AllocatedDeviceRecord) -> HeldDevice:
