@@ -101,7 +101,8 @@ def _request_classes(claim: Obj) -> dict[str, str]:
 
 # How the plugin names devices (driver/devices/inventory.py ``gpu_names``, ``mig_name``;
 # driver/sharing/devices.py ``share_name``): ``gpu-<hex>``, ``<gpu>-mig-<profile>-<start>``,
-# ``<gpu>-ts-<group>``, ``<gpu>-mps-<group>``.
+# ``<gpu>-ts-<group>``, ``<gpu>-mps-<group>``. A unit test checks this pattern against names
+# made by those functions (the controller does not import the sharing code).
 _DEVICE_NAME = re.compile(rf"(?P<gpu>{GPU_NAME_PATTERN})(?:-(?P<kind>mig|ts|mps)-.+)?")
 _NAME_MECHANISMS: Mapping[str, Mechanism] = {
     "mig": Mechanism.MIG,

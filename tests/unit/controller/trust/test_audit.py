@@ -14,6 +14,8 @@ import yaml
 from controller.trust.audit import class_mechanism, colocations, consumers, holdings
 from controller.trust.cli import TrustCheckSettings, check, render_json, render_text
 from controller.trust.cli import command as trust_command
+from driver.devices.inventory import gpu_names, mig_name
+from driver.sharing.devices import share_name
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, Mechanism, Reason, resolve_tenants
 
 
@@ -280,3 +282,24 @@ def test_a_device_nothing_places_is_reported_as_not_judged_and_the_check_exits_3
     doc = io.StringIO()
     assert check(TrustCheckSettings(output="json"), cast(Any, None), doc) == 0
     assert json.loads(doc.getvalue())["complete"] is True
+
+
+def test_the_plugins_own_device_names_are_placed_without_slices() -> None:
+    # The audit parses device names itself (the controller does not import the sharing
+    # code); these are the names the plugin publishes, made by its own functions, so a
+    # change of the plugin's naming fails here instead of leaving claims unjudged.
+    uuid = "GPU-0badc0de-9abc-def0-1234-56789abcdef0"
+    gpu = gpu_names([uuid])[uuid]
+    names = {
+        gpu: Mechanism.GPU,
+        mig_name(gpu, "1g.10gb", 3): Mechanism.MIG,
+        share_name(gpu, "TimeSlicing", "blue"): Mechanism.TIMESLICE,
+        share_name(gpu, "MPS", "blue"): Mechanism.MPS,
+        share_name(gpu, "MPS", "a-group-name-long-enough-to-be-hashed-at-the-end"): Mechanism.MPS,
+    }
+    res = resolve_tenants({"s": shared("blue")})
+    claims = [claim("s", f"c{i}", name) for i, name in enumerate(names)]
+    held = holdings(claims, [], res, res["s"].tenancy.level)
+    assert held.unjudged == []
+    assert [c.mechanism for c in held.consumers] == list(names.values())
+    assert {c.gpu for c in held.consumers} == {gpu}
