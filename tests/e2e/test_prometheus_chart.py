@@ -64,3 +64,15 @@ def test_service_monitor_names_the_job_the_alerts_select(helm: str) -> None:
     key = monitor["spec"]["jobLabel"]
     assert service["metadata"]["labels"][key] == JOB
     assert f'up{{job="{JOB}"}}' in RULES.read_text()
+    # Every Service the monitor selects names its job: none is named after the release.
+    wanted = monitor["spec"]["selector"]["matchLabels"].items()
+    selected = {
+        s["metadata"]["name"]: s["metadata"]["labels"].get(key)
+        for s in _kind(objs, "Service")
+        if wanted <= s["metadata"]["labels"].items() and any(
+            p["name"] == "metrics" for p in s["spec"]["ports"]
+        )
+    }
+    assert selected == {
+        service["metadata"]["name"]: JOB, "tranche-controller": "tranche-controller"
+    }, selected
