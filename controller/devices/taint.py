@@ -101,6 +101,16 @@ def rule_body(
     }
 
 
+def keep_time_added(body: Json, existing: Json) -> None:
+    """Carry the rule's ``timeAdded`` over when the effect stays: the server fills an empty
+    one with the current time, which would restart every ``tolerationSeconds`` countdown of
+    a ``NoExecute`` taint on a mere change of reason. A new effect gets a new time."""
+    old = existing.get("spec", {}).get("taint", {})
+    taint = body["spec"]["taint"]
+    if old.get("effect") == taint["effect"] and old.get("timeAdded"):
+        taint["timeAdded"] = old["timeAdded"]
+
+
 def _add_common(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
     parser.add_argument(
         "target",
@@ -155,6 +165,7 @@ def run_taint(args: argparse.Namespace) -> int:
             verb = "tainted"
         else:
             body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+            keep_time_added(body, existing)
             request(api, what, "PUT", path, body=body)
             verb = "re-tainted"
     except TrancheError as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -221,3 +222,22 @@ def test_noexecute_evicts_pods_that_do_not_tolerate_it(rig: Rig) -> None:
     )
     tolerant = rig.pod("tolerant")
     assert tolerant is not None and not tolerant["metadata"].get("deletionTimestamp")
+
+
+def test_tainting_again_keeps_time_added_until_the_effect_changes(rig: Rig) -> None:
+    """``tolerationSeconds`` count from ``timeAdded``: a new reason must not restart them,
+    a new effect does (the server stamps it)."""
+    first = next(iter(rig.devices))
+    rule = f"{rules_api(rig.api)[1]}/tranche-{rig.node}-{first}"
+
+    def time_added() -> str:
+        return str(get_json(rig.api, rule)["spec"]["taint"]["timeAdded"])
+
+    assert rig.tranche("taint", rig.node, first, "--effect", "NoExecute", "--reason", "a") == 0
+    stamped = time_added()
+    time.sleep(1.1)  # timeAdded has a resolution of one second
+    assert rig.tranche("taint", rig.node, first, "--effect", "NoExecute", "--reason", "b") == 0
+    assert time_added() == stamped
+    assert get_json(rig.api, rule)["metadata"]["annotations"]["gpu.tranche.dev/reason"] == "b"
+    assert rig.tranche("taint", rig.node, first, "--effect", "NoSchedule", "--reason", "b") == 0
+    assert time_added() > stamped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 
@@ -263,3 +264,42 @@ def test_taint_refuses_a_device_name_found_on_several_nodes(
     assert "NODE DEVICE" in err
     assert taint.run_taint(parser.parse_args(["node-b", "gpu-0", "--reason", "fan"])) == 0
     assert [verb for verb, _ in calls] == ["GET", "POST"]
+
+
+@pytest.mark.parametrize(
+    ("effect", "time_added"),
+    [("NoExecute", "2026-01-02T03:04:05Z"), ("NoSchedule", None)],
+)
+def test_tainting_again_keeps_the_time_of_an_unchanged_effect(
+    effect: str, time_added: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim's ``tolerationSeconds`` count from the taint's ``timeAdded``, and the server
+    sets an empty one to now: a new reason on the same ``NoExecute`` taint must not give the
+    pods that tolerate it for a while a fresh grace period; a new effect gets a new time."""
+    target = find_device(DEVICES, "node-a", "gpu-1a2b3c4d")
+    existing = rule_body(target, "NoExecute", "fan failure")
+    existing["metadata"]["resourceVersion"] = "7"
+    existing["spec"]["taint"]["timeAdded"] = "2026-01-02T03:04:05Z"
+    sent: list[tuple[str, dict[str, object] | None]] = []
+
+    def request(
+        api: object, what: str, verb: str, path: str, body: dict[str, object] | None = None
+    ) -> dict[str, object] | None:
+        sent.append((verb, body))
+        return existing if verb == "GET" else body
+
+    monkeypatch.setattr(taint, "api_client", lambda kubeconfig: object())
+    monkeypatch.setattr(taint, "rules_api", lambda api: ("resource.k8s.io/v1", "/rules"))
+    monkeypatch.setattr(
+        taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=tuple(DEVICES))
+    )
+    monkeypatch.setattr(taint, "request", request)
+    parser = argparse.ArgumentParser()
+    taint.add_taint_arguments(parser, {})
+    args = ["node-a", "gpu-1a2b3c4d", "--effect", effect, "--reason", "RMA 4411 filed"]
+    assert taint.run_taint(parser.parse_args(args)) == 0
+    [body] = [body for verb, body in sent if verb == "PUT"]
+    assert body is not None
+    spec: dict[str, Any] = body["spec"]  # type: ignore[assignment]
+    assert spec["taint"].get("timeAdded") == time_added
+    assert spec["taint"]["effect"] == effect
