@@ -8,13 +8,16 @@ claims of other tests never mix with these.
 from __future__ import annotations
 
 import contextlib
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from controller.devices import cluster as cluster_devices
@@ -241,3 +244,69 @@ def test_tainting_again_keeps_time_added_until_the_effect_changes(rig: Rig) -> N
     assert get_json(rig.api, rule)["metadata"]["annotations"]["gpu.tranche.dev/reason"] == "b"
     assert rig.tranche("taint", rig.node, first, "--effect", "NoSchedule", "--reason", "b") == 0
     assert time_added() > stamped
+
+
+def documented_role() -> dict[str, Any]:
+    """The ClusterRole of docs/health.md for the people who taint devices."""
+    text = (Path(__file__).parents[2] / "docs" / "health.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
+    [role] = [b for b in blocks if "name: tranche-device-admin" in b]
+    loaded: dict[str, Any] = yaml.safe_load(role)
+    return loaded
+
+
+def test_the_documented_role_is_enough_to_taint_list_and_untaint(
+    rig: Rig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An admin bound to docs/health.md's ClusterRole (no cluster-admin) runs all three."""
+    name = f"device-admin-{rig.driver.split('.')[0]}"
+    role = documented_role()
+    role["metadata"]["name"] = name
+    request_json(rig.api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "admin"}}
+    request_json(rig.api, "POST", f"/api/v1/namespaces/{rig.namespace}/serviceaccounts", account)
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "admin", "namespace": rig.namespace}],
+    }
+    request_json(rig.api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+    token = request_json(
+        rig.api,
+        "POST",
+        f"/api/v1/namespaces/{rig.namespace}/serviceaccounts/admin/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest"},
+    )["status"]["token"]
+    admin = yaml.safe_load(Path(rig.kubeconfig).read_text())
+    context = {"cluster": admin["clusters"][0]["name"], "user": "device-admin"}
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": admin["clusters"],
+                "users": [{"name": "device-admin", "user": {"token": token}}],
+                "contexts": [{"name": "device-admin", "context": context}],
+                "current-context": "device-admin",
+            }
+        )
+    )
+    first = next(iter(rig.devices))
+    as_admin = Rig(**{**vars(rig), "kubeconfig": str(kubeconfig)})
+    try:
+        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac") == 0
+        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac again") == 0
+        assert as_admin.tranche("cluster-devices", "--node", rig.node) == 0
+        assert "gpu.tranche.dev/admin:NoSchedule" in capsys.readouterr().out
+        assert as_admin.tranche("untaint", rig.node, first) == 0
+        assert capsys.readouterr().err == ""
+    finally:
+        for path in (
+            f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}",
+            f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}",
+        ):
+            with contextlib.suppress(client.ApiException):
+                request_json(rig.api, "DELETE", path)
