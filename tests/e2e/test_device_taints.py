@@ -204,7 +204,9 @@ def test_unknown_device_is_refused_with_close_matches(
 
 
 @pytest.mark.k8s(min="1.35", reason="DeviceTaintRule has no status (eviction conditions)")
-def test_noexecute_evicts_pods_that_do_not_tolerate_it(rig: Rig) -> None:
+def test_noexecute_evicts_pods_that_do_not_tolerate_it(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
     rig.claim("plain")
     rig.claim("tolerant", tolerate_admin=True)
     held = {claim: rig.wait_allocated(claim) for claim in ("plain", "tolerant")}
@@ -212,6 +214,11 @@ def test_noexecute_evicts_pods_that_do_not_tolerate_it(rig: Rig) -> None:
     for name, uuid in rig.devices.items():
         target = [uuid] if name == held["tolerant"] else [rig.node, name]
         assert rig.tranche("taint", *target, "--effect", "NoExecute", "--reason", "dbe") == 0
+        claim = "tolerant" if name == held["tolerant"] else "plain"
+        assert capsys.readouterr().out.splitlines()[1] == (
+            "evicting the pods of 1 claim(s) using it, unless a claim tolerates "
+            f"gpu.tranche.dev/admin:NoExecute: {rig.namespace}/{claim}"
+        )
 
     def evicted() -> bool:
         pod = rig.pod("plain")
