@@ -27,6 +27,7 @@ from kubernetes.client import ApiClient
 from controller.devices.lookup import (
     DEFAULT_DRIVER,
     ClusterDevice,
+    ClusterView,
     find_device,
     read_view,
 )
@@ -101,6 +102,16 @@ def rule_body(
     }
 
 
+def keep_time_added(body: Json, existing: Json) -> None:
+    """Carry the rule's ``timeAdded`` over when the effect stays: the server fills an empty
+    one with the current time, which would restart every ``tolerationSeconds`` countdown of
+    a ``NoExecute`` taint on a mere change of reason. A new effect gets a new time."""
+    old = existing.get("spec", {}).get("taint", {})
+    taint = body["spec"]["taint"]
+    if old.get("effect") == taint["effect"] and old.get("timeAdded"):
+        taint["timeAdded"] = old["timeAdded"]
+
+
 def _add_common(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
     parser.add_argument(
         "target",
@@ -155,6 +166,7 @@ def run_taint(args: argparse.Namespace) -> int:
             verb = "tainted"
         else:
             body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+            keep_time_added(body, existing)
             request(api, what, "PUT", path, body=body)
             verb = "re-tainted"
     except TrancheError as e:
@@ -168,7 +180,29 @@ def run_taint(args: argparse.Namespace) -> int:
         rule,
     )
     print(f"{verb} {device.label}: {ADMIN_KEY}:{args.effect} (DeviceTaintRule {rule})")
+    print(holders_note(api, device, args.effect))
     return 0
+
+
+def holders_note(api: ApiClient, device: ClusterDevice, effect: str) -> str:
+    """What the taint does to the claims allocated ``device`` now: evicts their pods
+    (NoExecute) or leaves them be. Read after the rule is written, so a role that may not
+    list claims still taints."""
+    try:
+        answer = request(api, "ResourceClaims", "GET", f"{RESOURCE_V1}/resourceclaims")
+    except TrancheError as e:
+        return f"claims using it: unknown ({e})"
+    claims = tuple((answer or {}).get("items", []))
+    holders = ClusterView(devices=(device,), claims=claims).holders(device)
+    if not holders:
+        return "no claim uses it"
+    listed = ", ".join(holders)
+    if effect == "NoExecute":
+        return (
+            f"evicting the pods of {len(holders)} claim(s) using it, unless a claim tolerates "
+            f"{ADMIN_KEY}:NoExecute: {listed}"
+        )
+    return f"{len(holders)} claim(s) using it keep it ({effect} evicts no pod): {listed}"
 
 
 def admin_rules(rules: list[Json] | tuple[Json, ...], node: str | None, device: str) -> list[str]:

@@ -8,12 +8,16 @@ claims of other tests never mix with these.
 from __future__ import annotations
 
 import contextlib
+import re
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from controller.devices import cluster as cluster_devices
@@ -200,7 +204,9 @@ def test_unknown_device_is_refused_with_close_matches(
 
 
 @pytest.mark.k8s(min="1.35", reason="DeviceTaintRule has no status (eviction conditions)")
-def test_noexecute_evicts_pods_that_do_not_tolerate_it(rig: Rig) -> None:
+def test_noexecute_evicts_pods_that_do_not_tolerate_it(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
     rig.claim("plain")
     rig.claim("tolerant", tolerate_admin=True)
     held = {claim: rig.wait_allocated(claim) for claim in ("plain", "tolerant")}
@@ -208,6 +214,11 @@ def test_noexecute_evicts_pods_that_do_not_tolerate_it(rig: Rig) -> None:
     for name, uuid in rig.devices.items():
         target = [uuid] if name == held["tolerant"] else [rig.node, name]
         assert rig.tranche("taint", *target, "--effect", "NoExecute", "--reason", "dbe") == 0
+        claim = "tolerant" if name == held["tolerant"] else "plain"
+        assert capsys.readouterr().out.splitlines()[1] == (
+            "evicting the pods of 1 claim(s) using it, unless a claim tolerates "
+            f"gpu.tranche.dev/admin:NoExecute: {rig.namespace}/{claim}"
+        )
 
     def evicted() -> bool:
         pod = rig.pod("plain")
@@ -221,3 +232,88 @@ def test_noexecute_evicts_pods_that_do_not_tolerate_it(rig: Rig) -> None:
     )
     tolerant = rig.pod("tolerant")
     assert tolerant is not None and not tolerant["metadata"].get("deletionTimestamp")
+
+
+def test_tainting_again_keeps_time_added_until_the_effect_changes(rig: Rig) -> None:
+    """``tolerationSeconds`` count from ``timeAdded``: a new reason must not restart them,
+    a new effect does (the server stamps it)."""
+    first = next(iter(rig.devices))
+    rule = f"{rules_api(rig.api)[1]}/tranche-{rig.node}-{first}"
+
+    def time_added() -> str:
+        return str(get_json(rig.api, rule)["spec"]["taint"]["timeAdded"])
+
+    assert rig.tranche("taint", rig.node, first, "--effect", "NoExecute", "--reason", "a") == 0
+    stamped = time_added()
+    time.sleep(1.1)  # timeAdded has a resolution of one second
+    assert rig.tranche("taint", rig.node, first, "--effect", "NoExecute", "--reason", "b") == 0
+    assert time_added() == stamped
+    assert get_json(rig.api, rule)["metadata"]["annotations"]["gpu.tranche.dev/reason"] == "b"
+    assert rig.tranche("taint", rig.node, first, "--effect", "NoSchedule", "--reason", "b") == 0
+    assert time_added() > stamped
+
+
+def documented_role() -> dict[str, Any]:
+    """The ClusterRole of docs/health.md for the people who taint devices."""
+    text = (Path(__file__).parents[2] / "docs" / "health.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
+    [role] = [b for b in blocks if "name: tranche-device-admin" in b]
+    loaded: dict[str, Any] = yaml.safe_load(role)
+    return loaded
+
+
+def test_the_documented_role_is_enough_to_taint_list_and_untaint(
+    rig: Rig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An admin bound to docs/health.md's ClusterRole (no cluster-admin) runs all three."""
+    name = f"device-admin-{rig.driver.split('.')[0]}"
+    role = documented_role()
+    role["metadata"]["name"] = name
+    request_json(rig.api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "admin"}}
+    request_json(rig.api, "POST", f"/api/v1/namespaces/{rig.namespace}/serviceaccounts", account)
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "admin", "namespace": rig.namespace}],
+    }
+    request_json(rig.api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+    token = request_json(
+        rig.api,
+        "POST",
+        f"/api/v1/namespaces/{rig.namespace}/serviceaccounts/admin/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest"},
+    )["status"]["token"]
+    admin = yaml.safe_load(Path(rig.kubeconfig).read_text())
+    context = {"cluster": admin["clusters"][0]["name"], "user": "device-admin"}
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": admin["clusters"],
+                "users": [{"name": "device-admin", "user": {"token": token}}],
+                "contexts": [{"name": "device-admin", "context": context}],
+                "current-context": "device-admin",
+            }
+        )
+    )
+    first = next(iter(rig.devices))
+    as_admin = Rig(**{**vars(rig), "kubeconfig": str(kubeconfig)})
+    try:
+        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac") == 0
+        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac again") == 0
+        assert as_admin.tranche("cluster-devices", "--node", rig.node) == 0
+        assert "gpu.tranche.dev/admin:NoSchedule" in capsys.readouterr().out
+        assert as_admin.tranche("untaint", rig.node, first) == 0
+        assert capsys.readouterr().err == ""
+    finally:
+        for path in (
+            f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}",
+            f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}",
+        ):
+            with contextlib.suppress(client.ApiException):
+                request_json(rig.api, "DELETE", path)

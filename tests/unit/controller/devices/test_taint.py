@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from controller.devices.lookup import (
     rule_selects,
 )
 from controller.devices.taint import admin_rules, rule_body, rule_name
+from controller.kube_client import ApiCallError
 from driver.errors import DeviceNotFound
 
 DRIVER = "gpu.tranche.dev"
@@ -262,4 +264,107 @@ def test_taint_refuses_a_device_name_found_on_several_nodes(
     assert "device 'gpu-0' is on 2 nodes (node-a/gpu-0, node-b/gpu-0)" in err
     assert "NODE DEVICE" in err
     assert taint.run_taint(parser.parse_args(["node-b", "gpu-0", "--reason", "fan"])) == 0
-    assert [verb for verb, _ in calls] == ["GET", "POST"]
+    assert [verb for verb, path in calls if path.startswith("/rules")] == ["GET", "POST"]
+
+
+@pytest.mark.parametrize(
+    ("effect", "time_added"),
+    [("NoExecute", "2026-01-02T03:04:05Z"), ("NoSchedule", None)],
+)
+def test_tainting_again_keeps_the_time_of_an_unchanged_effect(
+    effect: str, time_added: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim's ``tolerationSeconds`` count from the taint's ``timeAdded``, and the server
+    sets an empty one to now: a new reason on the same ``NoExecute`` taint must not give the
+    pods that tolerate it for a while a fresh grace period; a new effect gets a new time."""
+    target = find_device(DEVICES, "node-a", "gpu-1a2b3c4d")
+    existing = rule_body(target, "NoExecute", "fan failure")
+    existing["metadata"]["resourceVersion"] = "7"
+    existing["spec"]["taint"]["timeAdded"] = "2026-01-02T03:04:05Z"
+    sent: list[tuple[str, dict[str, object] | None]] = []
+
+    def request(
+        api: object, what: str, verb: str, path: str, body: dict[str, object] | None = None
+    ) -> dict[str, object] | None:
+        sent.append((verb, body))
+        return existing if verb == "GET" else body
+
+    monkeypatch.setattr(taint, "api_client", lambda kubeconfig: object())
+    monkeypatch.setattr(taint, "rules_api", lambda api: ("resource.k8s.io/v1", "/rules"))
+    monkeypatch.setattr(
+        taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=tuple(DEVICES))
+    )
+    monkeypatch.setattr(taint, "request", request)
+    parser = argparse.ArgumentParser()
+    taint.add_taint_arguments(parser, {})
+    args = ["node-a", "gpu-1a2b3c4d", "--effect", effect, "--reason", "RMA 4411 filed"]
+    assert taint.run_taint(parser.parse_args(args)) == 0
+    [body] = [body for verb, body in sent if verb == "PUT"]
+    assert body is not None
+    spec: dict[str, Any] = body["spec"]  # type: ignore[assignment]
+    assert spec["taint"].get("timeAdded") == time_added
+    assert spec["taint"]["effect"] == effect
+
+
+def allocated_to(namespace: str, name: str, device_name: str) -> dict[str, object]:
+    result = {"driver": DRIVER, "pool": "node-a", "device": device_name, "request": "gpu"}
+    return {
+        "metadata": {"namespace": namespace, "name": name},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("effect", "claims", "note"),
+    [
+        (
+            "NoExecute",
+            [allocated_to("team-a", "train", "gpu-1a2b3c4d")],
+            "evicting the pods of 1 claim(s) using it, unless a claim tolerates "
+            "gpu.tranche.dev/admin:NoExecute: team-a/train",
+        ),
+        (
+            "NoSchedule",
+            [allocated_to("team-a", "train", "gpu-1a2b3c4d")],
+            "1 claim(s) using it keep it (NoSchedule evicts no pod): team-a/train",
+        ),
+        ("NoExecute", [allocated_to("team-a", "mig", "gpu-1a2b3c4d-mig-1g10gb-0")], "no claim"),
+        ("NoExecute", None, "claims using it: unknown (ResourceClaims: 403 Forbidden"),
+    ],
+)
+def test_taint_says_which_claims_it_evicts(
+    effect: str,
+    claims: list[dict[str, object]] | None,
+    note: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The admin learns at once whose pods a NoExecute taint ends; a role that may not list
+    claims still taints (the rule is written first)."""
+    writes: list[str] = []
+
+    def request(
+        api: object, what: str, verb: str, path: str, body: dict[str, object] | None = None
+    ) -> dict[str, object] | None:
+        if path.endswith("/resourceclaims"):
+            if claims is None:
+                raise ApiCallError(f"{what}: 403 Forbidden: cannot list", 403)
+            return {"items": claims}
+        if verb != "GET":
+            writes.append(verb)
+        return None
+
+    monkeypatch.setattr(taint, "api_client", lambda kubeconfig: object())
+    monkeypatch.setattr(taint, "rules_api", lambda api: ("resource.k8s.io/v1", "/rules"))
+    monkeypatch.setattr(
+        taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=tuple(DEVICES))
+    )
+    monkeypatch.setattr(taint, "request", request)
+    parser = argparse.ArgumentParser()
+    taint.add_taint_arguments(parser, {})
+    args = ["node-a", "gpu-1a2b3c4d", "--effect", effect, "--reason", "fan"]
+    assert taint.run_taint(parser.parse_args(args)) == 0
+    assert writes == ["POST"]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"tainted node-a/gpu-1a2b3c4d: gpu.tranche.dev/admin:{effect}")
+    assert out[1].startswith(note)
