@@ -12,6 +12,7 @@ import celpy
 import celpy.celtypes as ct
 from celpy.evaluation import CELEvalError as CelpyEvalError
 
+from controller.explain.cel.optional import CelOptional
 from controller.explain.cel.values import Quantity, Semver
 
 
@@ -34,6 +35,10 @@ def _equal(a: Any, b: Any) -> bool:
     semantic version compared with another type is an error (TypeError: no such overload)."""
     if _is_null(a) or _is_null(b):
         return _is_null(a) and _is_null(b)
+    if isinstance(a, CelOptional) or isinstance(b, CelOptional):
+        if not (isinstance(a, CelOptional) and isinstance(b, CelOptional)):
+            return False
+        return a.present == b.present and (not a.present or _equal(a.value, b.value))
     if isinstance(a, Quantity | Semver):
         if type(a) is not type(b):
             raise TypeError(f"no such overload: {type(a).__name__} == {type(b).__name__}")

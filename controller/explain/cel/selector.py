@@ -17,13 +17,17 @@ from celpy.evaluation import CELEvalError as CelpyEvalError
 
 from controller.explain.cel.compare import OPERATORS
 from controller.explain.cel.device import DeviceData, activation
+from controller.explain.cel.grammar import environment, unsupported
+from controller.explain.cel.interpreter import OptionalRunner
 from controller.explain.cel.library import FUNCTIONS
+from controller.explain.cel.optional import OPTIONAL_CALLS, OPTIONAL_FUNCTIONS
 from controller.explain.cel.values import CelEvalError, CelSyntaxError
 
 _KNOWN = (
     frozenset(FUNCTIONS)
     | frozenset(k for k in celpy.evaluation.base_functions if k.isidentifier())
     | frozenset({"has", "all", "exists", "exists_one", "map", "filter", "size"})
+    | OPTIONAL_CALLS
 )
 
 
@@ -35,7 +39,7 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-_ENV = celpy.Environment()
+_ENV = environment(OptionalRunner)
 _CALLS = re.compile(r"\.?\b([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
 
@@ -130,6 +134,9 @@ def _eval_message(e: CelpyEvalError) -> str:
 def compile_selector(expression: str) -> Selector:
     """Compile ``expression``; :class:`CelSyntaxError` with the position when it does not
     parse or calls a function the Kubernetes CEL environment does not have."""
+    missing = unsupported(_strip_strings(expression))
+    if missing is not None:
+        raise CelSyntaxError(f"explain cannot evaluate CEL {missing}, which the scheduler accepts")
     try:
         ast = _ENV.compile(expression)
     except (CELParseError, lark.exceptions.LarkError) as e:
@@ -143,7 +150,7 @@ def compile_selector(expression: str) -> Selector:
     for name in _CALLS.findall(_strip_strings(expression)):
         if name not in _KNOWN:
             raise CelSyntaxError(f"CEL expression calls an undeclared function {name!r}")
-    program = _ENV.program(ast, functions={**FUNCTIONS, **OPERATORS})
+    program = _ENV.program(ast, functions={**FUNCTIONS, **OPTIONAL_FUNCTIONS, **OPERATORS})
     return Selector(expression, program)
 
 
