@@ -103,6 +103,7 @@ TABLE: list[tuple[str, list[Obj], str | None, str, str]] = [
     ("mig-on-held-gpu", [request(MIG, [_mig("1g.10gb", GPU0)])], None, "dgx", "counters"),
     ("unguarded-profile", [request(selectors=[f'{A}.profile == "3g.40gb"'])], None, "dgx", "cel-error"),
     ("guarded-profile", [request(selectors=[f'has({A}.profile) && {A}.profile == "3g.40gb"'])], None, "dgx", "selector"),
+    ("optional-profile", [request(selectors=[f'{A}.?profile.orValue("") == "3g.40gb"'])], None, "dgx", "selector"),
     ("cuda-major-8", [request(selectors=[f"{A}.cudaComputeCapability.major() == 8"])], None, "dgx", "selector"),
     # dgx2: 8 H100 in one domain, GPU 0 held whole
     ("seven-nvlink", [request(count=7)], NVL, "dgx2", "fits"),

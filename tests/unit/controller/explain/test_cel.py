@@ -77,6 +77,47 @@ def test_selector(expression: str, expected: bool) -> None:
     assert compile_selector(expression).matches(H100) is expected
 
 
+# cel-go's optional library (cel.OptionalTypes), in Kubernetes' base CEL environment since 1.28;
+# the expected results follow cel-go: `.?`/`[?]` give optional.none() for an absent key, every
+# qualifier after an optional one tests presence too, `or`/`orValue` short-circuit.
+OPTIONAL = [
+    (f'{A}.?model.orValue("") == ""', True),
+    (f'{A}.?type.orValue("") == "gpu"', True),
+    (f'{A}[?"type"].value() == "gpu"', True),
+    (f"{A}.?profile.hasValue()", False),
+    (f"{A}.?type.hasValue()", True),
+    ('device.attributes["other.example.com"].?model.orValue("none") == "none"', True),
+    ('device.attributes[?"other.example.com"].hasValue()', True),  # an unknown domain is {}
+    ('device.?attributes["gpu.tranche.dev"].type == optional.of("gpu")', True),
+    ('device.?attributes["gpu.tranche.dev"].profile == optional.none()', True),
+    (f'{A}.?profile.or({A}.?type).value() == "gpu"', True),
+    (f'{A}.?type.or(optional.of("x")) == optional.of("gpu")', True),
+    (f'{A}.?type.orValue({A}.profile) == "gpu"', True),  # the default is not evaluated
+    (f'{A}.?productName.optMap(n, n.startsWith("NVIDIA H100")).orValue(false)', True),
+    (f'{A}.?profile.optMap(p, p == "1g.10gb").orValue(true)', True),
+    (
+        f'{A}.?type.optFlatMap(t, t == "gpu" ? optional.of(1) : optional.none()).orValue(0) == 1',
+        True,
+    ),
+    ('optional.ofNonZeroValue("").hasValue()', False),
+    (f"optional.ofNonZeroValue({C}.memory).hasValue()", True),
+    ("optional.none() == optional.none() && optional.of(1) != optional.none()", True),
+    (f'{A}.productName.split(" ")[?5].orValue("") == ""', True),
+    (f'{A}.productName.split(" ")[?1] == optional.of("H100")', True),
+    ('{"a": 1}[?"a"].value() == 1 && !{"a": 1}[?"b"].hasValue()', True),
+    ("optional.unwrap([optional.of(1), optional.none()]) == [1]", True),
+    ("[optional.none(), optional.of(2)].unwrapOpt() == [2]", True),
+    ("[1, 2, 3].first().value() == 1 && [1, 2, 3].last().value() == 3", True),
+    (f'{C}.?memory.orValue(quantity("0")).isGreaterThan(quantity("80Gi"))', False),
+    (f'false && {A}.?profile.value() == "x"', False),
+]
+
+
+@pytest.mark.parametrize(("expression", "expected"), OPTIONAL)
+def test_optional_selector(expression: str, expected: bool) -> None:
+    assert compile_selector(expression).matches(H100) is expected
+
+
 @pytest.mark.parametrize(
     ("expression", "message"),
     [
@@ -88,6 +129,8 @@ def test_selector(expression: str, expected: bool) -> None:
         ('quantity("lots") == quantity("1")', "not a quantity"),
         (f'{A}.productName.substring(5, 99) == ""', "out of range"),
         ('device.driver + "x"', "not a bool"),
+        (f'{A}.?profile.value() == "x"', "optional.none() dereference"),
+        (f'{A}.type.orValue("x") == "x"', "no such overload"),
     ],
 )
 def test_evaluation_errors(expression: str, message: str) -> None:
@@ -102,6 +145,9 @@ def test_evaluation_errors(expression: str, message: str) -> None:
         ("device.driver ==", "does not parse"),
         (f'{A}.type = "gpu"', "does not parse"),
         ("lowerascii(device.driver)", "undeclared function 'lowerascii'"),
+        (f"{A}.?", "does not parse"),
+        (f'[?{A}.?type] == ["gpu"]', "explain cannot evaluate CEL optional list or map"),
+        ('{?"k": optional.none()} == {}', "explain cannot evaluate CEL optional list or map"),
     ],
 )
 def test_syntax_errors(expression: str, message: str) -> None:

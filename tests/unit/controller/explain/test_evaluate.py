@@ -101,6 +101,8 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("mig-on-l4", {"requests": [request(MIG)]}, "l4", "class"),
     ("unguarded-profile", {"requests": [request(selectors=[f'{A}.profile == "3g.40gb"'])]}, "dgx", "cel-error"),
     ("guarded-profile", {"requests": [request(selectors=[f'has({A}.profile) && {A}.profile == "3g.40gb"'])]}, "dgx", "selector"),
+    ("optional-profile", {"requests": [request(selectors=[f'{A}.?profile.orValue("") == "3g.40gb"'])]}, "dgx", "selector"),
+    ("optional-no-profile", {"requests": [request(selectors=[f'{A}.?profile.orValue("") == ""'])]}, "dgx", "fits"),
     ("tainted", {"requests": [request()]}, "tainted", "taint"),
     ("tolerates-xid", {"requests": [request(tolerations=[{"key": "gpu.tranche.dev/xid", "operator": "Exists"}])]}, "tainted", "fits"),
     ("two-tolerates-xid", {"requests": [request(count=2, tolerations=[{"key": "gpu.tranche.dev/xid", "operator": "Exists"}])]}, "tainted", "taint"),
