@@ -18,11 +18,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from kubernetes import client
-from prometheus_client import start_http_server
+from prometheus_client import CollectorRegistry, MetricsHandler
 
 from controller.leader import LeaderElector, LeaseConfig
 from controller.metrics import ControllerMetrics
@@ -37,7 +37,8 @@ from controller.webhook.server import WebhookServer
 from controller.webhook.tls import WebhookTls
 from driver.cli import Command
 from driver.errors import ConfigError, TrancheError
-from driver.flags import named, parse_address, socket_family
+from driver.flags import named, parse_address
+from driver.http_server import HttpServer
 from driver.kube.client import api_client
 from driver.startup_gc import collect_startup_garbage
 
@@ -154,7 +155,12 @@ def _listening(address: str, flag: str) -> Iterator[None]:
         raise ConfigError(f"{named(flag)}: cannot listen on {address!r}: {e.strerror or e}") from e
 
 
-def _health_server(address: str, controller: Controller) -> ThreadingHTTPServer:
+def _serve(server: HttpServer, name: str) -> HttpServer:
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    return server
+
+
+def _health_server(address: str, controller: Controller) -> HttpServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             checks = {"/healthz": controller.alive, "/readyz": controller.ready}
@@ -173,16 +179,16 @@ def _health_server(address: str, controller: Controller) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-    host, port = parse_address(address, "--health-address")
-
-    class Server(ThreadingHTTPServer):
-        address_family = socket_family(host)
-        daemon_threads = True
-
     with _listening(address, "--health-address"):
-        server = Server((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
-    return server
+        server = HttpServer(parse_address(address, "--health-address"), Handler)
+    return _serve(server, "health")
+
+
+def _metrics_server(address: str, registry: CollectorRegistry) -> HttpServer:
+    handler = MetricsHandler.factory(registry)
+    with _listening(address, "--metrics-address"):
+        server = HttpServer(parse_address(address, "--metrics-address"), handler)
+    return _serve(server, "metrics")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -195,9 +201,7 @@ def run(args: argparse.Namespace) -> int:
         api = api_client(settings.kubeconfig)
         controller = Controller(settings, api)
         if settings.metrics_address:
-            host, port = parse_address(settings.metrics_address, "--metrics-address")
-            with _listening(settings.metrics_address, "--metrics-address"):
-                start_http_server(port, addr=host, registry=controller.metrics.registry)
+            _metrics_server(settings.metrics_address, controller.metrics.registry)
         health = (
             _health_server(settings.health_address, controller) if settings.health_address else None
         )

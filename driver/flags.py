@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -135,17 +134,12 @@ def add_switch(
 
 
 def parse_address(value: str, field: str) -> tuple[str, int]:
-    """``"127.0.0.1:9400"`` / ``":9400"`` → (host, port); host defaults to all interfaces."""
+    """``"127.0.0.1:9400"`` / ``"[::1]:9400"`` / ``":9400"`` → (host, port); the host of
+    ``:PORT`` is ``""``, every address, IPv4 and IPv6 (``driver.http_server`` listens)."""
     m = _ADDRESS.match(value)
     if not m or not 0 <= int(m["port"]) <= 65535:
         raise ConfigError(f"{field}: {value!r} is not HOST:PORT")
-    return (m["host"].strip("[]") or "0.0.0.0", int(m["port"]))
-
-
-def socket_family(host: str) -> socket.AddressFamily:
-    """The socket family that can bind ``host`` of :func:`parse_address`: IPv6 for an IPv6
-    host (``::``, ``fd00::1``), which an IPv4 socket cannot bind; IPv4 otherwise."""
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
+    return (m["host"].strip("[]"), int(m["port"]))
 
 
 def flag_text(value: str, source: str) -> tuple[str, str]:

@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -23,7 +23,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from driver.errors import ConfigError
-from driver.flags import parse_address, socket_family
+from driver.flags import parse_address
+from driver.http_server import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,8 @@ def metrics_route(registry: CollectorRegistry) -> Route:
 
 
 class HttpEndpoint:
-    """GET ``routes`` on ``host:port`` (an IPv6 host too); anything else is 404."""
+    """GET ``routes`` on ``host:port`` (an IPv6 host too; ``""`` every address, IPv4 and
+    IPv6: ``driver.http_server``); anything else is 404."""
 
     def __init__(self, host: str, port: int, routes: Mapping[str, Route], name: str) -> None:
         routes = dict(routes)
@@ -73,10 +75,7 @@ class HttpEndpoint:
             def log_message(self, format: str, *args: object) -> None:
                 return None  # probes and scrapes every few seconds are not news
 
-        class Server(ThreadingHTTPServer):
-            address_family = socket_family(host)
-
-        self._server = Server((host, port), Handler)
+        self._server = HttpServer((host, port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
 
     @property

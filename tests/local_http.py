@@ -1,13 +1,17 @@
-"""A local HTTP server for unit tests: run in a thread for a ``with`` block, and one way to
-answer a request with a body."""
+"""A local HTTP server for unit tests: run in a thread for a ``with`` block, one way to
+answer a request with a body, and the loopback addresses to reach a server on."""
 
 from __future__ import annotations
 
+import http.client
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import TypeVar
+
+import pytest
 
 Server = TypeVar("Server", bound=HTTPServer)
 
@@ -37,3 +41,30 @@ def reply(
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     handler.wfile.write(body)
+
+
+def _has_ipv6() -> bool:
+    """Whether this machine can listen on ``::1`` (not where IPv6 is off in the kernel)."""
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+HAS_IPV6 = _has_ipv6()
+NO_IPV6 = pytest.mark.skipif(not HAS_IPV6, reason="this machine has no IPv6")
+# The two loopback addresses, for a test that a server answers on both.
+LOOPBACKS = ["127.0.0.1", pytest.param("::1", marks=NO_IPV6)]
+
+
+def get(host: str, port: int, path: str) -> tuple[int, bytes]:
+    """GET ``path`` from ``host:port`` (an IPv6 host bare, ``::1``): status and body."""
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        return answer.status, answer.read()
+    finally:
+        conn.close()

@@ -13,7 +13,7 @@ import json
 import logging
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from kubernetes import client
@@ -24,7 +24,7 @@ from controller.webhook.pods import PodRejected, mutate_pod
 from controller.webhook.templates import DEFAULT_INTERVAL_S, TemplateWriter
 from controller.webhook.tls import WebhookTls
 from driver.errors import TrancheError
-from driver.flags import socket_family
+from driver.http_server import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("webhook request %s", format % args)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
+class _Server(HttpServer):
     def __init__(
         self,
         address: tuple[str, int],
@@ -136,7 +134,6 @@ class _Server(ThreadingHTTPServer):
         metrics: ControllerMetrics,
     ) -> None:
         self.tls, self.writer, self.metrics = tls, writer, metrics
-        self.address_family = socket_family(address[0])
         super().__init__(address, _Handler)
 
     def get_request(self) -> tuple[socket.socket, Any]:

@@ -9,9 +9,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter
 
-from controller.main import _health_server, run
+from controller.main import _health_server, _metrics_server, run
 from controller.settings import add_arguments
+from tests.local_http import LOOPBACKS, get
 
 
 @pytest.mark.parametrize(
@@ -85,7 +87,7 @@ def test_an_address_in_use_stops_the_controller_naming_the_flag(
 
 
 def test_health_and_readiness_answer_on_an_ipv6_address() -> None:
-    """An IPv6-only cluster probes the pod's IPv6 address: ``--health-address [::]:8081``."""
+    """An IPv6 host in brackets is served: ``--health-address [::1]:8081``."""
     replica = SimpleNamespace(alive=lambda: True, ready=lambda: False)
     server = _health_server("[::1]:0", replica)  # type: ignore[arg-type]
     try:
@@ -100,3 +102,22 @@ def test_health_and_readiness_answer_on_an_ipv6_address() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("client", LOOPBACKS)
+def test_the_chart_addresses_answer_over_ipv4_and_ipv6(client: str) -> None:
+    """The chart's ``:8081`` and ``:9090``: the kubelet probes the pod's primary IP and
+    Prometheus scrapes it, an IPv6 address on an IPv6-only or IPv6-primary cluster."""
+    replica = SimpleNamespace(alive=lambda: True, ready=lambda: True)
+    registry = CollectorRegistry()
+    Counter("tranche_controller_test", "a series", registry=registry).inc()
+    health = _health_server(":0", replica)  # type: ignore[arg-type]
+    metrics = _metrics_server(":0", registry)
+    try:
+        assert get(client, health.server_address[1], "/readyz") == (200, b"ok\n")
+        status, page = get(client, metrics.server_address[1], "/metrics")
+        assert status == 200 and b"tranche_controller_test_total 1.0" in page
+    finally:
+        for server in (health, metrics):
+            server.shutdown()
+            server.server_close()

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from driver.errors import ConfigError
 from kubelet_plugin.http_endpoint import HttpEndpoint, Response, listen, metrics_route
 from kubelet_plugin.liveness import health_routes
+from tests.local_http import LOOPBACKS, get
 
 
 @pytest.fixture
@@ -85,6 +86,18 @@ def test_an_ipv6_address_is_served(registry: CollectorRegistry) -> None:
     finally:
         endpoint.stop()
     assert status == 200 and b"tranche_test_calls_total" in body
+
+
+@pytest.mark.parametrize("client", LOOPBACKS)
+def test_a_port_alone_is_served_over_ipv4_and_ipv6(client: str) -> None:
+    """The chart's ``--health-address :9401``: the kubelet probes the pod's primary IP, an
+    IPv6 address on an IPv6-only or IPv6-primary cluster."""
+    routes = health_routes(live=lambda: None, ready=lambda: None)
+    endpoint = listen(":0", "--health-address", routes, "h")
+    try:
+        assert get(client, endpoint.port, "/healthz") == (200, b"ok\n")
+    finally:
+        endpoint.stop()
 
 
 def test_probes_answer_each_check() -> None:

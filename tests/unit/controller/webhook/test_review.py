@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from controller.main import Controller
 from controller.metrics import ControllerMetrics
+from controller.settings import ControllerSettings
 from controller.webhook.certs import rotate
 from controller.webhook.server import MUTATE_PODS_PATH, WebhookServer
 from controller.webhook.tls import WebhookTls
+from tests.local_http import LOOPBACKS
 from tests.unit.controller.webhook.test_tls import POLICY
 
 
@@ -99,8 +102,7 @@ def test_a_pod_of_the_wrong_shape_is_denied_naming_the_field(
 
 
 def test_the_webhook_answers_on_an_ipv6_address() -> None:
-    """An IPv6-only cluster calls the webhook at the pod's IPv6 address:
-    ``--webhook-address [::]:8443``."""
+    """An IPv6 host in brackets is served: ``--webhook-address [::1]:8443``."""
     bundle = rotate(None, POLICY, dt.datetime.now(dt.UTC))
     with client.ApiClient() as api:
         tls = WebhookTls(api, "tranche", "tranche-webhook-tls", webhook_configs=(), policy=POLICY)
@@ -118,3 +120,30 @@ def test_the_webhook_answers_on_an_ipv6_address() -> None:
             conn.close()
         finally:
             server.stop()
+
+
+@pytest.mark.parametrize("peer", LOOPBACKS)
+def test_the_charts_port_alone_is_called_over_ipv4_and_ipv6(peer: str) -> None:
+    """The chart's ``--webhook-address :8443``: the API server calls the Service, whose
+    endpoint is the pod's IPv6 address on an IPv6-only or IPv6-primary cluster."""
+    settings = ControllerSettings(
+        namespace="tranche", identity="replica-1", legacy_webhook=True, webhook_address=":0"
+    )
+    bundle = rotate(None, POLICY, dt.datetime.now(dt.UTC))
+    with client.ApiClient() as api:  # never called: the controller's loop is not started
+        controller = Controller(settings, api)
+        assert controller.tls is not None and controller.webhook is not None
+        controller.tls._install(bundle)
+        controller.webhook.start()
+        try:
+            ctx = ssl.create_default_context(cadata=bundle.ca_bundle.decode())
+            ctx.check_hostname = False
+            port = controller.webhook.port
+            conn = http.client.HTTPSConnection(peer, port, context=ctx, timeout=10)
+            conn.request("POST", MUTATE_PODS_PATH, body=json.dumps(review({"spec": {}})).encode())
+            answer = conn.getresponse()
+            assert answer.status == 200
+            assert json.loads(answer.read())["response"]["allowed"] is True
+            conn.close()
+        finally:
+            controller.stop()
