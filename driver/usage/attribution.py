@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -212,12 +213,16 @@ class ClaimIncrement:
     allocated_s: float
     measured_s: float
     memory_byte_s: float
-    unmeasured_s: float  # GPU-seconds held on devices NVML could not read this interval
+    unmeasured_s: float  # the part of allocated_s on devices NVML could not read this interval
 
 
 @dataclass(frozen=True)
 class DeviceIncrement:
-    """A held device over one interval, in GPU-seconds (a MIG device counts its size)."""
+    """A held device over one interval, in GPU-seconds (a MIG device counts its size).
+
+    A device NVML could not read is still held (the checkpoint says who held it); its
+    idle and unattributed parts are unknown, so 0, and ``idle_ratio`` is NaN.
+    """
 
     uuid: str
     held_s: float
@@ -304,8 +309,9 @@ def integrate(
     Every claim that held a device at any time
     in the interval gets an increment, zero or not (a claim prepared again after
     an unprepare has two records: each counts its own held time); ``usages`` lacks (or has
-    None for) a device NVML could not read, whose held time is then reported
-    as ``unmeasured_s``.
+    None for) a device NVML could not read: it is still held and allocated (holding is
+    known from the records, not from NVML), and the claims' allocated time on it is also
+    reported as ``unmeasured_s``.
     """
     active = [(r, span) for r in records if (span := _held_span(r, start, end))[1] > span[0]]
     holders: dict[str, list[tuple[int, ClaimAllocation, tuple[float, float]]]] = {}
@@ -317,13 +323,14 @@ def integrate(
     splits: dict[str, DeviceSplit] = {}
     devices: list[DeviceIncrement] = []
     for uuid in sorted(holders):
+        size = next(d.size for _, r, _ in holders[uuid] for d in r.devices if d.uuid == uuid)
+        device_s = holdings[uuid].held_s * size
         usage = usages.get(uuid)
         if usage is None:
+            devices.append(DeviceIncrement(uuid, device_s, 0.0, 0.0, math.nan))
             continue
         split = split_device(usage, [r for _, r, _ in holders[uuid]])
         splits[uuid] = split
-        size = next(d.size for _, r, _ in holders[uuid] for d in r.devices if d.uuid == uuid)
-        device_s = holdings[uuid].held_s * size
         devices.append(
             DeviceIncrement(
                 uuid=uuid,
@@ -339,10 +346,11 @@ def integrate(
         seconds = until - since
         allocated = measured = memory = unmeasured = 0.0
         for device in {d.uuid: d for d in record.devices}.values():  # two shares: one reading
-            allocated += holdings[device.uuid].allocated_s.get(i, 0.0)
+            mine = holdings[device.uuid].allocated_s.get(i, 0.0)
+            allocated += mine
             part = splits.get(device.uuid)
             if part is None:
-                unmeasured += seconds * device.size
+                unmeasured += mine
                 continue
             measured += seconds * device.size * part.busy[record.claim_uid]
             memory += seconds * part.memory_bytes[record.claim_uid]

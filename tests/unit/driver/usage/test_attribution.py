@@ -363,7 +363,28 @@ def test_sampler_survives_a_lost_gpu(sim: Sim) -> None:
     (inc,) = interval.claims
     assert (inc.allocated_s, inc.measured_s, inc.unmeasured_s) == (10.0, 0.0, 10.0)
     assert sink.errors == ["nvml"]
-    assert interval.devices == ()
+    # The checkpoint says the claim held the GPU: held, neither idle nor unattributed.
+    (device,) = interval.devices
+    assert (device.uuid, device.held_s, device.idle_s, device.unattributed_s) == (
+        gpu,
+        10.0,
+        0.0,
+        0.0,
+    )
+    assert math.isnan(device.idle_ratio)
+
+
+def test_unmeasured_time_is_each_claims_allocated_part_of_the_unreadable_device() -> None:
+    a = claim("a", {POD_A}, HeldDevice.mps(GPU, "g", 50))
+    b = claim("b", {POD_B}, HeldDevice.mps(GPU, "g", 30), HeldDevice.mig(MIG, "m", 3))
+    usages = {MIG: DeviceUsage(MIG, 0.0, 0, 40 * GIB, ())}  # the GPU could not be read
+    interval = integrate(0.0, 60.0, [a, b], usages)
+    got = {c.claim_uid: (c.allocated_s, c.unmeasured_s) for c in interval.claims}
+    assert got == {"a": (30.0, 30.0), "b": (pytest.approx(18.0 + 60 * 3 / 7), 18.0)}
+    assert {d.uuid: d.held_s for d in interval.devices} == {
+        GPU: 60.0,
+        MIG: pytest.approx(60 * 3 / 7),
+    }
 
 
 def test_a_claim_prepared_again_counts_both_records_once_each() -> None:
