@@ -210,7 +210,7 @@ class UsageCollector(Collector):
         )
         d_ratio = GaugeMetricFamily(
             "tranche_device_idle_ratio",
-            "Idle share (0..1) of a held device at the last sample.",
+            "Idle share (0..1) of a held device at the last sample; NaN if NVML could not read it.",
             labels=["uuid"],
         )
         for uuid, d in devices:

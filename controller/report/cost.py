@@ -7,7 +7,9 @@ Pure: a :class:`~controller.report.data.Report`, what each device is
 The price of the held GPU-hours is split on every node (the tenant series are
 per node, not per device) into
 
-* each tenant's **used** part: its measured GPU-hours;
+* each tenant's **used** part: its measured GPU-hours, and its allocated GPU-hours on
+  devices NVML could not read (unmeasured: the tenant held them, whether it used them is
+  unknown, so they are neither idle nor the platform's; a note names them);
 * **unattributed**: busy time of processes outside every claim, the platform's;
 * **idle**: the rest of the held time, split by the idle policy:
   ``proportional`` to the tenants' allocated GPU-hours on the node, ``owner``
@@ -49,7 +51,7 @@ class PricingError(ConfigError):
 class TenantCost:
     namespace: str
     tenant: str
-    used: Decimal  # measured GPU-hours at the node's rate
+    used: Decimal  # measured and unmeasured GPU-hours at the node's rate
     idle: Decimal  # idle charged to this tenant by the policy
 
     @property
@@ -221,7 +223,7 @@ def allocate(
     notes: list[str] = []
     for instance, price in sorted(node_price.items()):
         on_node = [n for n in report.node_rows if n.instance == instance]
-        measured = {(n.namespace, n.tenant): _hours(n.measured_s) for n in on_node}
+        measured = {(n.namespace, n.tenant): _hours(n.measured_s + n.unmeasured_s) for n in on_node}
         allocated = {(n.namespace, n.tenant): _hours(n.allocated_s) for n in on_node}
         unattributed = node_unattributed[instance]
         whole = max(node_held[instance], sum(measured.values(), Decimal(0)) + unattributed)
@@ -239,6 +241,12 @@ def allocate(
         else:
             for k, a in allocated.items():
                 exact.idle[k] = exact.idle.get(k, Decimal(0)) + _share(idle, a, allocated_total)
+        notes += [
+            f"{instance or 'the node'}: {n.namespace}/{n.tenant} held "
+            f"{n.unmeasured_s / 3600:.3f} GPU-h on devices NVML could not read, charged as used"
+            for n in on_node
+            if n.unmeasured_s > 0
+        ]
         if len(node_rates.get(instance, ())) > 1:
             notes.append(
                 f"{instance or 'the node'}: devices at different prices per GPU-hour; tenant "

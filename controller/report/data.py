@@ -18,6 +18,7 @@ CLAIM_MEMORY = "tranche_claim_gpu_memory_byte_seconds_total"
 TENANT_ALLOCATED = "tranche_tenant_gpu_allocated_seconds_total"
 TENANT_MEASURED = "tranche_tenant_gpu_measured_seconds_total"
 TENANT_MEMORY = "tranche_tenant_gpu_memory_byte_seconds_total"
+TENANT_UNMEASURED = "tranche_tenant_gpu_unmeasured_seconds_total"
 DEVICE_HELD = "tranche_device_held_seconds_total"
 DEVICE_IDLE = "tranche_device_idle_seconds_total"
 DEVICE_UNATTRIBUTED = "tranche_device_unattributed_seconds_total"
@@ -27,6 +28,7 @@ REPORTED = (
     TENANT_ALLOCATED,
     TENANT_MEASURED,
     TENANT_MEMORY,
+    TENANT_UNMEASURED,
     DEVICE_HELD,
     DEVICE_IDLE,
     DEVICE_UNATTRIBUTED,
@@ -63,6 +65,7 @@ class NodeTenantUsage:
     """A tenant's usage on one node (``instance``: the metrics URL or Prometheus's label).
 
     Tenant series are exported per node, not per device: pricing reads them per node.
+    ``unmeasured_s`` is the part of ``allocated_s`` on devices NVML could not read.
     """
 
     instance: str
@@ -70,6 +73,7 @@ class NodeTenantUsage:
     tenant: str
     allocated_s: float = 0.0
     measured_s: float = 0.0
+    unmeasured_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -168,8 +172,11 @@ class UsageBuilder:
             self._rows.setdefault(key, [0.0, 0.0, 0.0])[column] += increase
             if column < 2:
                 self._by_tenant.setdefault(key[1], [0.0, 0.0])[column] += increase
-                node = self._nodes.setdefault((instance, *key), [0.0, 0.0])
+                node = self._nodes.setdefault((instance, *key), [0.0, 0.0, 0.0])
                 node[column] += increase
+        elif name == TENANT_UNMEASURED:
+            on_node = (instance, labels.get("namespace", ""), labels.get("tenant", ""))
+            self._nodes.setdefault(on_node, [0.0, 0.0, 0.0])[2] += increase
         elif name in (CLAIM_ALLOCATED, CLAIM_MEASURED):
             claim = (labels.get("namespace", ""), labels.get("claim", ""), labels.get("tenant", ""))
             self._claims.setdefault(claim, [0.0, 0.0])[name == CLAIM_MEASURED] += increase

@@ -394,7 +394,7 @@ def render_html(report: Report, cost: CostReport | None = None) -> str:
     if cost is not None:
         used = sum((t.used for t in cost.tenants), Decimal(0))
         held_lines = [
-            ("used", "Used by claims", used, "measured GPU-hours at each device's price"),
+            ("used", "Used by claims", used, "measured and unmeasured GPU-hours at their price"),
             ("unattributed", "Unattributed", cost.unattributed, "busy time outside every claim"),
             ("idle", "Idle", cost.idle, "held GPU time no claim kept busy"),
             ("held", "Held", cost.held, f"every GPU-hour held, in {cost.currency}"),

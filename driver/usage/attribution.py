@@ -23,7 +23,9 @@ reads the NVML facade and the allocation records and hands each interval to a
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -211,12 +213,16 @@ class ClaimIncrement:
     allocated_s: float
     measured_s: float
     memory_byte_s: float
-    unmeasured_s: float  # GPU-seconds held on devices NVML could not read this interval
+    unmeasured_s: float  # the part of allocated_s on devices NVML could not read this interval
 
 
 @dataclass(frozen=True)
 class DeviceIncrement:
-    """A held device over one interval, in GPU-seconds (a MIG device counts its size)."""
+    """A held device over one interval, in GPU-seconds (a MIG device counts its size).
+
+    A device NVML could not read is still held (the checkpoint says who held it); its
+    idle and unattributed parts are unknown, so 0, and ``idle_ratio`` is NaN.
+    """
 
     uuid: str
     held_s: float
@@ -233,25 +239,61 @@ class IntervalUsage:
     devices: tuple[DeviceIncrement, ...] = field(default_factory=tuple)
 
 
-def _held_seconds(record: ClaimAllocation, start: float, end: float) -> float:
+def _held_span(record: ClaimAllocation, start: float, end: float) -> tuple[float, float]:
+    """When, within ``(start, end]``, the record held its devices (an empty span if never)."""
     until = end if record.unprepared_at is None else min(end, record.unprepared_at)
-    return max(until - max(start, record.prepared_at), 0.0)
+    return max(start, record.prepared_at), until
 
 
-def _holding_units(holders: Mapping[str, list[tuple[ClaimAllocation, float]]]) -> dict[str, int]:
-    """Per device, the holdings a 1/N share divides by: each claim counts its devices on it.
+def _held_seconds(record: ClaimAllocation, start: float, end: float) -> float:
+    since, until = _held_span(record, start, end)
+    return max(until - since, 0.0)
+
+
+def _holding_units(held: Sequence[ClaimAllocation], uuid: str) -> int:
+    """The holdings of ``uuid`` a 1/N share divides by: each claim counts its devices on it.
 
     A claim with two shares of one device (two requests, or a count of two) holds two of its
-    N parts; a claim prepared again within the interval (two records) still counts once.
+    N parts; a claim prepared again (two records) still counts once.
     """
-    out: dict[str, int] = {}
-    for uuid, held in holders.items():
-        per_claim: dict[str, int] = {}
-        for record, _ in held:
-            mine = sum(1 for d in record.devices if d.uuid == uuid)
-            per_claim[record.claim_uid] = max(per_claim.get(record.claim_uid, 0), mine)
-        out[uuid] = sum(per_claim.values())
-    return out
+    per_claim: dict[str, int] = {}
+    for record in held:
+        mine = sum(1 for d in record.devices if d.uuid == uuid)
+        per_claim[record.claim_uid] = max(per_claim.get(record.claim_uid, 0), mine)
+    return sum(per_claim.values())
+
+
+@dataclass(frozen=True)
+class _Holding:
+    """How long a device was held in an interval, and each record's allocated part of it."""
+
+    held_s: float  # wall time at least one claim held the device
+    allocated_s: dict[int, float]  # record index -> its allocated GPU-seconds on the device
+
+
+def _holding(
+    uuid: str, held: Sequence[tuple[int, ClaimAllocation, tuple[float, float]]]
+) -> _Holding:
+    """Walk the interval in spans over which the device's holders do not change.
+
+    A 1/N share counts N at each moment, not over the whole interval: two claims that
+    follow each other on a device within one interval never shared it, so each is
+    allocated all of its own held time, and the device was held for the time of both.
+    """
+    edges = sorted({t for _, _, span in held for t in span})
+    held_s = 0.0
+    allocated: dict[int, float] = {}
+    for since, until in itertools.pairwise(edges):
+        present = [(i, r) for i, r, (a, b) in held if a <= since and until <= b]
+        if not present:
+            continue
+        seconds = until - since
+        held_s += seconds
+        units = _holding_units([r for _, r in present], uuid)
+        for i, record in present:
+            part = sum(d.fraction(units) for d in record.devices if d.uuid == uuid)
+            allocated[i] = allocated.get(i, 0.0) + seconds * part
+    return _Holding(held_s, allocated)
 
 
 def integrate(
@@ -263,28 +305,32 @@ def integrate(
     """Integrate allocation and measured usage over ``(start, end]``.
 
     The reading taken at ``end`` stands for the whole interval (rectangle rule,
-    as a Prometheus ``rate`` does). Every claim that held a device at any time
+    as a Prometheus ``rate`` does); allocation is exact to the second (:func:`_holding`).
+    Every claim that held a device at any time
     in the interval gets an increment, zero or not (a claim prepared again after
     an unprepare has two records: each counts its own held time); ``usages`` lacks (or has
-    None for) a device NVML could not read, whose held time is then reported
-    as ``unmeasured_s``.
+    None for) a device NVML could not read: it is still held and allocated (holding is
+    known from the records, not from NVML), and the claims' allocated time on it is also
+    reported as ``unmeasured_s``.
     """
-    active = [(r, h) for r in records if (h := _held_seconds(r, start, end)) > 0]
-    holders: dict[str, list[tuple[ClaimAllocation, float]]] = {}
-    for record, seconds in active:
-        for device in record.devices:
-            holders.setdefault(device.uuid, []).append((record, seconds))
+    active = [(r, span) for r in records if (span := _held_span(r, start, end))[1] > span[0]]
+    holders: dict[str, list[tuple[int, ClaimAllocation, tuple[float, float]]]] = {}
+    for i, (record, span) in enumerate(active):
+        for uuid in dict.fromkeys(d.uuid for d in record.devices):
+            holders.setdefault(uuid, []).append((i, record, span))
+    holdings = {uuid: _holding(uuid, held) for uuid, held in holders.items()}
 
     splits: dict[str, DeviceSplit] = {}
     devices: list[DeviceIncrement] = []
     for uuid in sorted(holders):
+        size = next(d.size for _, r, _ in holders[uuid] for d in r.devices if d.uuid == uuid)
+        device_s = holdings[uuid].held_s * size
         usage = usages.get(uuid)
         if usage is None:
+            devices.append(DeviceIncrement(uuid, device_s, 0.0, 0.0, math.nan))
             continue
-        split = split_device(usage, [r for r, _ in holders[uuid]])
+        split = split_device(usage, [r for _, r, _ in holders[uuid]])
         splits[uuid] = split
-        size = next(d.size for r, _ in holders[uuid] for d in r.devices if d.uuid == uuid)
-        device_s = max(seconds for _, seconds in holders[uuid]) * size
         devices.append(
             DeviceIncrement(
                 uuid=uuid,
@@ -295,16 +341,16 @@ def integrate(
             )
         )
 
-    units = _holding_units(holders)
     claims: list[ClaimIncrement] = []
-    for record, seconds in active:
+    for i, (record, (since, until)) in enumerate(active):
+        seconds = until - since
         allocated = measured = memory = unmeasured = 0.0
-        for device in record.devices:
-            allocated += seconds * device.fraction(units[device.uuid])
         for device in {d.uuid: d for d in record.devices}.values():  # two shares: one reading
+            mine = holdings[device.uuid].allocated_s.get(i, 0.0)
+            allocated += mine
             part = splits.get(device.uuid)
             if part is None:
-                unmeasured += seconds * device.size
+                unmeasured += mine
                 continue
             measured += seconds * device.size * part.busy[record.claim_uid]
             memory += seconds * part.memory_bytes[record.claim_uid]

@@ -441,6 +441,41 @@ def test_report_table_shows_cost_idle_and_reconciliation(
     assert "Reconciliation: tenants 2.58 + platform 0.42 + not charged 0.00 = held 3.00 USD" in out
 
 
+def test_gpu_time_nvml_cannot_read_is_priced_to_the_claims_holding_it(
+    plugin: Plugin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The checkpoint says who held the lost MPS GPU: its hour is held and charged to its two
+    claims' tenants as used (not idle, not the platform's), and a note says so."""
+    now = [0.0]
+    node = SimNode()
+    node.set_mig(running=True)
+    sampler = UsageSampler(node.nvml, lambda: node.records, plugin.metrics, clock=lambda: now[0])
+    sampler.sample_once()
+    node.control.lose_gpu(node.gpu)
+    now[0] = 3600.0
+    sampler.sample_once()
+    path = tmp_path / "prices.yaml"
+    path.write_text(f"currency: EUR\nproducts:\n  {H100}:\n    gpu_hour: 2.00\n")
+    argv = ["--metrics-url", plugin.url, "--prices", str(path), "--idle-policy", "owner"]
+
+    def catalog(settings: ReportSettings) -> dict[str, DeviceInfo]:
+        return {
+            node.gpu: DeviceInfo(node.gpu, H100),
+            node.mig: DeviceInfo(node.mig, H100, "3g.40gb", Fraction(4, 8)),
+        }
+
+    assert run(parse([*argv, "--output", "json"]), catalog) == 0
+    out = json.loads(capsys.readouterr().out)
+    # GPU 0: 1 h at 2.00, unreadable, half each to blue and green; the MIG slice 3/7 GPU-h
+    # for 1.00, all busy (blue). Held 3.00 at the node's average rate of 2.10 per GPU-h.
+    assert out["devices"]["held_gpu_hours"] == pytest.approx(1 + 3 / 7)
+    cost = out["cost"]
+    assert {r["tenant"]: r["cost"] for r in cost["rows"]} == {"blue": "1.95", "green": "1.05"}
+    assert (cost["held"], cost["idle"], cost["platform"]["total"]) == ("3.00", "0.00", "0.00")
+    assert any("web/green held 0.500 GPU-h on devices NVML could not read" in n
+               for n in cost["notes"])  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("prices", "code", "needles"),
     [

@@ -186,8 +186,45 @@ def test_time_slices_are_allocated_one_over_n_and_partial_intervals_count() -> N
     usage = DeviceUsage(GPU, 0.0, 0, 80 * GIB, ())
     interval = integrate(0.0, 60.0, [a, b, gone], {GPU: usage})
     got = {c.claim_uid: c.allocated_s for c in interval.claims}
-    # Three holders during the interval: the time-slices are 1/3 each, the whole GPU is 1.
-    assert got == {"a": pytest.approx(20.0), "b": pytest.approx(10.0), "c": pytest.approx(5.0)}
+    # N at each moment: a shares with c for 5 s, is alone for 25 s, shares with b for 30 s;
+    # the whole GPU is 1.
+    assert got == {"a": pytest.approx(42.5), "b": pytest.approx(15.0), "c": pytest.approx(5.0)}
+
+
+@pytest.mark.parametrize(
+    "share",
+    [HeldDevice.time_sliced(GPU, "gpu-1-ts-blue"), HeldDevice.mig(MIG, "gpu-1-mig-3g40gb-0", 3,
+                                                                  share=None)],
+    ids=["time-slice", "mig-share"],
+)  # fmt: skip
+def test_share_claims_that_follow_each_other_in_one_sample_are_each_billed_their_time(
+    share: HeldDevice,
+) -> None:
+    """Two share claims one after the other on a device within one sample interval never
+    shared it: each is allocated all of its own held time, the device held for both."""
+    first = ClaimAllocation("a", "ns", "a", "t", frozenset({POD_A}), (share,), 0.0, 1020.0)
+    second = ClaimAllocation("b", "ns", "b", "t", frozenset({POD_B}), (share,), 1030.0)
+    records = [first]
+    now = [1000.0]
+    sink = RecordingSink()
+    sampler = UsageSampler(_Idle(), lambda: records, sink, clock=lambda: now[0])
+    sampler.sample_once()
+    records.append(second)
+    now[0] = 1060.0
+    interval = sampler.sample_once()
+    assert interval is not None
+    got = {c.claim_uid: c.allocated_s for c in interval.claims}
+    assert got == {"a": pytest.approx(20.0 * share.size), "b": pytest.approx(30.0 * share.size)}
+    (device,) = interval.devices
+    assert device.held_s == pytest.approx(50.0 * share.size)
+    assert device.idle_s == pytest.approx(50.0 * share.size)
+
+
+class _Idle:
+    """A usage source whose every device is idle, with no process."""
+
+    def device_usage(self, uuid: str) -> DeviceUsage:
+        return DeviceUsage(uuid, 0.0, 0, 80 * GIB, ())
 
 
 def test_two_shares_of_one_device_in_one_claim_are_billed_as_two_of_n_once_measured() -> None:
@@ -326,7 +363,28 @@ def test_sampler_survives_a_lost_gpu(sim: Sim) -> None:
     (inc,) = interval.claims
     assert (inc.allocated_s, inc.measured_s, inc.unmeasured_s) == (10.0, 0.0, 10.0)
     assert sink.errors == ["nvml"]
-    assert interval.devices == ()
+    # The checkpoint says the claim held the GPU: held, neither idle nor unattributed.
+    (device,) = interval.devices
+    assert (device.uuid, device.held_s, device.idle_s, device.unattributed_s) == (
+        gpu,
+        10.0,
+        0.0,
+        0.0,
+    )
+    assert math.isnan(device.idle_ratio)
+
+
+def test_unmeasured_time_is_each_claims_allocated_part_of_the_unreadable_device() -> None:
+    a = claim("a", {POD_A}, HeldDevice.mps(GPU, "g", 50))
+    b = claim("b", {POD_B}, HeldDevice.mps(GPU, "g", 30), HeldDevice.mig(MIG, "m", 3))
+    usages = {MIG: DeviceUsage(MIG, 0.0, 0, 40 * GIB, ())}  # the GPU could not be read
+    interval = integrate(0.0, 60.0, [a, b], usages)
+    got = {c.claim_uid: (c.allocated_s, c.unmeasured_s) for c in interval.claims}
+    assert got == {"a": (30.0, 30.0), "b": (pytest.approx(18.0 + 60 * 3 / 7), 18.0)}
+    assert {d.uuid: d.held_s for d in interval.devices} == {
+        GPU: 60.0,
+        MIG: pytest.approx(60 * 3 / 7),
+    }
 
 
 def test_a_claim_prepared_again_counts_both_records_once_each() -> None:
