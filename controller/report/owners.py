@@ -1,15 +1,15 @@
 """Which workload a claim's usage belongs to, and what device kind the claim holds.
 
-claim → its pods (``status.reservedFor``, or a pod whose ``status.resourceClaimStatuses`` or
-``spec.resourceClaims`` name it) → the pod's controller (``ownerReferences``: a ReplicaSet's
-Deployment, a Job, a StatefulSet), else its PodGroup (``spec.schedulingGroup.podGroupName``,
-Kubernetes 1.36+) shown as the group's Workload (the PodGroup's ``spec.workloadRef``) when
-the PodGroup is known, else the pod itself. A claim reserved for a PodGroup
-(``DRAWorkloadResourceClaims``) belongs to the group's pods, or to the group's Workload once
-they are gone. (Kubernetes 1.35's alpha ``spec.workloadRef`` of a pod is still read.) A claim
-whose pods are gone is grouped by its own controller (a pod's template claim: that pod; a
-PodGroup's: that group) or its name, and marked. :func:`group` is pure; :func:`read_cluster`
-asks the API server.
+claim → its pods (``status.reservedFor``, or a pod whose ``status.resourceClaimStatuses``,
+``spec.resourceClaims`` or ``status.extendedResourceClaimStatus`` name it) → the pod's
+controller (``ownerReferences``: a ReplicaSet's Deployment, a Job, a StatefulSet), else its
+PodGroup (``spec.schedulingGroup.podGroupName``, Kubernetes 1.36+) shown as the group's
+Workload (the PodGroup's ``spec.workloadRef``) when the PodGroup is known, else the pod
+itself. A claim reserved for a PodGroup (``DRAWorkloadResourceClaims``) belongs to the
+group's pods, or to the group's Workload once they are gone. (Kubernetes 1.35's alpha
+``spec.workloadRef`` of a pod is still read.) A claim whose pods are gone is grouped by its
+own controller (a pod's template claim: that pod; a PodGroup's: that group) or its name, and
+marked. :func:`group` is pure; :func:`read_cluster` asks the API server.
 """
 
 from __future__ import annotations
@@ -74,6 +74,11 @@ def _pod_claims(pod: Mapping[str, Any]) -> set[str]:
         for s in (pod.get("spec") or {}).get("resourceClaims") or []
         if s.get("resourceClaimName")
     }
+    bridged = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+        "resourceClaimName"
+    )  # the claim the scheduler made for nvidia.com/gpu (the extended-resource bridge)
+    if bridged:
+        names.add(str(bridged))
     return names
 
 

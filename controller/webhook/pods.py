@@ -13,15 +13,17 @@ same resource and count:
   or of ``mig.gpu.tranche.dev`` with a profile selector (MIG).
 
 Each container gets its own devices, as the device plugin and the bridge
-give them. Rewritten pods carry the label ``gpu.tranche.dev/legacy-rewritten=true``
-and the annotation of the same name (``c0:nvidia.com/gpu=2``); the templates are
-created after admission, for pods that exist (:mod:`controller.webhook.templates`).
+give them, except that an init container (no sidecar) reuses the claims of the
+containers that start after it (:func:`plan_claims`). Rewritten pods carry the label
+``gpu.tranche.dev/legacy-rewritten=true`` and the annotation of the same name naming
+the claims made (``c0:nvidia.com/gpu=2``); the templates are created after admission,
+for pods that exist (:mod:`controller.webhook.templates`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,6 +146,92 @@ def _container_counts(resources: Mapping[str, Any], field: str) -> dict[str, int
     return counts
 
 
+@dataclass(frozen=True)
+class Ask:
+    """One container's count of one legacy resource."""
+
+    slot: str  # the container's letter and index: "i0", "c1"
+    position: int  # over initContainers, then containers
+    short_lived: bool  # an init container that is no sidecar: it ends before the rest start
+    count: int
+
+
+def plan_claims(asks: Sequence[Ask]) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """The claims one legacy resource needs (by the slot naming each, with its count) and the
+    claims each container uses (slot to slots), as the bridge's scheduler plans its requests
+    (Kubernetes 1.37, ``createRequestsAndMappings``) and as the device plugin lets init
+    containers reuse devices. Every regular and sidecar container gets a claim of its own. An
+    init container that ends before them uses the claims of those that start after it, in
+    order, until they hold its count; what they lack comes from one claim that all such init
+    containers share (they run one after another), as large as the largest lack."""
+    claims: dict[str, int] = {}
+    uses: dict[str, list[str]] = {}
+    long_lived = [a for a in asks if not a.short_lived]
+    for a in long_lived:
+        claims[a.slot] = a.count
+        uses[a.slot] = [a.slot]
+    lacks: dict[str, int] = {}
+    for a in asks:
+        if not a.short_lived:
+            continue
+        held = 0
+        uses[a.slot] = []
+        for b in long_lived:
+            if b.position < a.position or held >= a.count:
+                continue
+            held += b.count
+            uses[a.slot].append(b.slot)
+        if held < a.count:
+            lacks[a.slot] = a.count - held
+    if lacks:
+        largest = max(lacks, key=lambda slot: lacks[slot])  # the first of the largest
+        claims[largest] = lacks[largest]
+        for slot in lacks:
+            uses[slot].append(largest)
+    return claims, uses
+
+
+@dataclass(frozen=True)
+class _Container:
+    key: str  # initContainers or containers
+    index: int
+    slot: str
+    position: int
+    short_lived: bool
+    resources: Mapping[str, Any]
+    counts: dict[str, int]
+
+
+def _containers(spec: Mapping[str, Any]) -> list[_Container]:
+    """The containers that ask for a legacy resource (a zero count included), in start order."""
+    found: list[_Container] = []
+    inits = _array(spec.get("initContainers"), "spec.initContainers")
+    for key, letter, offset in (("initContainers", "i", 0), ("containers", "c", len(inits))):
+        for index, item in enumerate(_array(spec.get(key), f"spec.{key}")):
+            field = f"spec.{key}[{index}].resources"
+            container = _object(item, f"spec.{key}[{index}]")
+            resources = _object(container.get("resources"), field)
+            counts = _container_counts(resources, field)
+            if counts:
+                sidecar = container.get("restartPolicy") == "Always"
+                short_lived = key == "initContainers" and not sidecar
+                slot = f"{letter}{index}"
+                found.append(
+                    _Container(key, index, slot, offset + index, short_lived, resources, counts)
+                )
+    return found
+
+
+def _asks(containers: Sequence[_Container]) -> dict[str, list[Ask]]:
+    """Per legacy resource, the non-zero counts of the containers in start order."""
+    asks: dict[str, list[Ask]] = {}
+    for c in containers:
+        for name, count in c.counts.items():
+            if count:
+                asks.setdefault(name, []).append(Ask(c.slot, c.position, c.short_lived, count))
+    return asks
+
+
 def mutate_pod(pod: Mapping[str, Any]) -> Mutation | None:
     """The rewrite of ``pod``; None when it asks for no legacy resource. PodRejected, naming
     the field, when it cannot be admitted as written (a field of the wrong JSON type too)."""
@@ -152,30 +240,29 @@ def mutate_pod(pod: Mapping[str, Any]) -> Mutation | None:
     existing = {
         _object(c, f"spec.resourceClaims[{i}]").get("name") for i, c in enumerate(old_claims)
     }
+    containers = _containers(spec)
+    plans = {name: plan_claims(asks) for name, asks in _asks(containers).items()}
     patch: list[Json] = []
     claims: list[Json] = list(old_claims)
     templates: dict[str, TemplateSpec] = {}
     notes: list[str] = []
-    for key, letter in (("initContainers", "i"), ("containers", "c")):
-        for index, item in enumerate(_array(spec.get(key), f"spec.{key}")):
-            field = f"spec.{key}[{index}].resources"
-            container = _object(item, f"spec.{key}[{index}]")
-            resources = _object(container.get("resources"), field)
-            counts = _container_counts(resources, field)
-            if not counts:
+    for c in containers:
+        field = f"spec.{c.key}[{c.index}].resources"
+        new_resources: Json = {
+            part: {k: v for k, v in (c.resources.get(part) or {}).items() if k not in c.counts}
+            for part in ("limits", "requests")
+        }
+        new_resources = {k: v for k, v in new_resources.items() if v}
+        container_claims = list(_array(c.resources.get("claims"), f"{field}.claims"))
+        for name in c.counts:
+            if name not in plans:
                 continue
-            new_resources: Json = {
-                part: {k: v for k, v in (resources.get(part) or {}).items() if k not in counts}
-                for part in ("limits", "requests")
-            }
-            new_resources = {k: v for k, v in new_resources.items() if v}
-            container_claims = list(_array(resources.get("claims"), f"{field}.claims"))
-            for name, count in counts.items():
-                if count == 0:
-                    continue
-                legacy = parse_legacy(name)
-                assert legacy is not None
-                claim_name = f"legacy-{letter}{index}-{_label(legacy.short_name)}"
+            legacy = parse_legacy(name)
+            assert legacy is not None
+            sized, uses = plans[name]
+            count = sized.get(c.slot)
+            if count is not None:
+                claim_name = _claim_name(c.slot, legacy)
                 if claim_name in existing:
                     raise PodRejected(
                         f"spec.resourceClaims: the pod already has a claim named {claim_name!r}, "
@@ -184,13 +271,13 @@ def mutate_pod(pod: Mapping[str, Any]) -> Mutation | None:
                 template = TemplateSpec(legacy, count)
                 templates[template.name] = template
                 claims.append({"name": claim_name, "resourceClaimTemplateName": template.name})
-                container_claims.append({"name": claim_name})
-                notes.append(f"{letter}{index}:{name}={count}")
-            if container_claims:
-                new_resources["claims"] = container_claims
-            patch.append(
-                {"op": "add", "path": f"/spec/{key}/{index}/resources", "value": new_resources}
-            )
+                notes.append(f"{c.slot}:{name}={count}")
+            container_claims += [{"name": _claim_name(s, legacy)} for s in uses.get(c.slot, [])]
+        if container_claims:
+            new_resources["claims"] = container_claims
+        patch.append(
+            {"op": "add", "path": f"/spec/{c.key}/{c.index}/resources", "value": new_resources}
+        )
     if not patch:
         return None
     if claims != old_claims:
@@ -201,6 +288,10 @@ def mutate_pod(pod: Mapping[str, Any]) -> Mutation | None:
     if templates:
         patch.append(_add_to_map(meta, "labels", LABEL_REWRITTEN, "true"))
     return Mutation(patch=tuple(patch), templates=tuple(templates.values()), summary=summary)
+
+
+def _claim_name(slot: str, legacy: LegacyResource) -> str:
+    return f"legacy-{slot}-{_label(legacy.short_name)}"
 
 
 def _add_to_map(meta: Mapping[str, Any], field: str, key: str, value: str) -> Json:

@@ -188,5 +188,7 @@ def check_no_device_plugin(node: Mapping[str, Any], resources: Iterable[str] | N
             f"node {name}: a device plugin advertises {', '.join(found)}; the extended-resource "
             "bridge cannot serve the same resource on the same node. Remove the NVIDIA device "
             "plugin from this node (or label the node so its DaemonSet skips it) before "
-            "starting Tranche's plugin there, or install the chart with bridge.enabled=false"
+            "starting Tranche's plugin there; both would hand out the same GPUs, with or "
+            "without the bridge. Only while migrating: --no-device-plugin-check (chart "
+            "kubeletPlugin.devicePluginCheck=false)"
         )

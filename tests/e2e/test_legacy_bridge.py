@@ -301,6 +301,42 @@ def test_fallback_webhook_rewrites_a_gpu_pod_into_a_claim_the_scheduler_allocate
     assert [t["metadata"]["name"] for t in templates] == ["tranche-legacy-gpu-2"]
 
 
+def test_fallback_webhook_gives_an_init_container_the_app_containers_gpu(
+    api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    legacy_controller: Controller,
+) -> None:
+    """One GPU in the init container and one in the app container are one GPU for the pod, as
+    with the device plugin: the API server takes both containers on one claim, which the
+    scheduler allocates with one device."""
+    node = make_node("legacy-init", {NODE_LABEL: "legacy-init"})
+    whole_gpu = docs(ROOT / "deploy/deviceclasses/whole-gpu.yaml")
+    with _classes(api, whole_gpu), publishing(api, node, _inventory("dgx-h100")):
+        body = _pod("legacy-init", node, {"main": {"nvidia.com/gpu": "1"}})
+        body["spec"]["initContainers"] = [
+            {"name": "check", "image": "registry.k8s.io/pause:3.10",
+             "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        ]  # fmt: skip
+        _create_pod(api, namespace, body)
+        pod = _get_pod(api, namespace, "legacy-init")
+        assert pod["spec"]["resourceClaims"] == [
+            {"name": "legacy-c0-gpu", "resourceClaimTemplateName": "tranche-legacy-gpu-1"}
+        ]
+        for key in ("initContainers", "containers"):
+            assert pod["spec"][key][0]["resources"]["claims"] == [{"name": "legacy-c0-gpu"}]
+        statuses = wait_for(
+            "the claim generated from the template",
+            lambda: _get_pod(api, namespace, "legacy-init")["status"].get("resourceClaimStatuses"),
+        )
+        claim_name = statuses[0]["resourceClaimName"]
+        results = wait_for(
+            f"claim {claim_name} to be allocated",
+            lambda: (_claim(api, namespace, claim_name).get("status") or {}).get("allocation"),
+        )["devices"]["results"]
+        assert len(results) == 1
+
+
 def test_a_legacy_request_in_a_dedicated_namespace_is_refused_with_the_policys_reason(
     trust_policy: client.ApiClient,
     tenant_namespace: Callable[..., str],

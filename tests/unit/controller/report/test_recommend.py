@@ -300,6 +300,29 @@ def test_owners_of_claims() -> None:
     assert got[("ml", "c-deploy")] == Owner("ml", "Deployment", "web")
 
 
+def test_a_finished_pods_bridge_claim_belongs_to_its_job() -> None:
+    """A pod asking for nvidia.com/gpu through the bridge names its claim only in
+    status.extendedResourceClaimStatus; once it finished, its claim lost reservedFor (or
+    was deleted), and the claim still belongs to the pod's Job, as a template's claim does."""
+    name = "train-x-extended-resources-k2x7q"
+    bridged = {
+        "metadata": meta("ml", "train-x", owner=("Job", "train")),
+        "spec": {},
+        "status": {
+            "phase": "Succeeded",
+            "extendedResourceClaimStatus": {
+                "resourceClaimName": name,
+                "requestMappings": [
+                    {"containerName": "main", "resourceName": "nvidia.com/gpu",
+                     "requestName": "container-0-request-0"}],
+            },
+        },
+    }  # fmt: skip
+    left = claim(name, owner=("Pod", "train-x"))
+    for cluster in (Cluster(pods=(bridged,), claims=(left,)), Cluster(pods=(bridged,))):
+        assert group([("ml", name)], cluster) == {("ml", name): Owner("ml", "Job", "train")}
+
+
 def test_owners_of_gang_pods_and_claims_reserved_for_their_podgroup() -> None:
     """Kubernetes 1.37: a pod names its PodGroup in spec.schedulingGroup; a claim declared on
     the PodGroup is reserved for the group (status.reservedFor podgroups), not its pods."""

@@ -17,6 +17,8 @@ from controller.webhook.pods import (
     templates_of,
 )
 
+GPU = "nvidia.com/gpu"
+
 
 def _apply(doc: dict[str, Any], patch: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     """A minimal RFC 6902 ``add`` (all the webhook emits)."""
@@ -68,13 +70,14 @@ def test_each_container_gets_its_own_claim_and_mig_keeps_the_mig_class() -> None
     pod = _pod(
         _c("a", {"nvidia.com/gpu": "1"}),
         _c("b", {"nvidia.com/mig-1g.10gb": "1"}),
-        init=(_c("warm", {"nvidia.com/gpu": "1"}),),
+        init=(_c("warm", {"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "1"}),),
     )
     m = mutate_pod(pod)
     assert m is not None
     out = _apply(pod, m.patch)
     names = [c["name"] for c in out["spec"]["resourceClaims"]]
-    assert names == ["legacy-i0-gpu", "legacy-c0-gpu", "legacy-c1-mig-1g-10gb"]
+    assert names == ["legacy-c0-gpu", "legacy-c1-mig-1g-10gb"]  # the init container reuses c0's
+    assert out["spec"]["initContainers"][0]["resources"] == {"claims": [{"name": "legacy-c0-gpu"}]}
     assert sorted(t.name for t in m.templates) == [
         "tranche-legacy-gpu-1", "tranche-legacy-mig-1g-10gb-1"]  # fmt: skip
     mig = next(t for t in m.templates if t.legacy.mig_profile)
@@ -82,6 +85,68 @@ def test_each_container_gets_its_own_claim_and_mig_keeps_the_mig_class() -> None
     assert exactly["deviceClassName"] == "mig.gpu.tranche.dev"
     assert '"1g.10gb"' in exactly["selectors"][0]["cel"]["expression"]
     assert "nvidia.com/mig-1g.10gb" not in json.dumps(out["spec"]["containers"][1]["resources"])
+
+
+def _sidecar(name: str, limits: dict[str, str]) -> dict[str, Any]:
+    return {**_c(name, limits), "restartPolicy": "Always"}
+
+
+def _claims(out: dict[str, Any]) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """The pod's legacy claims with their template's count, and each container's claims."""
+    counts = {
+        c["name"]: int(c["resourceClaimTemplateName"].rsplit("-", 1)[1])
+        for c in out["spec"].get("resourceClaims", [])
+    }
+    containers = out["spec"].get("initContainers", []) + out["spec"]["containers"]
+    uses = {c["name"]: [x["name"] for x in c["resources"].get("claims", [])] for c in containers}
+    return counts, uses
+
+
+@pytest.mark.parametrize(
+    ("init", "containers", "claims", "uses"),
+    [
+        # an init container's GPU is one of the app container's, as the device plugin and the
+        # 1.37 bridge give it: one GPU for the pod, not two (a 1-GPU node fits it)
+        ([_c("check", {GPU: "1"})], [_c("main", {GPU: "1"})],
+         {"legacy-c0-gpu": 1}, {"check": ["legacy-c0-gpu"], "main": ["legacy-c0-gpu"]}),
+        # it takes the later containers' claims in order until they hold its count
+        ([_c("check", {GPU: "2"})], [_c("a", {GPU: "1"}), _c("b", {GPU: "1"})],
+         {"legacy-c0-gpu": 1, "legacy-c1-gpu": 1},
+         {"check": ["legacy-c0-gpu", "legacy-c1-gpu"], "a": ["legacy-c0-gpu"],
+          "b": ["legacy-c1-gpu"]}),
+        # what they lack comes from one claim the init containers share, the largest lack
+        ([_c("x", {GPU: "3"}), _c("y", {GPU: "2"})], [_c("main", {GPU: "1"})],
+         {"legacy-i0-gpu": 2, "legacy-c0-gpu": 1},
+         {"x": ["legacy-c0-gpu", "legacy-i0-gpu"], "y": ["legacy-c0-gpu", "legacy-i0-gpu"],
+          "main": ["legacy-c0-gpu"]}),
+        # an init container alone keeps its own claim
+        ([_c("warm", {GPU: "2"})], [_c("main", {"cpu": "1"})],
+         {"legacy-i0-gpu": 2}, {"warm": ["legacy-i0-gpu"], "main": []}),
+        # a sidecar runs beside the others: a claim of its own, reusable only by the init
+        # containers before it
+        ([_sidecar("log", {GPU: "1"}), _c("late", {GPU: "1"})], [_c("main", {GPU: "1"})],
+         {"legacy-i0-gpu": 1, "legacy-c0-gpu": 1},
+         {"log": ["legacy-i0-gpu"], "late": ["legacy-c0-gpu"], "main": ["legacy-c0-gpu"]}),
+        ([_c("early", {GPU: "1"}), _sidecar("log", {GPU: "1"})], [_c("main", {"cpu": "1"})],
+         {"legacy-i1-gpu": 1}, {"early": ["legacy-i1-gpu"], "log": ["legacy-i1-gpu"], "main": []}),
+    ],
+)  # fmt: skip
+def test_init_containers_reuse_the_devices_of_the_containers_after_them(
+    init: list[dict[str, Any]],
+    containers: list[dict[str, Any]],
+    claims: dict[str, int],
+    uses: dict[str, list[str]],
+) -> None:
+    pod = _pod(*containers, init=tuple(init))
+    m = mutate_pod(pod)
+    assert m is not None
+    out = _apply(pod, m.patch)
+    assert _claims(out) == (claims, uses)
+    summary = out["metadata"]["annotations"][ANNOTATION_REWRITTEN]
+    assert {(t.name, t.count) for t in templates_of(summary)} == {
+        (f"tranche-legacy-gpu-{n}", n) for n in claims.values()
+    }
+    assert GPU not in json.dumps(out["spec"])
 
 
 def test_pods_without_legacy_resources_are_left_alone() -> None:

@@ -31,6 +31,9 @@ def test_a_device_plugin_advertising_gpus_is_refused_with_node_field_and_quantit
     assert "node gpu-node-7" in msg
     assert "status.allocatable[nvidia.com/gpu]=8" in msg
     assert "device plugin" in msg
+    # the remedy it names works: the check is its own switch, on whatever bridge.enabled says
+    assert "kubeletPlugin.devicePluginCheck=false" in msg and "--no-device-plugin-check" in msg
+    assert "bridge.enabled" not in msg
 
 
 def test_mig_resources_of_the_mixed_strategy_are_refused_too() -> None:
