@@ -316,6 +316,13 @@ class Metrics:
             "Devices in this node's ResourceSlices now.",
             registry=registry,
         )
+        self._unpublished_shares = Gauge(
+            "tranche_unpublished_share_devices",
+            "Share devices left out of this node's ResourceSlices to stay within the API "
+            "server's per-slice limits (Kubernetes 1.34); the log line and Node Event name "
+            "the GPU and sharing groups.",
+            registry=registry,
+        )
         self._unavailable = Gauge(
             "tranche_feature_unavailable",
             "1 for each feature the plugin cannot use on this API server (found by discovery "
@@ -371,6 +378,9 @@ class Metrics:
 
     def set_published_devices(self, count: int) -> None:
         self._published.set(count)
+
+    def set_unpublished_share_devices(self, count: int) -> None:
+        self._unpublished_shares.set(count)
 
     def set_features_unavailable(self, known: Iterable[str], unavailable: Iterable[str]) -> None:
         """Set ``tranche_feature_unavailable``: 1 for each of ``unavailable``, 0 for the rest

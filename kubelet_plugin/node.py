@@ -25,6 +25,7 @@ from driver.checkpoint.records import ClaimRecord
 from driver.checkpoint.store import Checkpoint, CheckpointData
 from driver.devices.bridge import check_no_device_plugin
 from driver.devices.inventory import build_inventory
+from driver.devices.slice_fit import left_out_groups
 from driver.devices.slices import MAX_TAINTS, build_slices
 from driver.errors import ApiUnavailable, error_reason
 from driver.faults import FaultPoints
@@ -53,6 +54,7 @@ from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import DRAIN_S, PluginServer
 from kubelet_plugin.health_events import HealthEvents
+from kubelet_plugin.left_out_shares import LeftOutShares
 from kubelet_plugin.measured_driver import MeasuredDriver
 from kubelet_plugin.memory import release_freed_memory, settle_after_start
 from kubelet_plugin.namespace_cache import WatchedNamespaces
@@ -279,6 +281,8 @@ class NodePlugin:
             target=self._sample_loop, name="usage-sampler", daemon=True
         )
         self._published_devices = 0
+        self._unpublished_shares = 0
+        self._left_out_shares = LeftOutShares(settings.node_name, self._node_event)
         self.recovery: RecoveryReport | None = None
 
     # ----- slices ---------------------------------------------------------------------------
@@ -308,6 +312,8 @@ class NodePlugin:
                 for name, ts in taints.items()
                 if (kept := [t for t in ts if t["effect"] != "None"])
             }
+        layout = features.slice_layout if features else "split"
+        limit = features.max_slice_device_counters if features else None
         slices = build_slices(
             self.inventory,
             self.settings.node_name,
@@ -319,15 +325,21 @@ class NodePlugin:
                 if self.settings.dedicated_to
                 else None
             ),
-            layout=features.slice_layout if features else "split",
+            layout=layout,
             max_taints=features.max_device_taints if features else MAX_TAINTS,
+            max_slice_counters=limit,
         )
         self._published_devices = sum(len(s["spec"].get("devices", [])) for s in slices)
+        # Only the 1.34 layout leaves shares out for its limits (without counters, "none",
+        # none is published at all, as discovery logged)
+        left_out = left_out_groups(extra, slices) if layout == "combined" else {}
+        self._unpublished_shares = self._left_out_shares.update(extra, left_out, limit)
         return slices
 
     def republish(self) -> None:
         self.publisher.update(self.desired_slices())
         self.metrics.set_published_devices(self._published_devices)
+        self.metrics.set_unpublished_share_devices(self._unpublished_shares)
 
     def _on_publish(self, name: str) -> None:
         if name in ("sync_error", "field_dropped"):

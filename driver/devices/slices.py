@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from driver.devices.inventory import GpuDevice, Inventory, MigDevice
+from driver.devices.slice_fit import fit_devices
 from driver.errors import ConfigError
 from driver.nvml.types import GpuInfo, MigProfile
 
@@ -363,6 +364,7 @@ def build_slices(
     common_attributes: Mapping[str, Json] | None = None,
     layout: SliceLayout = "split",
     max_taints: int = MAX_TAINTS,
+    max_slice_counters: int | None = None,
 ) -> list[Json]:
     """The ResourceSlices of ``inventory`` for ``node_name``.
 
@@ -379,6 +381,11 @@ def build_slices(
     ``max_taints`` is the number of taints the API server accepts per device (16; 4 in
     Kubernetes 1.34): a device with more keeps those of the strongest effects
     (:func:`strongest_taints`) instead of the server refusing the whole slice.
+    ``max_slice_counters`` is the number of counters the devices of one slice may consume
+    together (1024 in Kubernetes 1.34, no limit from 1.35): in the ``combined`` layout a
+    GPU whose slice would exceed it, or the device limit, keeps its whole GPU and MIG slots
+    and leaves out whole sharing groups of its extra devices (:mod:`driver.devices.slice_fit`
+    says which) instead of the server refusing the whole slice.
     """
     if layout not in LAYOUTS:
         raise ConfigError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
@@ -396,6 +403,7 @@ def build_slices(
 
     counter_sets: list[Json] = []
     device_groups: list[tuple[str, list[Json]]] = []
+    extra_names = {str(d["name"]) for ds in extra_devices.values() for d in ds}
     for gpu in inventory.gpus:
         migs = inventory.migs_of(gpu.name)
         extras = [dict(d) for d in extra_devices.get(gpu.name, ())]
@@ -436,7 +444,10 @@ def build_slices(
     if layout == "combined":
         plain: list[Json] = []
         sets = {c["name"]: c for c in counter_sets}
-        for gpu_name, devices in device_groups:
+        for gpu_name, all_devices in device_groups:
+            devices, _ = fit_devices(
+                all_devices, extra_names, max_devices=MAX_DEVICES, max_counters=max_slice_counters
+            )
             if len(devices) > MAX_DEVICES:
                 raise ConfigError(
                     f"{gpu_name}: {len(devices)} devices, more than the {MAX_DEVICES} one "

@@ -84,6 +84,9 @@ class ServerFeatures:
     max_device_taints: int = 16
     # Device taints may have effect "None" (1.35+; 1.34 refuses the slice)
     taint_effect_none: bool = True
+    # Counters the devices of one slice may consume together
+    # (ResourceSliceMaxDeviceCountersPerSlice): 1024 in 1.34, no such limit from 1.35
+    max_slice_device_counters: int | None = None
 
     def log_lines(self) -> list[str]:
         return [f"feature unavailable feature={k} loss={v!r}" for k, v in self.unavailable.items()]
@@ -125,6 +128,18 @@ def max_device_taints(version_doc: Json) -> int:
     return (
         DEVICE_TAINTS_MAX if version is not None and version >= (1, 35) else DEVICE_TAINTS_MAX_1_34
     )
+
+
+# ResourceSliceMaxDeviceCountersPerSlice of resource.k8s.io/v1 in k8s.io/api v0.34; 1.35
+# moved counters into slices of their own and dropped the per-slice sum.
+DEVICE_COUNTERS_PER_SLICE_1_34 = 1024
+
+
+def max_slice_device_counters(version_doc: Json) -> int | None:
+    """Counters the devices of one slice may consume together: None (no limit) from 1.35;
+    1.34's limit when the version cannot be read, which every server accepts."""
+    version = _minor_version(version_doc)
+    return None if version is not None and version >= (1, 35) else DEVICE_COUNTERS_PER_SLICE_1_34
 
 
 def taint_effect_none(version_doc: Json) -> bool:
@@ -182,6 +197,7 @@ def decide(
         unavailable=unavailable,
         max_device_taints=max_device_taints(version_doc),
         taint_effect_none=taint_effect_none(version_doc),
+        max_slice_device_counters=max_slice_device_counters(version_doc),
     )
 
 

@@ -1,8 +1,10 @@
 """The plugin adapts to the API server it finds (discovery at start), on every version of
-the matrix: the slice layout the server accepts and the DeviceTaintRule version it serves."""
+the matrix: the slice layout the server accepts, its slice limits and the DeviceTaintRule
+version it serves."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -39,8 +41,15 @@ def test_discovery_finds_the_layout_and_taint_rule_version_of_this_server(
 def test_the_plugin_publishes_mig_placements_in_the_layout_it_discovered(
     sim_node: Callable[..., PluginNode], k8s_version: str
 ) -> None:
+    """With 30 sharing groups as well: on 1.34 each H100's slice (dynamic MIG, time-slicing
+    and MPS) would consume more than the 1024 counters the server allows per slice, and the
+    server refused every GPU's slice; now the groups that do not fit are left out and said."""
     layout, rules = EXPECTED[k8s_version]
-    pn = sim_node(profile="dgx-h100", extra_args=DYNAMIC_MIG_ARGS)
+    groups = [f"team-{i:02d}" for i in range(30)]
+    pn = sim_node(
+        profile="dgx-h100",
+        extra_args=(*DYNAMIC_MIG_ARGS, "--sharing", json.dumps({"groups": groups})),
+    )
     line = wait_for(
         "the plugin's discovery log line",
         lambda: next(
@@ -74,3 +83,19 @@ def test_the_plugin_publishes_mig_placements_in_the_layout_it_discovered(
     assert migs and all(d.get("consumesCounters") for d in migs)
     together = [s for s in slices if "sharedCounters" in s["spec"] and "devices" in s["spec"]]
     assert bool(together) == (layout == "combined")
+    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    shares = {d["name"] for d in devices if "-ts-" in d["name"]}
+    gpus = {
+        d["name"]
+        for d in devices
+        if d["attributes"]["type"]["string"] == "gpu" and not d.get("allowMultipleAllocations")
+    }
+    kept = {name.rsplit("-ts-", 1)[1] for name in shares}
+    left_out = [
+        x for x in pn.node.log_path.read_text().splitlines() if "share devices left out" in x
+    ]
+    if k8s_version == "1.34":  # 1024 counters per slice: 27 groups fit beside dynamic MIG
+        assert kept == set(groups[:27]) and len(shares) == 27 * len(gpus)
+        assert len(left_out) == len(gpus) and "groups=team-27,team-28,team-29" in left_out[0]
+    else:
+        assert kept == set(groups) and not left_out

@@ -11,6 +11,7 @@ from driver.devices.inventory import AdvertiseConfig
 from driver.kube.http import KubeClient
 from driver.metrics import Metrics
 from driver.nvml.sim import create_state, open_simulated
+from driver.sharing import SharingConfig
 from kubelet_plugin.node import NodePlugin
 from kubelet_plugin.settings import PluginSettings
 
@@ -20,6 +21,8 @@ def sim_plugin(
     kube: KubeClient,
     node: str = "node-a",
     advertise: AdvertiseConfig | None = None,
+    sharing: SharingConfig | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> NodePlugin:
     create_state("dgx-h100", tmp_path / "sim.json")
     settings = PluginSettings(
@@ -30,8 +33,9 @@ def sim_plugin(
         cdi_root=tmp_path / "cdi",
         state_dir=tmp_path / "state",
         sim_state=tmp_path / "sim.json",
+        sharing=sharing or SharingConfig(),
     )
-    registry = CollectorRegistry()
+    registry = registry or CollectorRegistry()
     return NodePlugin(
         settings, kube, open_simulated(tmp_path / "sim.json"), registry, Metrics(registry)
     )

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from driver.devices.inventory import DYNAMIC_MIG
 from driver.kube.http import RawAnswer
 from driver.nvml.types import XidEvent
+from driver.sharing import SharingConfig
 from tests.unit.kubelet_plugin.sim_plugin import sim_plugin
 from tests.unit.kubelet_plugin.slice_api import SliceApi, answer
 
@@ -84,10 +88,17 @@ def server_1_34(api: SliceApi) -> None:
 
 
 def refused_by_1_34(slices: list[dict[str, Any]]) -> list[str]:
-    """What the 1.34 API server's validation refuses in these slices (taints only):
-    ``DeviceTaintsMaxLength`` was 4, and the only effects were NoSchedule and NoExecute."""
+    """What the 1.34 API server's validation refuses in these slices (taints and slice
+    sizes): ``DeviceTaintsMaxLength`` was 4, the only effects were NoSchedule and NoExecute,
+    and a slice held at most 128 devices consuming at most 1024 counters together."""
     errors = []
     for s in slices:
+        devices = s["spec"].get("devices", [])
+        counters = sum(len(c["counters"]) for d in devices for c in d.get("consumesCounters", []))
+        if counters > 1024:
+            errors.append(f"{s['metadata']['name']}.devices: Invalid value: {counters}")
+        if len(devices) > 128:
+            errors.append(f"{s['metadata']['name']}.devices: Too many: {len(devices)}")
         for d in s["spec"].get("devices", []):
             taints = d.get("taints", [])
             if len(taints) > 4:
@@ -150,3 +161,50 @@ def test_informational_taints_are_left_out_where_the_server_refuses_them(
         assert effects == ["NoExecute"]
     else:
         assert effects == ["NoExecute", "None"]
+
+
+def test_many_sharing_groups_leave_out_the_shares_that_do_not_fit_on_kubernetes_1_34(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An H100 with dynamic MIG and 30 sharing groups (time-slicing and MPS) consumed more
+    than the 1024 counters 1.34 allows per slice, and the server refused every GPU's slice.
+    Now the groups that do not fit are left out, and the node says so once."""
+    api = SliceApi()
+    server_1_34(api)
+    groups = tuple(f"team-{i:02d}" for i in range(30))
+    registry = CollectorRegistry()
+    plugin = sim_plugin(
+        tmp_path,
+        api,
+        advertise=DYNAMIC_MIG,
+        sharing=SharingConfig(groups=groups),
+        registry=registry,
+    )
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(
+        plugin.events,
+        "record",
+        lambda _obj, kind, reason, message: events.append((kind, reason, message)),
+    )
+    try:
+        features = plugin.discover_features()
+    finally:
+        api.close()
+    assert features.max_slice_device_counters == 1024
+    with caplog.at_level(logging.WARNING):
+        plugin.republish()
+        slices = plugin.desired_slices()  # a second build changes nothing: nothing said again
+    assert refused_by_1_34(slices) == []
+    names = {d["name"] for s in slices for d in s["spec"].get("devices", [])}
+    gpus = plugin.inventory.gpus
+    for gpu in gpus:
+        assert set(plugin.inventory.devices_on(gpu.name)) <= names
+        assert f"{gpu.name}-mps-team-26" in names and f"{gpu.name}-ts-team-26" in names
+        assert f"{gpu.name}-ts-team-27" not in names
+    lines = [r.getMessage() for r in caplog.records if "share devices left out" in r.getMessage()]
+    assert len(lines) == len(gpus)
+    assert f"gpu={gpus[0].name} groups=team-27,team-28,team-29 limit=1024" in lines[0]
+    assert [(k, r) for k, r, _ in events] == [("Warning", "SharesNotPublished")] * len(gpus)
+    assert "team-27, team-28, team-29" in events[0][2]
+    left_out = registry.get_sample_value("tranche_unpublished_share_devices")
+    assert left_out == 3 * 2 * len(gpus)  # three groups, two mechanisms, every GPU

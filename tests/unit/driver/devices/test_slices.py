@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from driver.devices.inventory import DYNAMIC_MIG, AdvertiseConfig, build_inventory
+from driver.devices.slice_fit import left_out_groups
 from driver.devices.slices import (
     MAX_COUNTER_SETS,
     build_slices,
@@ -357,6 +358,46 @@ def test_kubernetes_134_layout_keeps_gpus_without_counters_together() -> None:
     (together,) = plain
     assert sorted(d["name"] for d in together["spec"]["devices"]) == [g.name for g in inv.gpus[1:]]
     assert _by_name(combined) == _by_name(build_slices(inv, NODE))
+
+
+def _slice_counters(s: dict[str, Any]) -> int:
+    """The counters the devices of a slice consume together, as 1.34's validation sums
+    them (``ResourceSliceMaxDeviceCountersPerSlice``, 1024)."""
+    devices = s["spec"].get("devices", [])
+    return sum(len(c["counters"]) for d in devices for c in d.get("consumesCounters", []))
+
+
+GROUPS_30 = tuple(f"team-{i:02d}" for i in range(30))
+
+
+def test_kubernetes_134_layout_leaves_out_whole_sharing_groups_over_the_counter_limit() -> None:
+    """An H100 with dynamic MIG and both share mechanisms passed 1024 counters at 28 sharing
+    groups; 1.34 then refused the GPU's whole slice. The whole GPU and its MIG slots stay,
+    the groups that fit stay (in sorted order, both mechanisms of a group together), the
+    rest are left out."""
+    inv = build_inventory([h100(0), h100(1)], SYSTEM, DYNAMIC_MIG)
+    shares = share_devices(inv, SharingConfig(groups=GROUPS_30))
+    uncapped = build_slices(inv, NODE, layout="combined", extra_devices=shares)
+    assert max(_slice_counters(s) for s in uncapped) > 1024  # what 1.34 refused
+    slices = build_slices(
+        inv, NODE, layout="combined", extra_devices=shares, max_slice_counters=1024
+    )
+    assert all(_slice_counters(s) <= 1024 for s in slices)
+    names = set(_by_name(slices))
+    for gpu in inv.gpus:
+        assert set(inv.devices_on(gpu.name)) <= names  # the whole GPU and its MIG slots
+        own = shares[gpu.name]
+        kept = sorted(d["attributes"]["sharingGroup"]["string"] for d in own if d["name"] in names)
+        assert kept == sorted([*GROUPS_30[:27]] * 2)  # 27 groups, time-slicing and MPS
+    assert left_out_groups(shares, slices) == {g.name: GROUPS_30[27:] for g in inv.gpus}
+    # the order of the groups in the settings does not matter
+    reversed_shares = share_devices(inv, SharingConfig(groups=GROUPS_30[::-1]))
+    again = build_slices(
+        inv, NODE, layout="combined", extra_devices=reversed_shares, max_slice_counters=1024
+    )
+    assert set(_by_name(again)) == names
+    # 1.35+ (split layout, no per-slice sum): every group is published
+    assert left_out_groups(shares, build_slices(inv, NODE, extra_devices=shares)) == {}
 
 
 def test_without_partitionable_devices_only_non_overlapping_devices_are_published() -> None:

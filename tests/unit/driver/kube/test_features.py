@@ -73,6 +73,7 @@ def test_recorded_servers_give_the_layout_and_taint_rule_version_they_accept(ser
     assert f.server_version.startswith("v" + server.split("-", maxsplit=1)[0])
     assert f.max_device_taints == (4 if server.startswith("1.34") else 16)
     assert f.taint_effect_none == (not server.startswith("1.34"))
+    assert f.max_slice_device_counters == (1024 if server.startswith("1.34") else None)
 
 
 def test_a_server_with_dra_gates_off_says_what_users_lose() -> None:
@@ -124,6 +125,23 @@ def test_the_device_taint_limit_follows_the_server_version(
     version: dict[str, str], limit: int
 ) -> None:
     assert decide(version, {}, None).max_device_taints == limit
+
+
+@pytest.mark.parametrize(
+    ("version", "limit"),
+    [
+        ({"major": "1", "minor": "34+", "gitVersion": "v1.34.4-gke.1"}, 1024),
+        ({"major": "1", "minor": "35"}, None),
+        ({"gitVersion": "v1.37.2"}, None),
+        ({}, 1024),  # unknown: the 1.34 limit, which every server accepts
+    ],
+)
+def test_the_per_slice_counter_limit_exists_on_kubernetes_1_34_only(
+    version: dict[str, str], limit: int | None
+) -> None:
+    """1.34 refuses a slice whose devices consume more than 1024 counters together
+    (ResourceSliceMaxDeviceCountersPerSlice); 1.35 moved counters out and dropped it."""
+    assert decide(version, {}, None).max_slice_device_counters == limit
 
 
 def test_probe_answers_are_classified() -> None:
