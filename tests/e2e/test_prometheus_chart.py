@@ -69,10 +69,10 @@ def test_service_monitor_names_the_job_the_alerts_select(helm: str) -> None:
     selected = {
         s["metadata"]["name"]: s["metadata"]["labels"].get(key)
         for s in _kind(objs, "Service")
-        if wanted <= s["metadata"]["labels"].items() and any(
-            p["name"] == "metrics" for p in s["spec"]["ports"]
-        )
+        if wanted <= s["metadata"]["labels"].items()
+        and any(p["name"] == "metrics" for p in s["spec"]["ports"])
     }
     assert selected == {
-        service["metadata"]["name"]: JOB, "tranche-controller": "tranche-controller"
+        service["metadata"]["name"]: JOB,
+        "tranche-controller": "tranche-controller",
     }, selected
