@@ -128,6 +128,7 @@ class SharingNode:
             faults=faults,
             cgroups=config.mps_cgroups,
             shared_shm=mps_shm.resolve(config.mps_shared_shm),
+            gpus=[g.uuid for g in inventory.gpus],
         )
         self.supervisor = MpsSupervisor(self.daemons, config.mps_check_interval_s)
         gpus = [g.uuid for g in inventory.gpus if g.advertised]

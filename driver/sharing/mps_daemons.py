@@ -19,7 +19,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -88,8 +88,22 @@ class DaemonSpec:
         )
 
 
+class RecordError(ValueError):
+    """A daemon's record that cannot be read; ``field`` names what is wrong (None: the file
+    as a whole)."""
+
+    def __init__(self, field: str | None, why: str) -> None:
+        super().__init__(why)
+        self.field = field
+
+
 class MpsDaemons:
-    """Starts, stops, finds and restarts the MPS control daemons of one node."""
+    """Starts, stops, finds and restarts the MPS control daemons of one node.
+
+    ``gpus``: the node's GPU UUIDs. A whole-GPU daemon is keyed by its GPU's UUID, so a daemon
+    of one of them whose record cannot be read is still known to have set that GPU's compute
+    mode, and stopping it sets ``Default`` again.
+    """
 
     def __init__(
         self,
@@ -102,8 +116,10 @@ class MpsDaemons:
         environ: Mapping[str, str] | None = None,
         cgroups: Sequence[Path] = (),
         shared_shm: bool = False,
+        gpus: Collection[str] = (),
     ) -> None:
         self.binary = binary
+        self._gpus = frozenset(gpus)
         self.cgroups = tuple(cgroups)
         self.shared_shm = shared_shm  # mps_shm: the daemon's /dev/shm shared with its clients
         self.root = root
@@ -172,13 +188,20 @@ class MpsDaemons:
             return out
         for path in sorted(self.root.glob(f"*/{RECORD}")):
             try:
-                raw = json.loads(path.read_text())
-                spec = DaemonSpec.from_json(raw["spec"])
-                pgid = raw.get("pgid")
-                out[spec.key] = (spec, int(pgid) if isinstance(pgid, int) else None)
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                log.error("mps record unreadable path=%s error=%s", path, e)
+                spec, pgid = read_record(path)
+            except RecordError as e:
+                field = e.field or "-"
+                log.error("mps record unreadable path=%s field=%s error=%s", path, field, e)
+                continue
+            out[spec.key] = (spec, pgid)
         return out
+
+    def _unrecorded(self, key: str) -> DaemonSpec:
+        """What is known of the daemon of ``key`` without its record: whether it is a whole
+        GPU's that may have set the compute mode (its key one of the node's GPUs, and its
+        directory there: made before the mode is set, removed once it is restored)."""
+        whole = key in self._gpus and self.dir(key).exists()
+        return DaemonSpec(key=key, uuid=key, gpu_uuid=key if whole else "", whole_gpu=whole)
 
     def _write_record(
         self,
@@ -383,9 +406,12 @@ class MpsDaemons:
 
     def control(self, key: str, commands: Sequence[str]) -> None:
         """Send control commands to the daemon of ``key`` (``nvidia-cuda-mps-control`` stdin)."""
+        self._send(self.records()[key][0], commands)
+
+    def _send(self, spec: DaemonSpec, commands: Sequence[str]) -> None:
         if not commands:
             return
-        spec = self.records()[key][0]
+        key = spec.key
         try:
             done = subprocess.run(
                 [self.binary],
@@ -404,13 +430,21 @@ class MpsDaemons:
             )
 
     def stop(self, key: str) -> None:
-        """Quit the daemon, kill what is left of it, restore the compute mode; idempotent."""
+        """Quit the daemon, kill what is left of it, restore the compute mode; idempotent.
+        Without a readable record the daemon is known by its key (:meth:`_unrecorded`)."""
         with self._lock:
             record = self.records().get(key)
+            spec = record[0] if record is not None else self._unrecorded(key)
+            if record is None and self.dir(key).exists():
+                log.warning(
+                    "mps daemon stopped without its record key=%s whole_gpu=%s",
+                    key,
+                    spec.whole_gpu,
+                )
             seen = self.running(key)
-            if record is not None and (seen or self.answers(record[0])):
+            if seen or self.answers(spec):
                 try:
-                    self.control(key, ["quit"])
+                    self._send(spec, ["quit"])
                 except ClaimError as e:
                     log.warning("mps quit failed key=%s error=%s; killing", key, e)
                 deadline = time.monotonic() + 5.0
@@ -421,10 +455,7 @@ class MpsDaemons:
                 ) and time.monotonic() < deadline:
                     time.sleep(0.05)
             self._kill(key, record[1] if record else None)
-            if record is not None:
-                self._cleanup(record[0])
-            else:
-                shutil.rmtree(self.dir(key), ignore_errors=True)
+            self._cleanup(spec)
             self._known.discard(key)
             log.info("mps daemon stopped key=%s", key)
 
@@ -462,17 +493,47 @@ class MpsDaemons:
     # recovery and supervision -----------------------------------------------------------------
 
     def sweep(self, keep: set[str]) -> list[str]:
-        """Stop every daemon (recorded or only marked) whose key is not in ``keep``."""
-        keys = set(self.records())
-        for pid in self.processes():
-            key = proc_marks(pid).get(MARK_KEY)
-            if key:
-                keys.add(key)
-        stopped = []
-        for key in sorted(keys - keep):
-            self.stop(key)
-            stopped.append(key)
-        return stopped
+        """Stop every daemon (recorded, only marked, or in a directory whose record cannot
+        be read) whose key is not in ``keep``.
+
+        A directory without a readable record is known by its name, the hash of its key,
+        among the keys in ``keep``, the marked processes' and the node's GPUs': one of a key
+        in ``keep`` is left serving; one of no known key is left and logged (a MIG device's
+        daemon, which set no compute mode, that no process here shows).
+        """
+        with self._lock:
+            recorded = self.records()
+            keys = set(recorded)
+            for pid in self.processes():
+                key = proc_marks(pid).get(MARK_KEY)
+                if key:
+                    keys.add(key)
+            known = {self.dir(k): k for k in keep | keys | self._gpus}
+            for path in self._unrecorded_dirs(recorded):
+                key = known.get(path)
+                if key is None:
+                    log.warning("mps daemon directory without a readable record kept dir=%s", path)
+                elif key in keep:
+                    log.warning(
+                        "mps daemon without a readable record kept for its claims key=%s dir=%s",
+                        key,
+                        path,
+                    )
+                else:
+                    keys.add(key)
+            stopped = []
+            for key in sorted(keys - keep):
+                self.stop(key)
+                stopped.append(key)
+            return stopped
+
+    def _unrecorded_dirs(self, recorded: Collection[str]) -> list[Path]:
+        """The daemon directories of no key in ``recorded``: their record is missing (a crash
+        before it was written) or cannot be read."""
+        if not self.root.is_dir():
+            return []
+        mine = {self.dir(k) for k in recorded}
+        return [p for p in sorted(self.root.iterdir()) if p.is_dir() and p not in mine]
 
     def restart_dead(self) -> list[str]:
         """Restart every recorded daemon that is not running, adopt those another process
@@ -541,6 +602,29 @@ def _default_commands(mps: MpsConfig) -> list[str]:
         limit = mib(mps.default_pinned_device_memory_limit)
         out.append(f"set_default_device_pinned_mem_limit 0 {limit}")
     return out
+
+
+def read_record(path: Path) -> tuple[DaemonSpec, int | None]:
+    """The spec and process group of the record at ``path``; :class:`RecordError` naming the
+    field that is wrong."""
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as e:
+        raise RecordError(None, f"cannot be read: {e.strerror or e}") from e
+    except ValueError as e:
+        raise RecordError(None, f"not JSON: {e}") from e
+    spec = raw.get("spec") if isinstance(raw, dict) else None
+    if not isinstance(spec, dict):
+        raise RecordError("spec", "missing or not an object")
+    for field in ("key", "uuid", "gpu_uuid", "whole_gpu"):
+        if field not in spec:
+            raise RecordError(f"spec.{field}", "missing")
+    try:
+        parsed = DaemonSpec.from_json(spec)
+    except ValueError as e:
+        raise RecordError("spec.defaults", str(e)) from e
+    pgid = raw.get("pgid")
+    return parsed, int(pgid) if isinstance(pgid, int) else None
 
 
 def _shm_in(record: dict[str, object]) -> Path | None:
