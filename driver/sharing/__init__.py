@@ -33,8 +33,9 @@ from driver.sharing.mig import (
     standard_mig_minors,
 )
 from driver.sharing.mps import MpsHandler
-from driver.sharing.mps_daemons import MpsDaemons, MpsSupervisor
+from driver.sharing.mps_daemons import MpsDaemons
 from driver.sharing.mps_limits import MpsMemoryLimits
+from driver.sharing.mps_supervisor import MpsSupervisor
 from driver.sharing.settings import DEFAULT_MIG_MINORS, SharingConfig, parse_sharing
 
 __all__ = [

@@ -20,7 +20,8 @@ from driver.errors import ClaimError, ConfigError
 from driver.nvml.sim import SimControl, SimStore, create_state, open_simulated
 from driver.nvml.sim.driver_root import write_mps_control
 from driver.sharing import SharingNode
-from driver.sharing.mps_daemons import DaemonSpec, MpsDaemons
+from driver.sharing.mps_daemons import MpsDaemons
+from driver.sharing.mps_records import DaemonSpec
 from driver.sharing.mps_shm import resolve
 from tests.unit.claim_values import claim, config, ref_of, result
 from tests.unit.sharing_node import CONFIG, require_shared_shm, sharing_state
@@ -497,7 +498,8 @@ import ctypes, json, os, signal, sys, time
 from pathlib import Path
 from driver.nvml.sim import create_state, open_simulated
 from driver.nvml.sim.driver_root import write_mps_control
-from driver.sharing.mps_daemons import DaemonSpec, MpsDaemons
+from driver.sharing.mps_daemons import MpsDaemons
+from driver.sharing.mps_records import DaemonSpec
 
 PR_SET_CHILD_SUBREAPER = 36
 assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
