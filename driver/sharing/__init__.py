@@ -21,17 +21,11 @@ from driver.prepare.steps import Guard, StepHandler, TimeSliceHandler, exclusivi
 from driver.prepare.timeslice_guard import timeslice_guard
 from driver.prepare.timeslice_journal import TimeSliceJournal
 from driver.sharing import mps_shm
+from driver.sharing.attach import AttachMigHandler, MigCaps, WholeGpuHandler, standard_mig_minors
 from driver.sharing.devices import mps_memory_enforced, share_devices, share_targets
 from driver.sharing.guard import ModeGuard
-from driver.sharing.mig import (
-    AttachMigHandler,
-    CreateMigHandler,
-    MigCaps,
-    MigJournal,
-    WholeGpuHandler,
-    journal_mig_uuids,
-    standard_mig_minors,
-)
+from driver.sharing.mig import CreateMigHandler
+from driver.sharing.mig_journal import MigJournal, journal_mig_uuids
 from driver.sharing.mps import MpsHandler
 from driver.sharing.mps_daemons import MpsDaemons
 from driver.sharing.mps_limits import MpsMemoryLimits
