@@ -21,20 +21,15 @@ from driver.prepare.steps import Guard, StepHandler, TimeSliceHandler, exclusivi
 from driver.prepare.timeslice_guard import timeslice_guard
 from driver.prepare.timeslice_journal import TimeSliceJournal
 from driver.sharing import mps_shm
+from driver.sharing.attach import AttachMigHandler, MigCaps, WholeGpuHandler, standard_mig_minors
 from driver.sharing.devices import mps_memory_enforced, share_devices, share_targets
 from driver.sharing.guard import ModeGuard
-from driver.sharing.mig import (
-    AttachMigHandler,
-    CreateMigHandler,
-    MigCaps,
-    MigJournal,
-    WholeGpuHandler,
-    journal_mig_uuids,
-    standard_mig_minors,
-)
+from driver.sharing.mig import CreateMigHandler
+from driver.sharing.mig_journal import MigJournal, journal_mig_uuids
 from driver.sharing.mps import MpsHandler
-from driver.sharing.mps_daemons import MpsDaemons, MpsSupervisor
+from driver.sharing.mps_daemons import MpsDaemons
 from driver.sharing.mps_limits import MpsMemoryLimits
+from driver.sharing.mps_supervisor import MpsSupervisor
 from driver.sharing.settings import DEFAULT_MIG_MINORS, SharingConfig, parse_sharing
 
 __all__ = [
@@ -128,6 +123,7 @@ class SharingNode:
             faults=faults,
             cgroups=config.mps_cgroups,
             shared_shm=mps_shm.resolve(config.mps_shared_shm),
+            gpus=[g.uuid for g in inventory.gpus],
         )
         self.supervisor = MpsSupervisor(self.daemons, config.mps_check_interval_s)
         gpus = [g.uuid for g in inventory.gpus if g.advertised]

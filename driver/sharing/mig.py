@@ -1,6 +1,6 @@
-"""MIG devices and whole GPUs: the ``create-mig``, ``attach-mig`` and ``attach-gpu`` handlers.
+"""Dynamic MIG: the ``create-mig`` handler.
 
-Dynamic MIG: prepare switches MIG mode on where the GPU allows it without a
+Prepare switches MIG mode on where the GPU allows it without a
 reset (Hopper and later), creates the GPU instance at the allocated placement
 with one compute instance over all of it, and hands the MIG device to the
 container (``NVIDIA_VISIBLE_DEVICES=MIG-...``, the parent's ``/dev/nvidia<N>``
@@ -9,171 +9,29 @@ Unprepare destroys it and switches MIG mode off when nothing is left on the
 GPU (where that needs no reset).
 
 Crash safety: every instance the driver creates is recorded in a journal next
-to the checkpoint, first as an intent (GPU, placement, claim, boot id) before NVML
-is called, then with its GI id and UUID. A roll-back or start-up reconcile
-destroys what the journal says the driver made and no prepared claim owns; an
-instance an administrator made (not in the journal) is never touched.
-
-GI ids and UUIDs name an instance only within the boot that made it: after a
-reboot NVML hands the same ids to new instances (re-created for prepared claims,
-say). So an entry names a live instance only if it was written in this boot and
-the instance at its placement (start and profile, which survive a reboot) still
-has its GI id and UUID; an entry of another boot names nothing and is dropped
-without touching the GPU. A GPU NVML cannot reach fails the claims on it, never
-the node: its entries stay for a later attempt.
+to the checkpoint (:mod:`driver.sharing.mig_journal`, which says how an entry names an
+instance across reboots). A roll-back or start-up reconcile destroys what the journal says
+the driver made and no prepared claim owns; an instance an administrator made (not in the
+journal) is never touched. A GPU NVML cannot reach fails the claims on it, never the node:
+its entries stay for a later attempt. Static MIG devices and whole GPUs are
+:mod:`driver.sharing.attach`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
-from driver.checkpoint.store import read_boot_id
-from driver.devices.inventory import GpuDevice, Inventory, MigDevice
+from driver.devices.inventory import Inventory, MigDevice
 from driver.errors import ClaimError, NvmlError
 from driver.faults import NO_FAULTS, FaultPoints
-from driver.files import write_atomic
-from driver.nvml.types import DeviceProbe, GpuInfo, MigInstance
-from driver.prepare.cdi import ContainerEdits, mig_caps_minors
-from driver.prepare.plan import AttachGpu, AttachMigDevice, CreateMigDevice, Plan, Step
-from driver.prepare.steps import StepOutcome, check_gpu_usable
+from driver.nvml.types import GpuInfo, MigInstance
+from driver.prepare.plan import CreateMigDevice, Plan, Step
+from driver.prepare.steps import StepOutcome
+from driver.sharing.attach import MigCaps, MigControl, gpu_facts
+from driver.sharing.mig_journal import JournalEntry, MigJournal, instance_at
 
 log = logging.getLogger(__name__)
-
-CAPS_DIR = "/dev/nvidia-caps"
-
-
-class MigControl(Protocol):
-    """The part of :class:`driver.nvml.facade.Nvml` these handlers use."""
-
-    def mig_enabled(self, uuid: str) -> bool: ...
-
-    def mig_pending(self, uuid: str) -> bool: ...
-
-    def probe(self, uuid: str) -> DeviceProbe: ...
-
-    def set_mig_mode(self, uuid: str, enabled: bool) -> bool: ...
-
-    def mig_instances(self, parent_uuid: str) -> tuple[MigInstance, ...]: ...
-
-    def create_mig_instance(self, parent_uuid: str, profile_id: int, start: int) -> MigInstance: ...
-
-    def destroy_mig_instance(self, parent_uuid: str, gi_id: int) -> bool: ...
-
-
-class JournalEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    claim_uid: str
-    gpu_uuid: str
-    device: str
-    profile_id: int
-    start: int
-    gi_id: int | None = None  # None: create was called (or about to be) but not recorded
-    uuid: str | None = None
-    boot_id: str | None = None  # the boot that wrote it; None: a plugin before boot ids
-
-
-class _JournalFile(BaseModel):
-    version: int = 1
-    entries: dict[str, JournalEntry] = {}
-
-
-class MigJournal:
-    """MIG instances this driver created, keyed by ``<gpu uuid>/<start>``; atomic file."""
-
-    def __init__(
-        self, path: Path, faults: FaultPoints = NO_FAULTS, boot_id: str | None = None
-    ) -> None:
-        self.path = path
-        self._faults = faults
-        self.boot_id = read_boot_id() if boot_id is None else boot_id
-
-    def this_boot(self, entry: JournalEntry) -> bool:
-        """Whether ``entry`` was written in this boot (an entry without a boot id, written by
-        an earlier plugin, is taken to be: its instance is still checked by GI id and UUID)."""
-        return entry.boot_id is None or entry.boot_id == self.boot_id
-
-    @staticmethod
-    def key(gpu_uuid: str, start: int) -> str:
-        return f"{gpu_uuid}/{start}"
-
-    def load(self) -> dict[str, JournalEntry]:
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return {}
-        try:
-            # A field a newer plugin added is ignored: were the journal moved aside, the
-            # instances it names would count as an administrator's static MIG devices.
-            return _JournalFile.model_validate_json(raw, extra="ignore").entries
-        except ValidationError as e:
-            bad = self.path.with_name(self.path.name + ".corrupt")
-            self.path.replace(bad)
-            log.error("mig journal corrupt path=%s moved_to=%s error=%s", self.path, bad, e)
-            return {}
-
-    def _save(self, entries: dict[str, JournalEntry]) -> None:
-        data = _JournalFile(entries=entries).model_dump_json(indent=2).encode()
-        write_atomic(self.path, data)
-
-    def put(self, entry: JournalEntry) -> None:
-        entries = self.load()
-        entries[self.key(entry.gpu_uuid, entry.start)] = entry.model_copy(
-            update={"boot_id": self.boot_id}
-        )
-        self._save(entries)
-
-    def drop(self, gpu_uuid: str, start: int) -> None:
-        entries = self.load()
-        if entries.pop(self.key(gpu_uuid, start), None) is not None:
-            self._save(entries)
-
-
-@dataclass(frozen=True)
-class MigCaps:
-    """Where the nvidia-caps minors of MIG devices are read (``/proc/driver/nvidia-caps``)."""
-
-    mig_minors: Path
-
-    def edits(self, gpu: GpuInfo, inst: MigInstance) -> ContainerEdits:
-        gi, ci = mig_caps_minors(self.mig_minors, gpu.minor, inst.gi_id, inst.ci_id)
-        return ContainerEdits(
-            device_nodes=(f"{CAPS_DIR}/nvidia-cap{gi}", f"{CAPS_DIR}/nvidia-cap{ci}")
-        )
-
-
-def standard_mig_minors(gpu_minors: Sequence[int]) -> str:
-    """The ``mig-minors`` table the NVIDIA driver writes (``config``, ``monitor``, then per
-    GPU 15 GPU instances of 1 + 8 compute-instance entries); for simulated nodes."""
-    lines = ["config 1", "monitor 2"]
-    for minor in gpu_minors:
-        for gi in range(15):
-            base = 3 + minor * 135 + gi * 9
-            lines.append(f"gpu{minor}/gi{gi}/access {base}")
-            lines.extend(f"gpu{minor}/gi{gi}/ci{ci}/access {base + 1 + ci}" for ci in range(8))
-    return "\n".join(lines) + "\n"
-
-
-def _at(instances: Sequence[MigInstance], start: int, profile_id: int) -> MigInstance | None:
-    return next(
-        (i for i in instances if i.placement[0] == start and i.profile_id == profile_id), None
-    )
-
-
-def gpu_facts(inventory: Inventory, uuid: str) -> GpuInfo:
-    """What does not change while the plugin runs (minor number, MIG toggle without reset),
-    from the inventory: a prepare must not rediscover the node. MIG mode and instances
-    change, so the handlers ask NVML for them."""
-    device = inventory.by_uuid(uuid)
-    if not isinstance(device, GpuDevice):
-        raise ClaimError(f"{uuid} is not a whole GPU of this node")
-    return device.info
 
 
 class CreateMigHandler:
@@ -205,7 +63,7 @@ class CreateMigHandler:
         gpu = gpu_facts(self._inventory, step.gpu_uuid)
         key = MigJournal.key(step.gpu_uuid, step.start)
         mine = self._journal.load().get(key)
-        existing = _at(self._nvml.mig_instances(step.gpu_uuid), step.start, slot.profile.id)
+        existing = instance_at(self._nvml.mig_instances(step.gpu_uuid), step.start, slot.profile.id)
         if existing is not None:
             if (
                 mine is None
@@ -389,7 +247,7 @@ class CreateMigHandler:
         entry's placement and profile, with its GI id and UUID where they were recorded."""
         if not self._journal.this_boot(entry):
             return None  # its instance did not survive the reboot; ids name others now
-        found = _at(self._nvml.mig_instances(entry.gpu_uuid), entry.start, entry.profile_id)
+        found = instance_at(self._nvml.mig_instances(entry.gpu_uuid), entry.start, entry.profile_id)
         if found is None:
             return None
         if entry.gi_id is not None and found.gi_id != entry.gi_id:
@@ -474,85 +332,3 @@ def _owned_keys(plans: Sequence[Plan]) -> set[str]:
         for s in p.steps
         if isinstance(s, CreateMigDevice)
     }
-
-
-class AttachMigHandler:
-    """``attach-mig``: a static MIG device an administrator made; nothing is created."""
-
-    UNDOES_NOTHING = True
-
-    def __init__(self, nvml: MigControl, inventory: Inventory, caps: MigCaps) -> None:
-        self._nvml = nvml
-        self._inventory = inventory
-        self._caps = caps
-
-    def apply(self, step: Step, plan: Plan) -> StepOutcome:
-        assert isinstance(step, AttachMigDevice)
-        inst = next(
-            (i for i in self._nvml.mig_instances(step.gpu_uuid) if i.uuid == step.mig_uuid), None
-        )
-        if inst is None:
-            raise ClaimError(
-                f"device {step.device}: MIG device {step.mig_uuid} no longer exists on GPU "
-                f"{step.gpu_uuid}"
-            )
-        gpu = gpu_facts(self._inventory, step.gpu_uuid)
-        return StepOutcome(
-            uuids={step.device: inst.uuid}, edits={step.device: self._caps.edits(gpu, inst)}
-        )
-
-    def undo(
-        self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
-    ) -> None:
-        return None
-
-
-class WholeGpuHandler:
-    """``attach-gpu``: the GPU must answer NVML; MIG mode, where on with no MIG device left
-    and switchable without a reset, is turned off so CUDA sees the whole GPU."""
-
-    UNDOES_NOTHING = True  # MIG mode stays off: no claim's rollback turns it back on
-
-    def __init__(self, nvml: MigControl, inventory: Inventory) -> None:
-        self._nvml = nvml
-        self._inventory = inventory
-
-    def apply(self, step: Step, plan: Plan) -> StepOutcome:
-        assert isinstance(step, AttachGpu)
-        check_gpu_usable(self._nvml.probe, step)
-        if self._nvml.mig_enabled(step.gpu_uuid):
-            instances = self._nvml.mig_instances(step.gpu_uuid)
-            toggle = gpu_facts(self._inventory, step.gpu_uuid).mig_toggle_without_reset
-            if instances or not toggle:
-                raise ClaimError(
-                    f"device {step.device}: GPU {step.gpu_uuid} is in MIG mode"
-                    + (f" with {len(instances)} MIG device(s)" if instances else "")
-                    + "; it cannot be used whole"
-                )
-            self._nvml.set_mig_mode(step.gpu_uuid, False)
-            log.info("mig mode disabled gpu=%s for whole-GPU device=%s", step.gpu_uuid, step.device)
-        return StepOutcome(uuids={step.device: step.gpu_uuid})
-
-    def undo(
-        self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
-    ) -> None:
-        return None
-
-
-def journal_mig_uuids(nvml: MigControl, path: Path) -> set[str]:
-    """UUIDs of the MIG instances the driver created, for ``build_inventory``'s
-    ``managed_mig_uuids``: also those of claims a crash left half-prepared, found by
-    placement when the crash came before their UUID was recorded."""
-    found = set()
-    for entry in MigJournal(path).load().values():
-        if entry.uuid:
-            found.add(entry.uuid)
-            continue
-        try:
-            inst = _at(nvml.mig_instances(entry.gpu_uuid), entry.start, entry.profile_id)
-        except NvmlError as e:
-            log.warning("mig journal lookup failed gpu=%s error=%s", entry.gpu_uuid, e)
-            continue
-        if inst is not None:
-            found.add(inst.uuid)
-    return found

@@ -24,8 +24,10 @@ one it cannot see in ``/proc`` (a new PID namespace), instead of clearing its pi
 directory and starting a second one on the same GPU; a dead one is restarted.
 
 This module holds the ``start-mps`` handler (:class:`MpsHandler`) and the claim's limits for
-its clients; the daemons' lifecycle (:class:`~driver.sharing.mps_daemons.MpsDaemons`, the
-supervisor thread) is :mod:`driver.sharing.mps_daemons`, and the ``/proc`` reads that find
+its clients; the daemons' lifecycle (:class:`~driver.sharing.mps_daemons.MpsDaemons`) is
+:mod:`driver.sharing.mps_daemons`, over their records (:mod:`driver.sharing.mps_records`), control
+pipes (:mod:`driver.sharing.mps_pipe`) and launch (:mod:`driver.sharing.mps_launch`); the
+supervisor thread is :mod:`driver.sharing.mps_supervisor`, and the ``/proc`` reads that find
 the daemons' processes and reap their orphans are :mod:`driver.sharing.mps_procs`.
 """
 
@@ -41,8 +43,10 @@ from driver.prepare.config import MpsConfig
 from driver.prepare.plan import Plan, PlannedDevice, StartMps, Step
 from driver.prepare.steps import StepOutcome
 from driver.sharing import mps_shm
-from driver.sharing.mps_daemons import ComputeModeControl, DaemonSpec, MpsDaemons, mib
+from driver.sharing.mps_daemons import ComputeModeControl, MpsDaemons
+from driver.sharing.mps_launch import mib
 from driver.sharing.mps_limits import MpsMemoryLimits
+from driver.sharing.mps_records import DaemonSpec
 
 log = logging.getLogger(__name__)
 
