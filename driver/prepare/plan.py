@@ -203,7 +203,7 @@ def _capacity_mps(
     key: str, mps: MpsConfig, consumed: Mapping[str, str], share: ShareTarget
 ) -> MpsConfig:
     """MPS limits of one share from its consumed capacity; a config may only lower them."""
-    updates: dict[str, int] = {}
+    updates: dict[str, int | dict[str, int]] = {}
     where = f"status.allocation.devices.results[device={share.name}].consumedCapacity"
     try:
         memory = _whole(consumed.get("memory", "0"), f"{where}.memory")
@@ -213,6 +213,10 @@ def _capacity_mps(
     if memory > 0:
         limit = mps.default_pinned_device_memory_limit
         updates["default_pinned_device_memory_limit"] = min(limit or memory, memory)
+        per_device = mps.default_per_device_pinned_memory_limit
+        updates["default_per_device_pinned_memory_limit"] = {
+            k: min(v, memory) for k, v in per_device.items()
+        }
     if parts > 0 and share.total_shares > 0:
         percent = max(1, min(100, -(-100 * parts // share.total_shares)))
         current = mps.default_active_thread_percentage

@@ -169,6 +169,29 @@ def test_mps_shares_of_one_gpu_share_one_daemon_with_their_own_limits(node: Path
     assert sharing.daemons.processes() == []
 
 
+def test_a_per_device_limit_on_a_share_cannot_raise_its_consumed_memory(node: Path) -> None:
+    """docs/sharing.md: on a share device an ``mpsConfig`` may lower the consumed capacity's
+    limits but not raise them. Before 2026-12-05 a ``defaultPerDevicePinnedMemoryLimit``
+    replaced the consumed ``memory``: a claim that consumed 8Gi of the share got 60Gi."""
+    state, sharing, _ = sharing_state(node)
+    device = f"{state.inventory.gpus[0].name}-mps-blue"
+
+    def per_device(limit: str) -> dict[str, Any]:
+        mps = {"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"0": limit}}}
+        return MPS | {"sharing": mps}
+
+    big = new_claim(node, "big", [share(device, "s-big", "8Gi", "1")], [config(per_device("60Gi"))])
+    assert state.prepare(big, ref_of(big)).error == ""
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in edits(node, "big")["env"]
+    assert state.unprepare(ref_of(big)).error == ""
+    # claims on one share device carry one config, so the lower limit is tried alone
+    low = new_claim(node, "low", [share(device, "s-low", "8Gi", "1")], [config(per_device("2Gi"))])
+    assert state.prepare(low, ref_of(low)).error == ""
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M" in edits(node, "low")["env"]
+    assert state.unprepare(ref_of(low)).error == ""
+    assert sharing.daemons.processes() == []
+
+
 def test_a_per_device_limit_is_keyed_by_the_devices_position_in_the_claim(node: Path) -> None:
     """docs/sharing.md: ``defaultPerDevicePinnedMemoryLimit`` is keyed by the device's position
     in the claim. Before 2026-12-05 the check counted positions within the MPS devices alone:
