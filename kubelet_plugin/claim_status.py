@@ -37,7 +37,8 @@ from driver.errors import ApiUnavailable
 from driver.kube import wire
 from driver.kube.http import RESOURCE_V1, ApiError, ApiUnreachable, KubeClient
 from driver.prepare.config import MpsConfig
-from driver.prepare.plan import CreateMigDevice, PlannedDevice, SetTimeSlice, StartMps
+from driver.prepare.plan import CreateMigDevice, Plan, PlannedDevice, SetTimeSlice, StartMps
+from driver.sharing.mps import device_limit
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,16 @@ QUIET_S = 0.05
 CONFLICT_RETRIES = 3
 
 
-def _mps_limits(mps: MpsConfig) -> dict[str, Any]:
+def _mps_limits(mps: MpsConfig, device: PlannedDevice, plan: Plan) -> dict[str, Any]:
+    """The MPS limits in force on ``device``: its pinned-memory limit is the claim's entry
+    for it in ``defaultPerDevicePinnedMemoryLimit`` where there is one, as the container's
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` has it."""
     out: dict[str, Any] = {}
     if mps.default_active_thread_percentage is not None:
         out["activeThreadPercentage"] = mps.default_active_thread_percentage
-    if mps.default_pinned_device_memory_limit is not None:
-        out["pinnedDeviceMemoryLimitBytes"] = mps.default_pinned_device_memory_limit
+    limit = device_limit(mps, device, plan)
+    if limit is not None:
+        out["pinnedDeviceMemoryLimitBytes"] = limit
     return out
 
 
@@ -73,7 +78,7 @@ def device_data(record: ClaimRecord, device: PlannedDevice) -> dict[str, Any]:
             if device.sharing.strategy == "TimeSlicing":
                 data["timeSliceInterval"] = step.interval
         elif isinstance(step, StartMps) and device.device in step.devices:
-            data["mps"] = _mps_limits(step.mps)
+            data["mps"] = _mps_limits(step.mps, device, record.plan)
     return data
 
 

@@ -24,7 +24,7 @@ from kubelet_plugin.claim_status import (
     device_statuses,
     keep_others,
 )
-from tests.unit.claim_values import DRIVER, claim, ref_of, result
+from tests.unit.claim_values import DRIVER, claim, config, ref_of, result
 from tests.unit.sharing_node import sharing_state
 
 
@@ -160,3 +160,26 @@ def test_a_status_write_waits_for_a_quiet_moment_after_the_last_call() -> None:
     # Measured, not raced against a timeout: a stalled test thread changes neither side.
     assert writer.written_at[0] >= before_last_call + 1.0
     driver.close()
+
+
+def test_the_status_shows_the_per_device_memory_limit_in_force(tmp_path: Path) -> None:
+    """A ``defaultPerDevicePinnedMemoryLimit`` entry is the device's limit (the container's
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``); before 2026-12-05 the status showed the consumed
+    memory's 8Gi while the container was held to 2Gi."""
+    create_state("dgx-h100", tmp_path / "sim.json")
+    state, _, _ = sharing_state(tmp_path)
+    gpu = state.inventory.gpus[0]
+    share = result(
+        f"{gpu.name}-mps-blue", shareID="s-1", consumedCapacity={"memory": "8Gi", "shares": "4"}
+    )
+    mps = {"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"0": "2Gi"}}}
+    parameters = {"apiVersion": "gpu.tranche.dev/v1alpha1", "kind": "GpuConfig", "sharing": mps}
+    obj = claim("u1", [share], [config(parameters)])
+    (tmp_path / "claim-u1.json").write_text(json.dumps(obj))
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    try:
+        record = Checkpoint(tmp_path / "checkpoint.json", boot_id="boot-1").load()[0].claims["u1"]
+        (entry,) = device_statuses(record, DRIVER)
+        assert entry["data"]["mps"]["pinnedDeviceMemoryLimitBytes"] == 2 << 30
+    finally:
+        state.unprepare(ref_of(obj))
