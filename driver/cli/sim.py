@@ -7,6 +7,8 @@
     tranche sim inject-xid --state ... --gpu 0 --xid 48 --recovery-action gpu-reset
     tranche sim lose-gpu --state ... --gpu GPU-...
     tranche sim recover --state ... --gpu GPU-...
+    tranche sim fail-mig-create --state ... --gpu 0 --error INSUFFICIENT_RESOURCES
+    tranche sim fail-mig-create --state ... --gpu 0 --clear
     tranche sim add-process --state ... --device GPU-...|MIG-... --pid 4242 --memory-mib 2048 \\
         --sm-util 35 --cgroup "0::/kubepods.slice/.../cri-containerd-<id>.scope"
 """
@@ -24,7 +26,7 @@ from driver.errors import TrancheError
 from driver.flags import add_flag, env_name
 from driver.nvml.sim import create_state
 from driver.nvml.sim.calls import mig_uuid
-from driver.nvml.sim.control import SimControl
+from driver.nvml.sim.control import NVML_ERRORS, SimControl
 from driver.nvml.sim.profiles import shipped_profiles
 from driver.nvml.sim.state import SimState, SimStore
 
@@ -66,6 +68,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", required=True, help="GPU index or UUID")
     p = action("recover", "reset the GPU: back on the bus, MIG instances and processes gone")
     p.add_argument("--gpu", required=True, help="GPU index or UUID")
+    p = action(
+        "fail-mig-create",
+        "make every MIG GPU-instance create on a GPU fail with an NVML error, until --clear",
+    )
+    p.add_argument("--gpu", required=True, help="GPU index or UUID (or a MIG UUID)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
+        "--error",
+        default="INSUFFICIENT_RESOURCES",
+        help="the NVML error, its name after NVML_ERROR_ (default INSUFFICIENT_RESOURCES)",
+    )
+    how.add_argument("--clear", action="store_true", help="let creates on the GPU succeed again")
     p = action("add-process", "start a process on a GPU or MIG device")
     p.add_argument("--device", required=True, help="GPU or MIG UUID")
     p.add_argument("--pid", required=True, type=int)
@@ -93,6 +107,7 @@ def _summary(state: SimState) -> dict[str, Any]:
                 "mig_mode": {"current": g.mig_current, "pending": g.mig_pending},
                 "compute_mode": g.compute_mode,
                 "timeslice": g.timeslice,
+                "mig_create_error": NVML_ERRORS.get(g.mig_create_error),
                 "mig_devices": [
                     {
                         "uuid": mig_uuid(g, i) if i.ci_id is not None else None,
@@ -141,6 +156,8 @@ def _run(args: argparse.Namespace) -> int:
                 control.lose_gpu(args.gpu)
             case "recover":
                 control.recover(args.gpu)
+            case "fail-mig-create":
+                control.fail_mig_create(args.gpu, None if args.clear else args.error)
             case "add-process":
                 control.add_process(
                     args.device,

@@ -417,24 +417,50 @@ def test_dynamic_mig_slice_is_created_for_the_claim_and_destroyed_after(
 # ---- crash safety -------------------------------------------------------------------------
 
 
-def _crash_at(pn: PluginNode, point: str, apply: Callable[[], object]) -> None:
-    """Restart the plugin armed with fault ``point``, make it die there, start it clean."""
+def _crash_at(
+    pn: PluginNode, point: str, apply: Callable[[], object], dead: Callable[[], None] = lambda: None
+) -> None:
+    """Restart the plugin armed with fault ``point``, make it die there, check what it left
+    (``dead``), start it clean."""
     pn.node.stop()
     pn.node.start(env={"TRANCHE_FAULT_POINT": point})
     apply()
     assert pn.node.wait_exit() == 137, f"the plugin died at {point}"
+    dead()
     pn.node.start(env={"TRANCHE_FAULT_POINT": ""})
 
 
-@pytest.mark.parametrize("point", ["mig:after-intent", "mig:after-create"])
+def _logged(pn: PluginNode, text: str) -> int:
+    """How often the plugin's log (all its starts) has ``text``."""
+    return pn.node.log_path.read_text(errors="replace").count(text)
+
+
+# The MIG instances each point leaves on the GPU, MIG mode on (docs/checkpoint.md).
+MIG_POINTS = {"mig:after-enable": 0, "mig:after-intent": 0, "mig:after-create": 1}
+
+
+@pytest.mark.parametrize("point", list(MIG_POINTS))
 def test_plugin_killed_during_a_mig_create_leaves_exactly_the_claims_instance(
     cluster: Cluster, namespace: str, node: ShareNode, point: str
 ) -> None:
+    """The killed prepare turned MIG mode on: the restarted plugin rolls it back (MIG mode off,
+    no instance), the kubelet's retry makes the claim's instance, the release turns it off."""
     pn = node.pn
     _label(pn, namespace, PARTITIONED)
-    _crash_at(pn, point, lambda: apply_example(cluster, "mig-slice.yaml", namespace, pn.name))
+    assert _hardware(pn, node.mig_gpu).mig_current == 0, "MIG mode off while unused"
+    disabled = f"mig mode disabled gpu={node.mig_gpu}"
+    before = _logged(pn, disabled)
+
+    def dead() -> None:
+        gpu = _hardware(pn, node.mig_gpu)
+        assert (gpu.mig_current, len(gpu.instances)) == (1, MIG_POINTS[point])
+
+    _crash_at(pn, point, lambda: apply_example(cluster, "mig-slice.yaml", namespace, pn.name), dead)
     uid, result = _prepared(pn, namespace, "mig-slice", "mig")
-    (instance,) = _hardware(pn, node.mig_gpu).instances
+    assert _logged(pn, disabled) == before + 1, "the roll-back turned MIG mode off"
+    gpu = _hardware(pn, node.mig_gpu)
+    (instance,) = gpu.instances
+    assert gpu.mig_current == 1, "the retry turned MIG mode on again"
     assert instance.start == _mig_start(result["device"]) and instance.ci_id is not None
     assert set(pn.cdi_specs()) == {_spec_file(pn, uid).name}
 

@@ -15,6 +15,7 @@ import pytest
 
 from controller import settings as controller_settings
 from driver.cli import load_commands
+from driver.cli.sim import sim_command
 from driver.faults import POINTS
 from driver.flags import env_name
 from kubelet_plugin import settings as plugin_settings
@@ -89,6 +90,20 @@ def test_every_command_is_documented_with_an_example() -> None:
     commands = set(load_commands()) - {"kubelet-plugin", "controller"}
     missing = [c for c in sorted(commands) if f"`tranche {c} " not in text]
     assert missing == []
+
+
+def test_every_sim_action_is_listed_and_shown() -> None:
+    """docs/controller.md's row of ``tranche sim`` names every action, and docs/simulation.md
+    shows each with a command line."""
+    parser = argparse.ArgumentParser()
+    sim_command.add_arguments(parser)
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    (row,) = [
+        r for r in (DOCS / "controller.md").read_text().splitlines() if "| `tranche sim`" in r
+    ]
+    shown = (DOCS / "simulation.md").read_text()
+    assert [a for a in sub.choices if f"`{a}`" not in row] == []
+    assert [a for a in sub.choices if f"tranche sim {a} " not in shown] == []
 
 
 def test_every_fault_point_is_listed_in_the_checkpoint_doc() -> None:

@@ -20,6 +20,11 @@ RECOVERY_ACTIONS = {
     "DRAIN_P2P": pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P,
     "DRAIN_AND_RESET": pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET,
 }
+NVML_ERRORS = {
+    code: name.removeprefix("NVML_ERROR_")
+    for name, code in vars(pynvml).items()
+    if name.startswith("NVML_ERROR_") and isinstance(code, int)
+}
 
 
 def find_gpu(state: SimState, gpu: str | int) -> SimGpu:
@@ -126,10 +131,11 @@ class SimControl:
 
     def fail_mig_create(self, gpu: str | int, error: str | None) -> None:
         """Make every GPU-instance create on the GPU fail with NVML error ``error`` (the
-        name after ``NVML_ERROR_``, e.g. ``INSUFFICIENT_RESOURCES``); None: succeed again."""
+        name after ``NVML_ERROR_``, e.g. ``INSUFFICIENT_RESOURCES`` or ``insufficient-resources``);
+        None: succeed again."""
         code = 0
         if error is not None:
-            code = getattr(pynvml, f"NVML_ERROR_{error.upper()}", 0)
+            code = getattr(pynvml, f"NVML_ERROR_{error.upper().replace('-', '_')}", 0)
             if not isinstance(code, int) or code == 0:
                 raise ValueError(f"NVML error {error!r} unknown; e.g. INSUFFICIENT_RESOURCES")
 

@@ -9,11 +9,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from driver.cli import build_parser
 from driver.cli.sim import sim_command
-from driver.errors import ConfigError
+from driver.errors import ConfigError, NvmlError
 from driver.nvml.host import SysfsHost
 from driver.nvml.sim import SimStore, create_state, load_profile, open_simulated
 from driver.nvml.sim.profiles import PROFILE_DIR
@@ -137,6 +138,39 @@ def test_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert n.probe(uuid).healthy and n.device_usage(uuid).processes == ()
     assert _sim("inject-xid", "--state", state, "--gpu", "9", "--xid", "48") == 1
     assert "'9' not found" in capsys.readouterr().err
+
+
+def test_cli_makes_mig_creates_fail_until_cleared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tranche sim fail-mig-create`` reaches a plugin holding the same state file: its
+    creates on that GPU fail with the chosen NVML error (shown by ``show``) until --clear."""
+    state = str(tmp_path / "sim.json")
+    assert _sim("init", "--profile", "dgx-h100", "--state", state) == 0
+    plugin = open_simulated(Path(state))
+    uuid = plugin.list_gpus()[1].uuid
+    plugin.set_mig_mode(uuid, True)
+    assert _sim("fail-mig-create", "--state", state, "--gpu", "1") == 0
+    with pytest.raises(NvmlError) as failed:
+        plugin.create_mig_instance(uuid, 19, 0)
+    assert failed.value.code == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    other = plugin.list_gpus()[0].uuid
+    plugin.set_mig_mode(other, True)
+    plugin.create_mig_instance(other, 19, 0)  # only the GPU named fails
+
+    assert _sim("fail-mig-create", "--state", state, "--gpu", uuid, "--error", "unknown") == 0
+    with pytest.raises(NvmlError) as failed:
+        plugin.create_mig_instance(uuid, 19, 0)
+    assert failed.value.code == pynvml.NVML_ERROR_UNKNOWN
+    capsys.readouterr()
+    assert _sim("show", "--state", state) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [g["mig_create_error"] for g in shown["gpus"][:2]] == [None, "UNKNOWN"]
+
+    assert _sim("fail-mig-create", "--state", state, "--gpu", uuid, "--clear") == 0
+    assert plugin.create_mig_instance(uuid, 19, 0).placement == (0, 1)
+    assert _sim("fail-mig-create", "--state", state, "--gpu", "1", "--error", "bogus") == 1
+    assert "NVML error 'bogus' unknown" in capsys.readouterr().err
 
 
 def test_corrupt_state_file_is_reported(tmp_path: Path) -> None:
