@@ -22,7 +22,11 @@ same code builds the same CDI specs as on a GPU node (:mod:`driver.prepare.drive
 * ``dev/nvidia-modeset``: a placeholder that says the node has the modeset device (its
   numbers come from :class:`driver.prepare.cdi.DeviceNumbers`).
 
-:func:`create_driver_root` is idempotent: every file is rewritten in place.
+:func:`create_driver_root` is idempotent: every file is rewritten in place. It writes only
+into an empty or missing directory, or one it wrote before (:data:`MARKER`, or the stand-in
+library of a root written before the marker existed): a ``--driver-root`` that holds a real
+driver (``/run/nvidia/driver`` given by mistake with ``--nvml simulated``) is refused, never
+overwritten.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from driver.errors import ConfigError
 
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 # (library, soname link or None): the files a driver installs next to libcuda.
@@ -148,7 +154,11 @@ def create_driver_root(
     *,
     python: str | None = None,
 ) -> Path:
-    """Write (or rewrite) the simulated driver root at ``root``; returns ``root``."""
+    """Write (or rewrite) the simulated driver root at ``root``; returns ``root``.
+    :class:`ConfigError` where ``root`` holds files this module did not write."""
+    _check_ours(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / MARKER).write_text(MARKER_TEXT)
     lib_dir = root / LIB_DIR
     lib_dir.mkdir(parents=True, exist_ok=True)
     for name, soname in LIBRARIES:
@@ -170,3 +180,33 @@ def create_driver_root(
     _write(root / "run" / "nvidia-persistenced" / "socket", "")
     _write(root / "dev" / "nvidia-modeset", "")
     return root
+
+
+MARKER = ".tranche-simulated-driver-root"
+MARKER_TEXT = "written by Tranche's simulated NVML (--nvml simulated); nothing here is a driver\n"
+_STAND_IN = b"simulated "  # how every stand-in library begins (a real one: ELF)
+
+
+def _check_ours(root: Path) -> None:
+    """Refuse a ``root`` that holds anything but a simulated driver root."""
+    try:
+        entries = sorted(p.name for p in root.iterdir())
+    except FileNotFoundError:
+        return
+    except NotADirectoryError as e:
+        raise ConfigError(f"--driver-root {root}: not a directory") from e
+    if not entries or MARKER in entries:
+        return
+    try:
+        with (root / LIB_DIR / "libcuda.so.1").open("rb") as f:
+            if f.read(len(_STAND_IN)) == _STAND_IN:
+                return  # written before the marker existed
+    except OSError:
+        pass
+    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+    raise ConfigError(
+        f"--driver-root {root}: holds files the simulated driver did not write ({shown}); "
+        "--nvml simulated writes its stand-in libraries and tools there and would overwrite "
+        "a real driver: give an empty directory (TRANCHE_DRIVER_ROOT, the chart's "
+        "kubeletPlugin.driverRoot)"
+    )

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from driver.api import ClaimRef
+from driver.errors import ConfigError
 from driver.nvml.sim import PROC_DEVICES, create_state, open_simulated, write_driver_root
 from driver.prepare.cdi import CdiSpecs, ContainerEdits, DeviceNumbers, claim_edits
 from driver.prepare.driver_root import (
@@ -292,6 +293,32 @@ def test_the_simulated_driver_root_gives_the_same_kind_of_spec(tmp_path: Path) -
     # Writing it again changes nothing the spec names.
     write_driver_root(root, nvml.system_info(), nvml.list_gpus())
     assert find_driver_files(root) == files
+
+
+def test_the_simulated_driver_root_refuses_a_directory_holding_a_real_driver(
+    tmp_path: Path,
+) -> None:
+    """``--nvml simulated`` with ``--driver-root /run/nvidia/driver`` (a real driver, given by
+    mistake): before 2026-12-05 its nvidia-smi, MPS control binary, persistence socket and
+    linker config were overwritten with the simulator's stand-ins."""
+    nvml = open_simulated(create_state("dgx-h100", node="n1"))
+    real = tmp_path / "driver"
+    smi = real / "usr" / "bin" / "nvidia-smi"
+    smi.parent.mkdir(parents=True)
+    smi.write_bytes(b"\x7fELF real nvidia-smi")
+    with pytest.raises(ConfigError, match=r"--driver-root .*driver: holds files .*\(usr\)"):
+        write_driver_root(real, nvml.system_info(), nvml.list_gpus())
+    assert smi.read_bytes() == b"\x7fELF real nvidia-smi"
+    assert sorted(p.name for p in real.iterdir()) == ["usr"]
+    # An empty directory, a missing one, and one written before (marker or not) are written.
+    for root in (tmp_path / "empty", tmp_path / "missing"):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        write_driver_root(root, nvml.system_info(), nvml.list_gpus())
+        write_driver_root(root, nvml.system_info(), nvml.list_gpus())
+    old = tmp_path / "empty"
+    (old / ".tranche-simulated-driver-root").unlink()  # as a root of an earlier version
+    write_driver_root(old, nvml.system_info(), nvml.list_gpus())
+    assert find_driver_files(old).version == nvml.system_info().driver_version
 
 
 def test_the_simulated_nvidia_smi_lists_only_the_visible_gpus(tmp_path: Path) -> None:
