@@ -274,8 +274,24 @@ class StatusWritingDriver:
             results = self._inner.prepare(claims)
         done = [c for c in claims if c.uid in results and not results[c.uid].error]
         if done:
-            self._pool.submit(self._write, done)
+            self._submit(done)
         return results
+
+    def _submit(self, claims: Sequence[ClaimRef]) -> None:
+        try:
+            self._pool.submit(self._write, claims)
+        except RuntimeError:
+            # Closed: this prepare outlasted the stop's grace, and gRPC cancelled the call
+            # before it ended. The kubelet, never answered, prepares the claim again on the
+            # next instance, which answers from the checkpoint and writes the status then.
+            for ref in claims:
+                log.info(
+                    "claim status left to the kubelet's retry claim_uid=%s claim=%s/%s "
+                    "reason=stopped",
+                    ref.uid,
+                    ref.namespace,
+                    ref.name,
+                )
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
         with self._call():
@@ -317,4 +333,6 @@ class StatusWritingDriver:
                 self._writer.write(ref, record)
 
     def close(self) -> None:
+        """Write what is queued; a prepare that ends after this writes nothing (it was cut:
+        the gRPC server stopped before this is called)."""
         self._pool.shutdown(wait=True)

@@ -2,7 +2,9 @@
 
 Settings are validated once; then the whole object graph is wired
 (:class:`~kubelet_plugin.node.NodePlugin`) before any socket opens. SIGTERM
-stops accepting calls, lets in-flight calls finish, and removes the sockets.
+stops accepting calls, lets in-flight calls finish, and removes the sockets; so does
+every other way out once they exist (a start that fails after them, an unexpected
+error). Exit status: 0 stopped by a signal, 1 failed (the cause logged), 2 a bad setting.
 """
 
 from __future__ import annotations
@@ -129,10 +131,12 @@ def serve(
             settings.model_copy(update={"advertise": advertise}), kube, nvml, registry, metrics
         )
         plugins.append(plugin)
+        # Stopped on every way out from here, a start that fails after its sockets opened
+        # included: the kubelet would go on finding a registration socket nobody serves.
+        stoppers.append(lambda: plugin.stop(STOP_GRACE_S))
         if not plugin.start(stop, node=node):
             return 0  # stopped while waiting for the API server
         started.set()
-        stoppers.append(lambda: plugin.stop(STOP_GRACE_S))
 
         def relabelled(_chosen: AdvertiseConfig) -> None:
             restart.set()
@@ -157,11 +161,18 @@ def serve(
         stop.wait()
         log.info("stopping node=%s", settings.node_name)
     finally:
-        for fn in reversed(stoppers):
-            fn()
-        nvml.shutdown()
-        kube.close()
+        for fn in [*reversed(stoppers), nvml.shutdown, kube.close]:
+            _stop_step(fn, settings.node_name)
     return 0
+
+
+def _stop_step(fn: Callable[[], None], node: str) -> None:
+    """One step of the stop; one that fails is logged and the next steps still run (the
+    plugin's own stop, which removes the sockets, comes after the label watch's)."""
+    try:
+        fn()
+    except Exception as e:
+        log.exception("stop step failed node=%s error=%s", node, e)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,6 +205,10 @@ def run(args: argparse.Namespace) -> int:
         code = serve(settings, stop, restart, write_out_logs)
     except TrancheError as e:
         log.error("kubelet plugin failed to start: %s", e)
+        write_out_logs()
+        return 1
+    except Exception as e:  # a bug or the system (a thread refused): logged, not a bare traceback
+        log.exception("kubelet plugin failed node=%s error=%s", settings.node_name, e)
         write_out_logs()
         return 1
     if restart.is_set():

@@ -4,6 +4,7 @@ and writes that give way to the kubelet's calls."""
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -160,6 +161,33 @@ def test_a_status_write_waits_for_a_quiet_moment_after_the_last_call() -> None:
     # Measured, not raced against a timeout: a stalled test thread changes neither side.
     assert writer.written_at[0] >= before_last_call + 1.0
     driver.close()
+
+
+def test_a_prepare_that_outlasts_the_stop_answers_and_leaves_the_status_to_the_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The stop closes the writer once the gRPC server has stopped, its grace past: a
+    prepare still running then was cut (the kubelet got no answer and prepares the claim
+    again on the next instance, which writes the status). It used to fail with
+    ``cannot schedule new futures after shutdown``, logged as an INTERNAL error of a claim
+    that was prepared."""
+    caplog.set_level(logging.INFO, logger="kubelet_plugin.claim_status")
+    inner, writer = BlockingDriver(), RecordingWriter()
+    driver = status_driver(inner, writer, yield_s=0.0)
+    answers: list[dict[str, PrepareResult]] = []
+    late = threading.Thread(
+        target=lambda: answers.append(driver.prepare([ClaimRef("slow", "ns", "s")]))
+    )
+    late.start()
+    try:
+        assert inner.entered.wait(30)
+        driver.close()
+    finally:
+        inner.release.set()
+        late.join(30)
+    assert answers == [{"slow": PrepareResult()}]
+    assert writer.written.empty()
+    assert "claim status left to the kubelet's retry claim_uid=slow" in caplog.text
 
 
 def test_the_status_shows_the_per_device_memory_limit_in_force(tmp_path: Path) -> None:
