@@ -30,7 +30,7 @@ from driver.devices.slices import MAX_TAINTS, build_slices
 from driver.errors import ApiUnavailable, error_reason
 from driver.faults import FaultPoints
 from driver.health.metrics import HealthMetrics
-from driver.health.monitor import HealthChange, HealthMonitor, device_gpu_map
+from driver.health.monitor import HealthChange, HealthMonitor, device_gpu_map, mig_slot_map
 from driver.health.store import HealthStateFile
 from driver.health.watch import HealthWatcher
 from driver.kube.features import LOSSES, ServerFeatures, discover
@@ -205,7 +205,7 @@ class NodePlugin:
             store=HealthStateFile(data_dir / HEALTH_FILE),
             metrics=HealthMetrics(registry),
         )
-        self.health.set_devices(device_gpu_map(self.inventory))
+        self.health.set_devices(device_gpu_map(self.inventory), mig_slot_map(self.inventory))
         self.health.add_listener(self._on_health_change)
         self.watcher = HealthWatcher(
             self.health,
@@ -296,7 +296,7 @@ class NodePlugin:
         for gpu, shares in extra.items():
             uuid = self.inventory.gpu_of(gpu).uuid
             devices.update({str(share["name"]): uuid for share in shares})
-        self.health.set_devices(devices)
+        self.health.set_devices(devices, mig_slot_map(self.inventory))
         taints = {k: v for k, v in self.health.taints_by_device(devices).items() if v}
         held = holds.taint(self.checkpoint.holds())
         if held is not None:  # no new claim here while a corrupt claim file's devices are unknown

@@ -56,10 +56,16 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     action("show", "print the simulated GPUs, MIG devices and processes as JSON")
     p = action("inject-xid", "raise an XID critical-error event on a GPU")
-    p.add_argument("--gpu", required=True, help="GPU index or UUID (or a MIG UUID)")
+    p.add_argument(
+        "--gpu",
+        required=True,
+        help="GPU index or UUID, or a MIG UUID: the event then names its GPU and compute instance",
+    )
     p.add_argument("--xid", required=True, type=int, help="the XID number, e.g. 48")
     p.add_argument("--recovery-action", help="NVML recovery action: none, gpu-reset, ...")
-    p.add_argument("--gi", type=int, help="attribute the event to this MIG GPU instance id")
+    p.add_argument(
+        "--gi", type=int, help="attribute the event to this MIG GPU instance id (default: --gpu's)"
+    )
     p.add_argument("--ci", type=int, help="and this compute instance id")
     p = action("inject-ecc", "raise an ECC error event on a GPU")
     p.add_argument("--gpu", required=True, help="GPU index or UUID")

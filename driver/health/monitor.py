@@ -9,7 +9,8 @@ Outputs:
 
 * :meth:`HealthMonitor.taints_by_device`: ``resource.k8s.io/v1`` ``DeviceTaint``
   dicts for every device that lives on a faulty GPU (the GPU, its MIG devices,
-  its shares), for the ResourceSlice builder;
+  its shares), or only for the MIG device of a fault NVML attributes to one MIG
+  instance, for the ResourceSlice builder;
 * :meth:`HealthMonitor.snapshot` / :meth:`HealthMonitor.wait_for_change`: the
   :class:`driver.api.HealthSource` behind the kubelet health stream;
 * listeners (:class:`HealthChange`) for Events, and optional metrics.
@@ -68,7 +69,8 @@ class SystemClock:
 
 @dataclass
 class Fault:
-    """One active fault of one GPU; it becomes one taint on each of the GPU's devices."""
+    """One active fault of one GPU; it becomes one taint on each of the GPU's devices, or on
+    ``device`` alone (the MIG device of an instance-scoped fault)."""
 
     key: str
     value: str
@@ -79,16 +81,20 @@ class Fault:
     last_seen: float
     recovery_action: str | None = None
     count: int = 1
+    device: str | None = None  # the one device it taints; None: every device of the GPU
 
     @property
-    def ident(self) -> tuple[str, str]:
-        return (self.key, self.value)
+    def ident(self) -> tuple[str, str, str | None]:
+        return (self.key, self.value, self.device)
+
+    def covers(self, device: str) -> bool:
+        return self.device is None or self.device == device
 
 
 @dataclass
 class GpuState:
     uuid: str
-    faults: dict[tuple[str, str], Fault] = field(default_factory=dict)
+    faults: dict[tuple[str, str, str | None], Fault] = field(default_factory=dict)
     answering: bool = True
     probe_failures: int = 0
     last_probe_ok: float | None = None
@@ -139,12 +145,40 @@ def device_gpu_map(inventory: Inventory) -> dict[str, str]:
     return {d.name: inventory.gpu_of(d.name).uuid for d in inventory.devices()}
 
 
+MigSlot = tuple[str, int, int]  # (GPU UUID, GPU-instance profile id, first memory slice)
+
+
+def mig_slot_map(inventory: Inventory) -> dict[MigSlot, str]:
+    """Every advertised MIG device of ``inventory`` by its slot -> its device name: the
+    device an event of one MIG instance (:attr:`XidEvent.mig_slot`) names."""
+    return {(m.parent.uuid, m.profile.id, m.start): m.name for m in inventory.migs}
+
+
+# Classes a fault of one MIG instance keeps to that instance's device (the catalog's
+# RESTART_APP and IGNORE: the GPU is fine). The others ask for a reset of the whole GPU,
+# which ends the work on every instance, or are not contained to the instance.
+INSTANCE_CLASSES = (FaultClass.APPLICATION, FaultClass.INFORMATIONAL)
+
+
 # Taint effects, weakest first.
 EFFECT_RANK = {"None": 0, "NoSchedule": 1, "NoExecute": 2}
 
 
 def _fault_order(f: Fault) -> tuple[int, float, str, str]:
     return (-SEVERITY[f.fault_class], -f.time_added, f.key, f.value)
+
+
+def _device_faults(gpu: GpuState, device: str | None) -> list[Fault]:
+    """The faults of ``gpu`` that taint ``device`` (None: those of the whole GPU), most
+    severe first; of one key and value the strongest (the GPU's, on a tie) only."""
+    best: dict[tuple[str, str], Fault] = {}
+    for f in sorted(gpu.faults.values(), key=lambda f: f.device is not None):
+        if (f.device is None or f.device == device) and (
+            (kept := best.get((f.key, f.value))) is None
+            or EFFECT_RANK.get(f.effect, 0) > EFFECT_RANK.get(kept.effect, 0)
+        ):
+            best[(f.key, f.value)] = f
+    return sorted(best.values(), key=_fault_order)
 
 
 class HealthMonitor:
@@ -168,6 +202,7 @@ class HealthMonitor:
         self._changed = threading.Condition(self._lock)
         self._gpus: dict[str, GpuState] = {}
         self._devices: dict[str, str] = {}  # device name -> GPU UUID
+        self._mig_slots: dict[MigSlot, str] = {}  # MIG slot -> device name
         self._listeners: list[Callable[[HealthChange], None]] = []
         self._snapshot = HealthSnapshot()
         if store is not None:
@@ -183,13 +218,19 @@ class HealthMonitor:
         with self._lock:
             self._listeners.append(listener)
 
-    def set_devices(self, devices: Mapping[str, str]) -> None:
-        """Publish health for these devices: device name -> UUID of the GPU it lives on.
+    def set_devices(
+        self, devices: Mapping[str, str], mig_slots: Mapping[MigSlot, str] | None = None
+    ) -> None:
+        """Publish health for these devices: device name -> UUID of the GPU it lives on;
+        ``mig_slots`` (:func:`mig_slot_map`) names the MIG devices that events of one MIG
+        instance taint alone (without it, such events taint the whole GPU).
 
         Faults of GPUs that are no longer present are dropped.
         """
         with self._lock:
             self._devices = dict(devices)
+            if mig_slots is not None:
+                self._mig_slots = dict(mig_slots)
             gpus = set(self._devices.values())
             for uuid in gpus:
                 self._gpus.setdefault(uuid, GpuState(uuid))
@@ -231,6 +272,7 @@ class HealthMonitor:
                 )
                 return
             seen = Fault(key, value, fault_class, effect, message, now, now, action)
+            seen.device = self._instance_device(event, fault_class, action)
             if fault_class is FaultClass.LOST:
                 for gpu in targets:  # as a restored lost fault: a passing probe clears it
                     gpu.answering = False
@@ -295,7 +337,7 @@ class HealthMonitor:
         with self._lock:
             changes = []
             for gpu in [g for u, g in self._gpus.items() if u not in keep]:
-                fault = gpu.faults.pop((KEY_UNMONITORED, ""), None)
+                fault = gpu.faults.pop((KEY_UNMONITORED, "", None), None)
                 if fault is not None:
                     changes.append(self._change("healed", gpu, fault))
             if changes:
@@ -310,12 +352,14 @@ class HealthMonitor:
 
     # ----- outputs ------------------------------------------------------------------------
 
-    def taints_for_gpu(self, gpu_uuid: str) -> list[dict[str, str]]:
+    def taints_for_gpu(self, gpu_uuid: str, device: str | None = None) -> list[dict[str, str]]:
+        """The taints of the GPU's devices; with ``device``, of that device (its GPU's faults
+        and its own)."""
         with self._lock:
             gpu = self._gpus.get(gpu_uuid)
             if gpu is None:
                 return []
-            faults = sorted(gpu.faults.values(), key=_fault_order)[:MAX_HEALTH_TAINTS]
+            faults = _device_faults(gpu, device)[:MAX_HEALTH_TAINTS]
             out = []
             for f in sorted(faults, key=lambda f: (f.key, f.value)):
                 taint = {"key": f.key, "effect": f.effect, "timeAdded": rfc3339(f.time_added)}
@@ -330,8 +374,7 @@ class HealthMonitor:
         """``DeviceTaint`` dicts per device name (device name -> GPU UUID; default: set_devices)."""
         with self._lock:
             mapping = self._devices if devices is None else devices
-            per_gpu = {uuid: self.taints_for_gpu(uuid) for uuid in set(mapping.values())}
-            return {name: [dict(t) for t in per_gpu[uuid]] for name, uuid in mapping.items()}
+            return {name: self.taints_for_gpu(uuid, name) for name, uuid in mapping.items()}
 
     def faults(self, gpu_uuid: str) -> list[Fault]:
         with self._lock:
@@ -348,6 +391,26 @@ class HealthMonitor:
             return self._snapshot
 
     # ----- internals ----------------------------------------------------------------------
+
+    def _instance_device(
+        self, event: XidEvent, fault_class: FaultClass, action: str | None
+    ) -> str | None:
+        """The one MIG device a fault of one MIG instance taints; None: every device of the
+        GPU (a GPU-wide event, a class or recovery action that needs the whole GPU reset,
+        or an instance that is no published device)."""
+        if event.gi_id is None or fault_class not in INSTANCE_CLASSES:
+            return None
+        if action not in (None, "NONE"):
+            return None
+        slot = event.mig_slot
+        name = self._mig_slots.get((event.gpu_uuid, *slot)) if slot is not None else None
+        if name is None:
+            log.warning(
+                "event of an unknown MIG instance taints the whole GPU gpu=%s gi=%d",
+                event.gpu_uuid,
+                event.gi_id,
+            )
+        return name
 
     def _targets(self, gpu_uuid: str) -> list[GpuState]:
         if gpu_uuid in self._gpus:
@@ -469,14 +532,16 @@ class HealthMonitor:
         return changes
 
     def _change(self, kind: ChangeKind, gpu: GpuState, fault: Fault) -> HealthChange:
-        devices = tuple(sorted(n for n, u in self._devices.items() if u == gpu.uuid))
+        devices = tuple(
+            sorted(n for n, u in self._devices.items() if u == gpu.uuid and fault.covers(n))
+        )
         return HealthChange(
             kind, self._node, gpu.uuid, devices, fault.key, fault.value, fault.effect, fault.message
         )
 
     def _device_health(self, name: str, uuid: str) -> DeviceHealth:
         gpu = self._gpus.get(uuid)
-        faults = sorted(gpu.faults.values(), key=_fault_order) if gpu else []
+        faults = _device_faults(gpu, name) if gpu else []
         message = "; ".join(f.message for f in faults)
         if len(message) > MAX_MESSAGE:
             message = message[: MAX_MESSAGE - 3] + "..."
@@ -516,8 +581,8 @@ class HealthMonitor:
         for device in self._snapshot.devices:
             by_health[device.health] = by_health.get(device.health, 0) + 1
         taints: dict[tuple[str, str], int] = {}
-        for uuid in self._devices.values():
-            for taint in self.taints_for_gpu(uuid):
+        for name, uuid in self._devices.items():
+            for taint in self.taints_for_gpu(uuid, name):
                 ident = (taint["key"], taint["effect"])
                 taints[ident] = taints.get(ident, 0) + 1
         self._metrics.state(by_health, taints)

@@ -51,6 +51,7 @@ def _fault_to_json(f: Fault) -> dict[str, Any]:
         "lastSeen": f.last_seen,
         "recoveryAction": f.recovery_action,
         "count": f.count,
+        "device": f.device,
     }
 
 
@@ -65,6 +66,7 @@ def _fault_from_json(d: Mapping[str, Any]) -> Fault:
         last_seen=float(d["lastSeen"]),
         recovery_action=None if d["recoveryAction"] is None else str(d["recoveryAction"]),
         count=int(d["count"]),
+        device=None if d.get("device") is None else str(d["device"]),
     )
 
 

@@ -122,7 +122,19 @@ class EventCalls(NvmlCalls):
             recovery_action=self.recovery_action(uuid) if kind == "xid" else None,
             gi_id=None if gi == WHOLE else gi,
             ci_id=None if ci == WHOLE else ci,
+            mig_slot=None if gi == WHOLE else self._mig_slot(uuid, gi),
         )
+
+    def _mig_slot(self, uuid: str, gi_id: int) -> tuple[int, int] | None:
+        """(profile id, first memory slice) of GPU instance ``gi_id``: which MIG device an
+        event names. None when NVML cannot tell (the instance is gone already)."""
+        try:
+            gi = self.call("nvmlDeviceGetGpuInstanceById", self.handle(uuid), gi_id, gpu=uuid)
+            info = self.call("nvmlGpuInstanceGetInfo", gi, gpu=uuid)
+        except NvmlError as e:
+            log.warning("event names an unknown MIG instance gpu=%s gi=%d: %s", uuid, gi_id, e)
+            return None
+        return int(info.profileId), int(info.placement.start)
 
     def recovery_action(self, uuid: str) -> str | None:
         """NVML's recovery action (``"NONE"``, ``"GPU_RESET"``, ...); None when unknown."""

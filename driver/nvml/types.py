@@ -102,6 +102,8 @@ class XidEvent:
     recovery_action: str | None = None  # NVML's nvmlDeviceGetRecoveryAction, where reported
     gi_id: int | None = None  # MIG GPU instance the event is attributed to; None: whole GPU
     ci_id: int | None = None  # MIG compute instance; None: whole GPU or whole GI
+    # (GI profile id, first memory slice) of ``gi_id``; None: whole GPU, or NVML could not tell
+    mig_slot: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

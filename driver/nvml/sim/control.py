@@ -13,6 +13,7 @@ from driver.errors import DeviceNotFound
 from driver.nvml.sim.calls import mig_uuid
 from driver.nvml.sim.state import SimEvent, SimGpu, SimProcess, SimState, SimStore
 
+WHOLE = 0xFFFFFFFF  # the GI / CI id of an event of the whole GPU
 RECOVERY_ACTIONS = {
     "NONE": pynvml.NVML_GPU_RECOVERY_ACTION_NONE,
     "GPU_RESET": pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
@@ -58,7 +59,12 @@ class SimControl:
         gi_id: int | None = None,
         ci_id: int | None = None,
     ) -> None:
-        """Raise an XID critical-error event; optionally set NVML's recovery action."""
+        """Raise an XID critical-error event; optionally set NVML's recovery action.
+
+        As real NVML, the event names the GPU instance and compute instance of the MIG
+        device ``gpu`` names by its UUID, and 0xFFFFFFFF (the whole GPU) for a GPU;
+        ``gi_id`` and ``ci_id`` set them explicitly.
+        """
         action = None
         if recovery_action is not None:
             key = recovery_action.upper().replace("-", "_")
@@ -71,14 +77,18 @@ class SimControl:
             g = find_gpu(state, gpu)
             if action is not None:
                 g.recovery_action = action
+            mig = next(
+                (i for i in g.instances if i.ci_id is not None and mig_uuid(g, i) == gpu), None
+            )
+            gi, ci = (WHOLE, WHOLE) if mig is None else (mig.gi_id, mig.ci_id or 0)
             state.add_event(
                 SimEvent(
                     seq=0,
                     gpu_index=g.index,
                     event_type=pynvml.nvmlEventTypeXidCriticalError,
                     data=xid,
-                    gi_id=0xFFFFFFFF if gi_id is None else gi_id,
-                    ci_id=0xFFFFFFFF if ci_id is None else ci_id,
+                    gi_id=gi if gi_id is None else gi_id,
+                    ci_id=ci if ci_id is None else ci_id,
                 )
             )
 

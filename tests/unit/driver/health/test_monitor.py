@@ -479,3 +479,37 @@ def test_gpus_that_disappear_are_forgotten() -> None:
     monitor.set_devices({k: v for k, v in DEVICES.items() if v == GPU_A})
     assert monitor.gpus() == [GPU_A]
     assert "gpu-bbbbbbbb" not in monitor.taints_by_device()
+
+
+def test_a_fault_of_one_mig_instance_stays_on_its_device_heals_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "health.json"
+    slots = {
+        (GPU_A, 19, 0): "gpu-aaaaaaaa-mig-1g10gb-0",
+        (GPU_A, 9, 4): "gpu-aaaaaaaa-mig-3g40gb-4",
+    }
+    monitor, clock = make(store=HealthStateFile(state, boot_id="boot-1"))
+    monitor.set_devices(DEVICES, slots)
+    changes: list[HealthChange] = []
+    monitor.add_listener(changes.append)
+    monitor.observe_event(XidEvent(GPU_A, "xid", 63, T0, gi_id=2, ci_id=0, mig_slot=(9, 4)))
+    tainted = {d for d, t in monitor.taints_by_device().items() if t}
+    assert tainted == {"gpu-aaaaaaaa-mig-3g40gb-4"}
+    assert changes[-1].devices == ("gpu-aaaaaaaa-mig-3g40gb-4",)
+    health = {d.device_name: d.health for d in monitor.snapshot().devices}
+    assert "XID 63" in next(
+        d.message
+        for d in monitor.snapshot().devices
+        if d.device_name == "gpu-aaaaaaaa-mig-3g40gb-4"
+    )
+    assert set(health.values()) == {"Healthy"}  # effect None
+
+    restarted = HealthMonitor(
+        POLICY, "node-1", clock=clock, store=HealthStateFile(state, boot_id="boot-1")
+    )
+    restarted.set_devices(DEVICES, slots)
+    assert restarted.taints_by_device() == monitor.taints_by_device()
+    clock.advance(120)
+    restarted.observe_probe(ok())
+    assert {d for d, t in restarted.taints_by_device().items() if t} == set()

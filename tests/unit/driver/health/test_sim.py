@@ -122,3 +122,53 @@ def test_a_fault_of_a_gpu_the_node_hides_taints_no_other_gpu(tmp_path: Path) -> 
         assert {d.health for d in plugin.health.snapshot().devices} == {"Healthy"}
     finally:
         api.close()
+
+
+@pytest.mark.parametrize(
+    ("xid", "on", "only_instance"),
+    [
+        (63, "mig", True),  # informational, reported for one MIG instance: its device alone
+        (48, "mig", False),  # uncontained: the GPU needs a reset, whatever instance it names
+        (63, "gpu", False),  # GI/CI 0xFFFFFFFF: the whole GPU
+        (63, "unknown-gi", False),  # an instance the plugin does not know: fail safe
+    ],
+)
+def test_an_xid_of_one_mig_instance_taints_only_its_device_unless_the_gpu_is_at_fault(
+    tmp_path: Path, xid: int, on: str, only_instance: bool
+) -> None:
+    api = SliceApi()
+    nvml = None
+    try:
+        plugin = sim_plugin(tmp_path, api, advertise=DYNAMIC_MIG)
+        nvml = open_simulated(tmp_path / "sim.json")
+        gpu = nvml.list_gpus()[0].uuid
+        nvml.set_mig_mode(gpu, True)
+        faulty = nvml.create_mig_instance(gpu, 19, 0)  # as a dynamic MIG prepare does
+        nvml.create_mig_instance(gpu, 19, 1)
+        on_gpu = {d for d, u in device_gpu_map(plugin.inventory).items() if u == gpu}
+        device = next(
+            m.name
+            for m in plugin.inventory.migs
+            if (m.parent.uuid, m.profile.id, m.start) == (gpu, 19, 0)
+        )
+        plugin.watcher.register()
+        gi = 9 if on == "unknown-gi" else None
+        SimControl(SimStore(path=tmp_path / "sim.json")).inject_xid(
+            faulty.uuid if on == "mig" else gpu, xid, gi_id=gi, ci_id=None if gi is None else 0
+        )
+        for _ in range(3):
+            plugin.watcher.poll_event()
+
+        tainted = {d for d, t in plugin.health.taints_by_device().items() if t}
+        assert tainted == ({device} if only_instance else on_gpu)
+        published = {
+            d["name"]
+            for s in plugin.desired_slices()
+            for d in s["spec"].get("devices", [])
+            if d.get("taints")
+        }
+        assert published == tainted
+    finally:
+        if nvml is not None:
+            nvml.shutdown()
+        api.close()

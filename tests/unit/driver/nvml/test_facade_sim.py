@@ -306,3 +306,19 @@ def test_unknown_uuid_and_calls_before_init(store: SimStore) -> None:
     with pytest.raises(NvmlError) as uninit:
         n.list_gpus()
     assert uninit.value.code == pynvml.NVML_ERROR_UNINITIALIZED
+
+
+def test_xid_of_a_mig_uuid_names_its_instance_as_nvml_does(nvml: Nvml, store: SimStore) -> None:
+    """Real NVML attributes an instance's XID to its GI and CI (0xFFFFFFFF for the GPU)."""
+    g = nvml.list_gpus()[0]
+    nvml.set_mig_mode(g.uuid, True)
+    nvml.create_mig_instance(g.uuid, 19, 0)
+    mig = nvml.create_mig_instance(g.uuid, 19, 1)
+    nvml.register_events([g.uuid])
+    SimControl(store).inject_xid(mig.uuid, 43)
+    SimControl(store).inject_xid(g.uuid, 48)
+    xid = nvml.wait_event(2)
+    assert xid is not None and xid.gpu_uuid == g.uuid
+    assert (xid.gi_id, xid.ci_id, xid.mig_slot) == (mig.gi_id, mig.ci_id, (19, 1))
+    whole = nvml.wait_event(2)
+    assert whole is not None and (whole.gi_id, whole.ci_id, whole.mig_slot) == (None, None, None)
