@@ -11,7 +11,8 @@
 #   cached in <cache root>/image-<version>-<key>/tranche-image.tar, where <key> hashes the
 #   Containerfile, pyproject.toml, README.md, LICENSE, the source tree (tracked and untracked files of
 #   driver/ proto/ kubelet_plugin/ controller/, as they are on disk) and this recipe. The archive
-#   is copied to dist/tranche-image.tar; its path is the last line of stdout.
+#   is copied to dist/tranche-image.tar; its path is the last line of stdout. The image the tag
+#   named before a new build is removed from buildah's storage once the build is archived.
 #
 # Concurrent callers are serialised with an exclusive flock on <cache root>/.image.lock. A new
 # build leaves the TRANCHE_IMAGE_CACHE_KEEP (3) most recently used images in the cache.
@@ -42,9 +43,16 @@ out="$cache_root/image-$tag-$key"
 archive="$out/tranche-image.tar"
 dist="$repo/dist/tranche-image.tar"
 
+# The archive into dist/ under a temporary name of this run's own, then renamed: a caller never
+# reads half a file or another run's, and a failed copy (a full disk) fails the script instead
+# of printing the path of whatever dist/ held before.
 publish() {
-  mkdir -p "$repo/dist"
-  cp "$archive" "$dist.tmp" && mv "$dist.tmp" "$dist"
+  local tmp=""
+  if ! { mkdir -p "$repo/dist" && tmp=$(mktemp "$dist.XXXXXX") && cp "$archive" "$tmp" &&
+         chmod 644 "$tmp" && mv -f "$tmp" "$dist"; }; then
+    [ -z "$tmp" ] || rm -f "$tmp"
+    fail "publish" "cannot copy $archive to $dist"
+  fi
   echo "$dist"
 }
 
@@ -139,13 +147,23 @@ ca_args=()
 [ -f "$ca" ] && ca_args=(-v "$ca:/run/host-ca.crt:ro" --build-arg PIP_CERT=/run/host-ca.crt)
 
 say "building $image from deploy/Containerfile on $base"
+# The image the tag names before this build: untagged by it, removed after it, or every change
+# of the sources would leave one more image (about 130 MB of layers) in buildah's storage.
+previous=$(b images --quiet --no-trunc "$image" 2>/dev/null | head -n1 || true)
+rm -f "$out/image-id"
 (cd "$repo" && b bud --network=host --layers=false --build-arg "BASE=$base" "${ca_args[@]}" \
-  -f deploy/Containerfile -t "$image" .) >>"$log" 2>&1 || { tail -n 30 "$log" >&2; fail "buildah bud"; }
+  --iidfile "$out/image-id" -f deploy/Containerfile -t "$image" .) >>"$log" 2>&1 \
+  || { tail -n 30 "$log" >&2; fail "buildah bud"; }
+id=$(cat "$out/image-id") && [ -n "$id" ] || fail "buildah bud" "no image id in $out/image-id"
 rm -f "$archive.tmp"
-b push "$image" "oci-archive:$archive.tmp:$image" >>"$log" 2>&1 || fail "buildah push oci-archive"
+# By id, not by tag: the archive holds this build's image whatever else tags it meanwhile.
+b push "$id" "oci-archive:$archive.tmp:$image" >>"$log" 2>&1 || fail "buildah push oci-archive"
 mv "$archive.tmp" "$archive"
+if [ -n "$previous" ] && [ "$previous" != "$id" ]; then
+  b rmi "$previous" >>"$log" 2>&1 || say "kept the previous image $previous (still in use or tagged elsewhere)"
+fi
 size=$(b images --noheading --format '{{.Size}}' "$image" 2>/dev/null | head -n1 | tr -d ' ')
-echo "image=$image base=$base built=$(date -u +%FT%TZ) seconds=$(( $(date +%s) - start )) archive_bytes=$(stat -c %s "$archive") image_bytes=$size" >"$out/.stamp"
+echo "image=$image id=$id base=$base built=$(date -u +%FT%TZ) seconds=$(( $(date +%s) - start )) archive_bytes=$(stat -c %s "$archive") image_bytes=$size" >"$out/.stamp"
 say "built $image in $(( $(date +%s) - start ))s: $(cat "$out/.stamp")"
 prune_cache "$cache_root" "image-" "$keep"
 publish
