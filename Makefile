@@ -88,8 +88,9 @@ unit: $(STAMP) bytecode
 e2e: $(STAMP) bytecode k8s-bins $(NODE_BINS) helm-bin prometheus-bin
 	$(BIN)/pytest tests/e2e
 
+# --durations: the slowest tests in CI's log, the evidence for one that nears its timeout.
 test: $(STAMP) bytecode k8s-bins $(NODE_BINS) helm-bin prometheus-bin check rules-test
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=25
 	@if [ "$(K8S)" = 1.37 ] && [ -n "$(CI_MATRIX)" ]; then $(MAKE) --no-print-directory test-matrix MATRIX="$(CI_MATRIX)"; fi
 	@skipped="$(filter-out $(CI_MATRIX),$(MATRIX))"; if [ "$(K8S)" = 1.37 ] && [ -n "$$skipped" ]; then \
 	  echo "make test: the version matrix ran on $(or $(CI_MATRIX),no older version) only; not on $$skipped:"; \

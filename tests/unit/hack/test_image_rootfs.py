@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hack.image_rootfs import ImageError, ImageRoot, unpack
+from tests.conftest import unavailable
 
 Files = dict[str, bytes | None]  # path -> content; None: a directory
 
@@ -135,8 +136,9 @@ def _rootfs_with(tmp_path: Path, binary: str) -> Path:
     return root
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="entering a root filesystem needs root")
 def test_the_command_runs_in_the_image_with_its_environment_only(tmp_path: Path) -> None:
+    if os.geteuid() != 0:  # CI runs as root (the real nodes need it): a skip there hides this
+        unavailable("entering a root filesystem needs root", "root")
     cat = shutil.which("cat")
     assert cat is not None
     root = _rootfs_with(tmp_path, cat)
