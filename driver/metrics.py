@@ -71,6 +71,7 @@ class _DeviceSeries:
     held_s: float = 0.0
     idle_s: float = 0.0
     unattributed_s: float = 0.0
+    unmeasured_s: float = 0.0
     idle_ratio: float = 0.0
     last_seen: float = 0.0
 
@@ -120,6 +121,7 @@ class UsageCollector(Collector):
                 d.held_s += dev.held_s
                 d.idle_s += dev.idle_s
                 d.unattributed_s += dev.unattributed_s
+                d.unmeasured_s += dev.unmeasured_s
                 d.idle_ratio = dev.idle_ratio
                 d.last_seen = usage.end
             horizon = usage.end - self._retention
@@ -208,6 +210,11 @@ class UsageCollector(Collector):
             "Busy seconds of a held device caused by processes outside its claims.",
             labels=["uuid"],
         )
+        d_unmeasured = CounterMetricFamily(
+            "tranche_device_unmeasured_seconds",
+            "Held seconds of a device NVML could not read (its idle share is of the rest).",
+            labels=["uuid"],
+        )
         d_ratio = GaugeMetricFamily(
             "tranche_device_idle_ratio",
             "Idle share (0..1) of a held device at the last sample; NaN if NVML could not read it.",
@@ -217,9 +224,10 @@ class UsageCollector(Collector):
             d_held.add_metric([uuid], d.held_s)
             d_idle.add_metric([uuid], d.idle_s)
             d_other.add_metric([uuid], d.unattributed_s)
+            d_unmeasured.add_metric([uuid], d.unmeasured_s)
             d_ratio.add_metric([uuid], d.idle_ratio)
         yield from (c_alloc, c_meas, c_mem, c_unmeasured, t_alloc, t_meas, t_mem, t_unmeasured)
-        yield from (d_held, d_idle, d_other, d_ratio)
+        yield from (d_held, d_idle, d_other, d_unmeasured, d_ratio)
 
 
 def _copy(t: _Totals) -> _Totals:

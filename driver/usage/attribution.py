@@ -221,7 +221,9 @@ class DeviceIncrement:
     """A held device over one interval, in GPU-seconds (a MIG device counts its size).
 
     A device NVML could not read is still held (the checkpoint says who held it); its
-    idle and unattributed parts are unknown, so 0, and ``idle_ratio`` is NaN.
+    idle and unattributed parts are unknown, so 0, ``idle_ratio`` is NaN and all of its held
+    time is ``unmeasured_s`` (a dynamic MIG device destroyed by its claim's unprepare is one
+    in the interval its claim ended): an idle share is of ``held_s - unmeasured_s``.
     """
 
     uuid: str
@@ -229,6 +231,7 @@ class DeviceIncrement:
     idle_s: float
     unattributed_s: float
     idle_ratio: float
+    unmeasured_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -327,7 +330,7 @@ def integrate(
         device_s = holdings[uuid].held_s * size
         usage = usages.get(uuid)
         if usage is None:
-            devices.append(DeviceIncrement(uuid, device_s, 0.0, 0.0, math.nan))
+            devices.append(DeviceIncrement(uuid, device_s, 0.0, 0.0, math.nan, device_s))
             continue
         split = split_device(usage, [r for _, r, _ in holders[uuid]])
         splits[uuid] = split

@@ -51,7 +51,7 @@ def test_usage_counters_accumulate_per_claim_and_per_tenant() -> None:
             10.0,
             20.0,
             (inc("a", "ml", "blue", 10.0, 4.0, 100.0), inc("b", "ml", "blue", 5.0, 0.0, 0.0, 5.0)),
-            (DeviceIncrement(GPU, 10.0, 6.0, 0.0, 0.6),),
+            (DeviceIncrement(GPU, 10.0, 6.0, 0.0, 0.6, 2.0),),
         )
     )
     got = samples(registry)
@@ -67,6 +67,7 @@ def test_usage_counters_accumulate_per_claim_and_per_tenant() -> None:
     assert got[("tranche_device_held_seconds_total", d)] == 20.0
     assert got[("tranche_device_idle_seconds_total", d)] == 8.0
     assert got[("tranche_device_idle_ratio", d)] == 0.6
+    assert got[("tranche_device_unmeasured_seconds_total", d)] == 2.0
 
 
 def test_ended_claim_series_leave_after_retention_but_tenant_totals_stay() -> None:

@@ -372,6 +372,8 @@ def test_sampler_survives_a_lost_gpu(sim: Sim) -> None:
         0.0,
     )
     assert math.isnan(device.idle_ratio)
+    # All of it unmeasured: the idle share (the recording rule's) is of the measured rest.
+    assert device.unmeasured_s == 10.0
 
 
 def test_unmeasured_time_is_each_claims_allocated_part_of_the_unreadable_device() -> None:
