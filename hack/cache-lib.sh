@@ -31,10 +31,13 @@ use_cache_or_lock() {
 }
 
 # begin_build NAME BIN_DIR
-#   After use_cache_or_lock: the build log next to BIN_DIR (emptied), Go's settings for a
-#   reproducible static build, the start time, and the heartbeat's clean-up on exit.
+#   After use_cache_or_lock: BIN_DIR's stamp removed (a rebuild over an entry that lost a
+#   binary must not leave the old stamp on half-written files if it is cut short), the build
+#   log next to BIN_DIR (emptied), Go's settings for a reproducible static build, the start
+#   time, and the heartbeat's clean-up on exit.
 begin_build() {
   build_name=$1
+  rm -f "$2/.stamp"
   log="$2/../build.log"
   : >"$log"
   export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local

@@ -24,7 +24,7 @@ def _bash(script: str) -> subprocess.CompletedProcess[str]:
 
 def _build(tmp_path: Path, steps: str) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "cache" / "thing-1" / "bin"
-    bin_dir.mkdir(parents=True)
+    bin_dir.mkdir(parents=True, exist_ok=True)
     return _bash(f'begin_build build-thing "{bin_dir}"\n{steps}\necho finished\n')
 
 
@@ -105,3 +105,14 @@ def test_pruning_a_go_tools_builds_keeps_the_newest_by_their_bin_stamps(tmp_path
     assert [b.exists() for b in builds] == [True, True, False, False]
     assert not unfinished.parent.exists()
     assert other.exists()
+
+
+def test_a_rebuild_over_an_entry_removes_its_stamp_first(tmp_path: Path) -> None:
+    """An entry that lost a binary is rebuilt in place; cut short, it must not keep the old
+    stamp that makes every later run trust its half-written files."""
+    stamp = tmp_path / "cache" / "thing-1" / "bin" / ".stamp"
+    stamp.parent.mkdir(parents=True)
+    stamp.write_text("built before\n")
+    out = _bash(f'begin_build build-thing "{stamp.parent}"\nexit 1\n')
+    assert out.returncode == 1
+    assert not stamp.exists()
