@@ -2,7 +2,8 @@
 
 Turns ResourceClaims (``status.allocation``), ResourceSlices and Namespaces, read as
 plain JSON dicts, into :class:`driver.trust.policy.Consumer` values, and groups the
-result into co-locations: a GPU (or a dedicated node) held by more than one tenant.
+result into co-locations: a GPU (or a dedicated node) held by more than one tenant, and
+the GPUs one tenant holds alone through a mechanism its current level forbids.
 """
 
 from __future__ import annotations
@@ -260,7 +261,8 @@ def consumers(
 
 @dataclass(frozen=True)
 class Colocation:
-    """Consumers of several tenants on one GPU (``gpu`` set) or one dedicated node."""
+    """Consumers of several tenants on one GPU (``gpu`` set) or one dedicated node; or, from
+    :func:`forbidden_alone`, one tenant's consumers of a GPU that it holds alone."""
 
     node: str
     gpu: str | None
@@ -276,14 +278,20 @@ class Colocation:
         return tuple(sorted({c.tenancy.tenant for c in self.consumers}))
 
 
+def _by_gpu(items: Iterable[Consumer]) -> dict[tuple[str, str], list[Consumer]]:
+    by_gpu: dict[tuple[str, str], list[Consumer]] = {}
+    for c in sorted(set(items), key=lambda c: (c.node, c.gpu, c.device, c.claim)):
+        by_gpu.setdefault((c.node, c.gpu), []).append(c)
+    return by_gpu
+
+
 def colocations(items: Iterable[Consumer]) -> list[Colocation]:
     """Every GPU with consumers of more than one tenant, and every node where a dedicated
     tenant meets another tenant; with the forbidden pairs of each."""
-    by_gpu: dict[tuple[str, str], list[Consumer]] = {}
+    by_gpu = _by_gpu(items)
     by_node: dict[str, list[Consumer]] = {}
-    for c in sorted(set(items), key=lambda c: (c.node, c.gpu, c.device, c.claim)):
-        by_gpu.setdefault((c.node, c.gpu), []).append(c)
-        by_node.setdefault(c.node, []).append(c)
+    for (node, _), group in by_gpu.items():
+        by_node.setdefault(node, []).extend(group)
 
     found: list[Colocation] = []
     for (node, gpu), group in by_gpu.items():
@@ -297,14 +305,28 @@ def colocations(items: Iterable[Consumer]) -> list[Colocation]:
     return found
 
 
+def forbidden_alone(items: Iterable[Consumer]) -> list[Colocation]:
+    """Every GPU that one tenant holds alone through a mechanism its current level forbids
+    (``LevelForbidsMechanism``: a namespace relabelled ``isolated`` whose claim still holds a
+    share device), with all of that tenant's consumers of the GPU. On a GPU of several
+    tenants :func:`colocations` reports such a holding among the GPU's verdicts."""
+    found: list[Colocation] = []
+    for (node, gpu), group in _by_gpu(items).items():
+        if len({c.tenancy.tenant for c in group}) == 1 and (own := _own_level(group)):
+            found.append(Colocation(node, gpu, tuple(group), own))
+    return found
+
+
+def _own_level(group: list[Consumer]) -> tuple[tuple[Consumer, Consumer, Verdict], ...]:
+    """Each consumer whose own level forbids its mechanism, paired with itself."""
+    verdicts = ((c, judge_request(c.tenancy, c.mechanism)) for c in group)
+    return tuple((c, c, v) for c, v in verdicts if not v.allowed)
+
+
 def _forbidden(
     group: list[Consumer], *, same_gpu: bool
 ) -> tuple[tuple[Consumer, Consumer, Verdict], ...]:
-    out: list[tuple[Consumer, Consumer, Verdict]] = []
-    for c in group:
-        own = judge_request(c.tenancy, c.mechanism)
-        if same_gpu and not own.allowed:
-            out.append((c, c, own))
+    out: list[tuple[Consumer, Consumer, Verdict]] = list(_own_level(group) if same_gpu else ())
     for i, a in enumerate(group):
         for b in group[i + 1 :]:
             if a.claim == b.claim or (a.gpu == b.gpu) != same_gpu:

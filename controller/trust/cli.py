@@ -2,14 +2,15 @@
 
 Reads Namespaces, ResourceClaims and ResourceSlices from the API server, resolves
 every namespace's tenant and trust level, and reports each GPU (and each dedicated
-node) used by more than one tenant with the verdict of the current levels. Label
+node) used by more than one tenant with the verdict of the current levels, and each GPU
+that one tenant holds alone through a mechanism its current level forbids. Label
 problems (unknown level, misplaced sharing group, conflicting namespaces of one
 tenant) are listed too, and so is every claim that could not be read whole (JSON nested
 too deep: the cut value is named; its allocation is still judged), and every allocated
 device whose GPU cannot be told (in no ResourceSlice, no GPU recorded in the claim's status,
 a name not of the plugin's form). Exit status: 0 all judged and allowed, 1 forbidden
-co-location found, 2 the cluster could not be read, 3 none found but the audit is
-incomplete (a device could not be judged).
+co-location or holding found, 2 the cluster could not be read, 3 none found but the audit
+is incomplete (a device could not be judged).
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from kubernetes import client
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from controller.kube_client import request
-from controller.trust.audit import DRIVER, Colocation, Unjudged, colocations, holdings
+from controller.trust.audit import (
+    DRIVER,
+    Colocation,
+    Unjudged,
+    colocations,
+    forbidden_alone,
+    holdings,
+)
 from driver.cli import Command
 from driver.errors import TrancheError
 from driver.flags import add_flag
@@ -92,6 +100,8 @@ def render_text(
     out: TextIO,
     unreadable: Sequence[str] = (),
     unjudged: Sequence[Unjudged] = (),
+    *,
+    alone: Sequence[Colocation] = (),
 ) -> None:
     problems = sorted({p for r in resolutions.values() for p in r.problems})
     for p in problems:
@@ -106,14 +116,48 @@ def render_text(
     for co in found:
         where = f"node {co.node} GPU {co.gpu}" if co.gpu else f"node {co.node} (dedicated)"
         verdict = "allowed" if co.allowed else "FORBIDDEN"
-        out.write(f"{where}: tenants {', '.join(co.tenants)}: {verdict}\n")
-        for c in co.consumers:
-            out.write(f"  {c.claim}: {_who(c)}\n")
-        for a, b, v in co.verdicts:
-            pair = a.claim if a is b else f"{a.claim} + {b.claim}"
-            out.write(f"  forbidden: {pair}: {v.reason}: {v.detail}\n")
+        _write_block(out, f"{where}: tenants {', '.join(co.tenants)}: {verdict}", co)
+    for co in alone:
+        _write_block(out, f"node {co.node} GPU {co.gpu}: tenant {co.tenants[0]}: FORBIDDEN", co)
     if unjudged:
         out.write(f"audit incomplete: {len(unjudged)} allocated device(s) could not be judged\n")
+
+
+def _write_block(out: TextIO, header: str, co: Colocation) -> None:
+    out.write(f"{header}\n")
+    for c in co.consumers:
+        out.write(f"  {c.claim}: {_who(c)}\n")
+    for a, b, v in co.verdicts:
+        pair = a.claim if a is b else f"{a.claim} + {b.claim}"
+        out.write(f"  forbidden: {pair}: {v.reason}: {v.detail}\n")
+
+
+def _block_json(co: Colocation) -> dict[str, Any]:
+    return {
+        "node": co.node,
+        "gpu": co.gpu,
+        "tenants": list(co.tenants),
+        "allowed": co.allowed,
+        "consumers": [
+            {
+                "claim": c.claim,
+                "tenant": c.tenancy.tenant,
+                "level": str(c.tenancy.level),
+                "sharingGroup": c.tenancy.sharing_group,
+                "mechanism": str(c.mechanism),
+                "device": c.device,
+            }
+            for c in co.consumers
+        ],
+        "forbidden": [
+            {
+                "claims": sorted({a.claim, b.claim}),
+                "reason": str(v.reason),
+                "detail": v.detail,
+            }
+            for a, b, v in co.verdicts
+        ],
+    }
 
 
 def render_json(
@@ -122,6 +166,8 @@ def render_json(
     out: TextIO,
     unreadable: Sequence[str] = (),
     unjudged: Sequence[Unjudged] = (),
+    *,
+    alone: Sequence[Colocation] = (),
 ) -> None:
     doc = {
         "labelProblems": sorted({p for r in resolutions.values() for p in r.problems}),
@@ -139,34 +185,8 @@ def render_json(
             }
             for u in unjudged
         ],
-        "colocations": [
-            {
-                "node": co.node,
-                "gpu": co.gpu,
-                "tenants": list(co.tenants),
-                "allowed": co.allowed,
-                "consumers": [
-                    {
-                        "claim": c.claim,
-                        "tenant": c.tenancy.tenant,
-                        "level": str(c.tenancy.level),
-                        "sharingGroup": c.tenancy.sharing_group,
-                        "mechanism": str(c.mechanism),
-                        "device": c.device,
-                    }
-                    for c in co.consumers
-                ],
-                "forbidden": [
-                    {
-                        "claims": sorted({a.claim, b.claim}),
-                        "reason": str(v.reason),
-                        "detail": v.detail,
-                    }
-                    for a, b, v in co.verdicts
-                ],
-            }
-            for co in found
-        ],
+        "colocations": [_block_json(co) for co in found],
+        "forbiddenAlone": [_block_json(co) for co in alone],
     }
     json.dump(doc, out, indent=2)
     out.write("\n")
@@ -189,9 +209,10 @@ def check(settings: TrustCheckSettings, api: client.ApiClient, out: TextIO) -> i
             u.reason,
         )
     found = colocations(held.consumers)
+    alone = forbidden_alone(held.consumers)
     render = render_json if settings.output == "json" else render_text
-    render(found, resolutions, out, unreadable, held.unjudged)
-    if not all(co.allowed for co in found):
+    render(found, resolutions, out, unreadable, held.unjudged, alone=alone)
+    if alone or not all(co.allowed for co in found):
         return 1
     return 3 if held.unjudged else 0
 

@@ -11,7 +11,13 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from controller.trust.audit import class_mechanism, colocations, consumers, holdings
+from controller.trust.audit import (
+    class_mechanism,
+    colocations,
+    consumers,
+    forbidden_alone,
+    holdings,
+)
 from controller.trust.cli import TrustCheckSettings, check, render_json, render_text
 from controller.trust.cli import command as trust_command
 from driver.devices.inventory import gpu_names, mig_name
@@ -19,13 +25,13 @@ from driver.sharing.devices import share_name
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP, Mechanism, Reason, resolve_tenants
 
 
-def share(name: str, group: str, uuid: str) -> dict[str, Any]:
+def share(name: str, group: str, uuid: str, sharing: str = "timeslice") -> dict[str, Any]:
     return {
         "name": name,
         "allowMultipleAllocations": True,
         "attributes": {
             "type": {"string": "gpu"},
-            "sharing": {"string": "timeslice"},
+            "sharing": {"string": sharing},
             "sharingGroup": {"string": group},
             "parentUUID": {"string": uuid},
         },
@@ -248,6 +254,7 @@ def test_devices_of_a_node_without_slices_are_placed_by_the_recorded_gpu_then_th
         ("p/c1", "i/c3", Reason.ISOLATED_GPU),
         ("s/c2", "i/c3", Reason.ISOLATED_GPU),
     }
+    assert forbidden_alone(held.consumers) == []  # reported once, in its GPU's co-location
 
 
 def test_a_device_nothing_places_is_reported_as_not_judged_and_the_check_exits_3(
@@ -303,3 +310,54 @@ def test_the_plugins_own_device_names_are_placed_without_slices() -> None:
     assert held.unjudged == []
     assert [c.mechanism for c in held.consumers] == list(names.values())
     assert {c.gpu for c in held.consumers} == {gpu}
+
+
+@pytest.mark.parametrize(
+    ("labels", "device", "forbidden"),
+    [
+        # Relabelled after prepare: the claim still holds what its old level allowed.
+        ({LABEL_LEVEL: "isolated"}, "gpu-aaaa-ts-blue", "isolated, which does not allow timeslice"),
+        ({LABEL_LEVEL: "isolated"}, "gpu-aaaa-mps-blue", "isolated, which does not allow mps"),
+        ({LABEL_LEVEL: "partitioned"}, "gpu-aaaa-ts-blue", "partitioned, which does not allow"),
+        ({LABEL_LEVEL: "isolated"}, "gpu-bbbb-mig-1g10gb-0", "isolated, which does not allow mig"),
+        ({LABEL_LEVEL: "dedicated"}, "gpu-bbbb-mig-1g10gb-0", "dedicated, which does not allow"),
+        ({LABEL_LEVEL: "partitioned"}, "gpu-bbbb-mig-1g10gb-0", None),
+        (shared("blue"), "gpu-aaaa-ts-blue", None),
+        (shared("blue"), "gpu-aaaa-mps-blue", None),
+        ({LABEL_LEVEL: "isolated"}, "gpu-aaaa", None),
+        ({LABEL_LEVEL: "dedicated"}, "gpu-aaaa", None),
+    ],
+)
+def test_a_holding_its_level_forbids_is_reported_with_no_other_tenant_on_the_gpu(
+    monkeypatch: pytest.MonkeyPatch, labels: dict[str, str], device: str, forbidden: str | None
+) -> None:
+    # Before: only GPUs of several tenants were listed, so a namespace relabelled isolated
+    # while its claim still held a share device (or a MIG device) read "no GPU ... used by
+    # more than one tenant" and exit 0, although the share device still lets its group's
+    # other tenants land next to it.
+    namespaces = [{"metadata": {"name": "a", "labels": labels}}]
+    claims = [claim("a", "c1", device)]
+    mps = share("gpu-aaaa-mps-blue", "blue", "GPU-A", sharing="mps")
+    slices = [{"spec": {**SLICES[0]["spec"], "devices": [*SLICES[0]["spec"]["devices"], mps]}}]
+    monkeypatch.setattr("controller.trust.cli._read", lambda _api: (namespaces, claims, slices))
+    out = io.StringIO()
+    status = check(TrustCheckSettings(), cast(Any, None), out)
+    assert status == (0 if forbidden is None else 1), out.getvalue()
+    doc = io.StringIO()
+    assert check(TrustCheckSettings(output="json"), cast(Any, None), doc) == status
+    alone = json.loads(doc.getvalue())["forbiddenAlone"]
+    if forbidden is None:
+        assert "FORBIDDEN" not in out.getvalue()
+        assert alone == []
+        return
+    gpu = "GPU-B" if "mig" in device else "GPU-A"
+    assert f"node node-a GPU {gpu}: tenant a: FORBIDDEN" in out.getvalue()
+    assert (
+        "  forbidden: a/c1: LevelForbidsMechanism: namespace a has trust level " in out.getvalue()
+    )
+    assert forbidden in out.getvalue()
+    (block,) = alone
+    (entry,) = block["forbidden"]
+    assert (block["gpu"], block["tenants"], block["allowed"]) == (gpu, ["a"], False)
+    assert (entry["claims"], entry["reason"]) == (["a/c1"], "LevelForbidsMechanism")
+    assert forbidden in entry["detail"]
