@@ -22,6 +22,8 @@ TENANT_UNMEASURED = "tranche_tenant_gpu_unmeasured_seconds_total"
 DEVICE_HELD = "tranche_device_held_seconds_total"
 DEVICE_IDLE = "tranche_device_idle_seconds_total"
 DEVICE_UNATTRIBUTED = "tranche_device_unattributed_seconds_total"
+DEVICE_UNMEASURED = "tranche_device_unmeasured_seconds_total"  # plugins since 2026-12-05
+DEVICE_SERIES = (DEVICE_HELD, DEVICE_IDLE, DEVICE_UNATTRIBUTED, DEVICE_UNMEASURED)
 REPORTED = (
     CLAIM_ALLOCATED,
     CLAIM_MEASURED,
@@ -32,6 +34,7 @@ REPORTED = (
     DEVICE_HELD,
     DEVICE_IDLE,
     DEVICE_UNATTRIBUTED,
+    DEVICE_UNMEASURED,
 )
 
 Labels = tuple[tuple[str, str], ...]
@@ -91,13 +94,23 @@ class ClaimUsage:
 
 @dataclass(frozen=True)
 class DeviceUsage:
-    """One device (GPU or MIG UUID) on one node, in GPU-seconds."""
+    """One device (GPU or MIG UUID) on one node, in GPU-seconds.
+
+    ``unmeasured_s`` is the part of ``held_s`` NVML could not read (a lost GPU; a dynamic MIG
+    device destroyed by its claim's unprepare, in the interval its claim ended): neither idle
+    nor busy, so the idle share is of the rest (0 from a plugin without the series).
+    """
 
     instance: str
     uuid: str
     held_s: float = 0.0
     idle_s: float = 0.0
     unattributed_s: float = 0.0
+    unmeasured_s: float = 0.0
+
+    @property
+    def idle_percent(self) -> float | None:
+        return idle_percent(self.held_s, self.idle_s, self.unmeasured_s)
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,18 @@ class DeviceTotals:
     held_s: float = 0.0
     idle_s: float = 0.0
     unattributed_s: float = 0.0
+    unmeasured_s: float = 0.0
+
+    @property
+    def idle_percent(self) -> float | None:
+        return idle_percent(self.held_s, self.idle_s, self.unmeasured_s)
+
+
+def idle_percent(held_s: float, idle_s: float, unmeasured_s: float) -> float | None:
+    """Idle share (0..100) of the held time NVML read, as the recording rule
+    ``instance_uuid:tranche_device_idle:ratio_rate5m``; None when it read none of it."""
+    measured_s = held_s - unmeasured_s
+    return 100 * idle_s / measured_s if measured_s > 0 else None
 
 
 @dataclass(frozen=True)
@@ -180,9 +205,9 @@ class UsageBuilder:
         elif name in (CLAIM_ALLOCATED, CLAIM_MEASURED):
             claim = (labels.get("namespace", ""), labels.get("claim", ""), labels.get("tenant", ""))
             self._claims.setdefault(claim, [0.0, 0.0])[name == CLAIM_MEASURED] += increase
-        elif name in (DEVICE_HELD, DEVICE_IDLE, DEVICE_UNATTRIBUTED):
-            device = self._devices.setdefault((instance, labels.get("uuid", "")), [0.0, 0.0, 0.0])
-            device[(DEVICE_HELD, DEVICE_IDLE, DEVICE_UNATTRIBUTED).index(name)] += increase
+        elif name in DEVICE_SERIES:
+            device = self._devices.setdefault((instance, labels.get("uuid", "")), [0.0] * 4)
+            device[DEVICE_SERIES.index(name)] += increase
 
     def mark(self, time: float) -> None:
         """Record every tenant's cumulative usage so far at ``time``."""
@@ -203,9 +228,10 @@ class UsageBuilder:
                 held_s=sum(d.held_s for d in devices),
                 idle_s=sum(d.idle_s for d in devices),
                 unattributed_s=sum(d.unattributed_s for d in devices),
+                unmeasured_s=sum(d.unmeasured_s for d in devices),
             ),
             timeline=tuple(self._timeline),
-            notes=tuple(notes),
+            notes=(*notes, *_unmeasured_note(devices)),
             claims=tuple(ClaimUsage(*k, *v) for k, v in sorted(self._claims.items())),
             device_rows=devices,
             node_rows=tuple(NodeTenantUsage(*k, *v) for k, v in sorted(self._nodes.items())),
@@ -213,10 +239,36 @@ class UsageBuilder:
         )
 
 
+def _unmeasured_note(devices: Sequence[DeviceUsage]) -> list[str]:
+    unread = [d for d in devices if d.unmeasured_s > 0]
+    if not unread:
+        return []
+    nodes = len({d.instance for d in unread})
+    return [
+        f"{len(unread)} device{'s' * (len(unread) > 1)} on {nodes} node{'s' * (nodes > 1)} held "
+        f"{sum(d.unmeasured_s for d in unread) / 3600:.3f} GPU-h NVML could not read (a lost "
+        "GPU; a dynamic MIG device in the interval its claim ended): neither idle nor busy, so "
+        "a device's idle share is of the held time NVML read"
+    ]
+
+
 def _increase(before: float | None, after: float) -> float:
     if before is None or after < before:  # a new series, or a reset by a restart
         return after
     return after - before
+
+
+def _kept_since(key: SeriesKey, before: Snapshot, after: Snapshot) -> bool:
+    """Whether a device's unmeasured series missing from ``before`` was exported then, only
+    not kept: a plugin exports it beside the device's held series, so a held series there
+    that did not drop since (no restart) means a scrape by a report older than the series
+    (a baseline file written before 2026-12-05). Its increase there is unknown: counted as
+    none, rather than its whole total since the plugin started."""
+    instance, name, labels = key
+    if name != DEVICE_UNMEASURED:
+        return False
+    held = (instance, DEVICE_HELD, labels)
+    return held in before.values and after.values.get(held, 0.0) >= before.values[held]
 
 
 def report_from_snapshots(chain: Iterable[Snapshot], source: str, notes: Sequence[str]) -> Report:
@@ -237,6 +289,9 @@ def report_from_snapshots(chain: Iterable[Snapshot], source: str, notes: Sequenc
     for before, after in itertools.pairwise(snapshots):
         for key, value in after.values.items():
             instance, name, labels = key
-            builder.add(name, dict(labels), _increase(before.values.get(key), value), instance)
+            previous = before.values.get(key)
+            if previous is None and _kept_since(key, before, after):
+                previous = value
+            builder.add(name, dict(labels), _increase(previous, value), instance)
         builder.mark(after.time)
     return builder.build(snapshots[0].time, snapshots[-1].time, source, notes)

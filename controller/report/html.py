@@ -94,6 +94,10 @@ _SCRIPT = """
     var cell = row.cells[col];
     return cell.hasAttribute("data-value") ? cell.getAttribute("data-value") : cell.textContent;
   }
+  function number(text) {  // an empty cell (no value) sorts below every number
+    var n = parseFloat(text);
+    return isNaN(n) ? -1e308 : n;
+  }
   function sortBy(table, th, col) {
     var ascending = th.getAttribute("aria-sort") !== "ascending";
     Array.prototype.forEach.call(th.parentNode.cells, function (c) {
@@ -105,7 +109,7 @@ _SCRIPT = """
     var rows = Array.prototype.slice.call(body.rows);
     rows.sort(function (a, b) {
       var x = key(a, col), y = key(b, col);
-      var order = numeric ? parseFloat(x) - parseFloat(y) : x.localeCompare(y);
+      var order = numeric ? number(x) - number(y) : x.localeCompare(y);
       return ascending ? order : -order;
     });
     rows.forEach(function (r) { body.appendChild(r); });
@@ -137,7 +141,12 @@ def _host(instance: str) -> str:
     return urlsplit(instance).netloc or instance
 
 
-def _cell(value: str | float | Decimal, column: _Column) -> str:
+Cell = str | float | Decimal | None  # None: a number with no value (shown as a dash)
+
+
+def _cell(value: Cell, column: _Column) -> str:
+    if value is None:
+        return f'<td class="num" data-col="{column.key}" data-value="">&ndash;</td>'
     if not column.numeric:
         text = str(value)
         if column.key == "instance" and _host(text) != text:
@@ -158,8 +167,8 @@ def _cell(value: str | float | Decimal, column: _Column) -> str:
 def _table(
     table_id: str,
     columns: Sequence[_Column],
-    rows: Iterable[Sequence[str | float | Decimal]],
-    footer: Sequence[str | float | Decimal] | None = None,
+    rows: Iterable[Sequence[Cell]],
+    footer: Sequence[Cell] | None = None,
 ) -> str:
     head = "".join(
         f'<th scope="col"{" class=num" if c.numeric else ""} data-col="{c.key}">'
@@ -370,21 +379,23 @@ def render_html(report: Report, cost: CostReport | None = None) -> str:
         _Column("MIG", "profile"),
         _Column("Held GPU-h", "held_gpu_hours", True),
         _Column("Idle GPU-h", "idle_gpu_hours", True),
+        _Column("Unmeasured GPU-h", "unmeasured_gpu_hours", True),
         _Column("Idle %", "idle_percent", True, 1),
     ]
     if cost is not None:
         device_cols.append(_Column(f"Idle {cost.currency}", "idle_cost", True))
-    device_rows: list[list[str | float | Decimal]] = []
+    device_rows: list[list[Cell]] = []
     for d in idlest_devices(report):
         priced = device_cost.get((d.instance, d.uuid))
-        line: list[str | float | Decimal] = [
+        line: list[Cell] = [
             d.instance,
             d.uuid,
             priced.product if priced is not None else "",
             (priced.profile or "") if priced is not None else "",
             d.held_s / HOUR,
             d.idle_s / HOUR,
-            100 * d.idle_s / d.held_s if d.held_s else 0.0,
+            d.unmeasured_s / HOUR,
+            d.idle_percent,  # of the held time NVML read; None: it read none
         ]
         if cost is not None:
             line.append(priced.idle if priced is not None else Decimal("0.00"))

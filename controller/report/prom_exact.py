@@ -9,8 +9,10 @@ from collections.abc import Iterator, Sequence
 from controller.report.data import DEVICE_HELD
 from controller.report.prom_client import Client, Labels, series_key
 from controller.report.promql import (
+    METRIC,
     TAG,
     anchor_of,
+    batched,
     corrections,
     dropped_series,
     drops_by_node,
@@ -43,44 +45,51 @@ def drops(client: Client, plan: Plan) -> Drops:
 
 
 def totals(
-    client: Client, metric: str, by: Sequence[str], plan: Plan, dropped: Drops
-) -> dict[Labels, float]:
-    """Per group of ``by``, the metric's exact increase over the window: last value minus
+    client: Client, metrics: Sequence[str], by: Sequence[str], plan: Plan, dropped: Drops
+) -> dict[str, dict[Labels, float]]:
+    """Per metric and group of ``by``, the exact increase over the window: last value minus
     anchor, summed by the server, plus for the nodes and steps with a drop the value before
-    each drop (summed by the server too; the few series it cannot place are read apart)."""
+    each drop (summed by the server too; the few series it cannot place are read apart).
+    The ``metrics`` share each query (:func:`~controller.report.promql.batched`)."""
     end_ms, step_ms, steps = plan
-    sums: dict[Labels, dict[str, float]] = {}
-    query = window_total(metric, by, steps * step_ms / 1000, _anchor_s(step_ms))
+    window_s = steps * step_ms / 1000
+    sums: dict[tuple[str, Labels], dict[str, float]] = {}
+    query = batched({m: window_total(m, by, window_s, _anchor_s(step_ms)) for m in metrics})
     for labels, _, v in client.instant(query, end_ms):
-        key = _group(labels, by)
+        key = (labels.get(METRIC, metrics[0]), _group(labels, by))
         sums.setdefault(key, {})[labels.get(TAG, "")] = v
-    out = {key: q.get("L", 0.0) - q.get("A", 0.0) for key, q in sums.items()}
+    out: dict[str, dict[Labels, float]] = {m: {} for m in metrics}
+    for (metric, group), q in sums.items():
+        out[metric][group] = q.get("L", 0.0) - q.get("A", 0.0)
+
+    def add(metric: str, labels: dict[str, str], v: float) -> None:
+        key = _group(labels, by)
+        out[metric][key] = out[metric].get(key, 0.0) + v
+
     parts = max(1, min(SUBSTEPS, step_ms // 1000))  # sub-steps of a second at least
     sub_ms = -(-step_ms // parts)  # rounded up: they cover the step (and a few ms before it)
     for at_ms, nodes in sorted(dropped.items()):
-        selector = on_nodes(metric, sorted(nodes))
+        selectors = {m: on_nodes(m, sorted(nodes)) for m in metrics}
         first = at_ms - (parts - 1) * sub_ms
-        left: list[int] = []
-        for labels, t, v in client.range(corrections(selector, by, sub_ms / 1000), first,
-                                         at_ms, sub_ms):  # fmt: skip
+        left: list[tuple[str, int]] = []
+        query = batched({m: corrections(s, by, sub_ms / 1000) for m, s in selectors.items()})
+        for labels, t, v in client.range(query, first, at_ms, sub_ms):
+            metric = labels.get(METRIC, metrics[0])
             if labels.get(TAG) == "unplaced":
-                left.append(round(t * 1000))
+                left.append((metric, round(t * 1000)))
             else:
-                key = _group(labels, by)
-                out[key] = out.get(key, 0.0) + v
-        for sub_at in left:
-            for labels, v in _unplaced(client, selector, metric, sub_at, sub_ms):
-                key = _group(labels, by)
-                out[key] = out.get(key, 0.0) + v
-    for labels, v in _reborn(client, metric, plan, dropped):
-        key = _group(labels, by)
-        out[key] = out.get(key, 0.0) + v
+                add(metric, labels, v)
+        for metric, sub_at in left:
+            for labels, v in _unplaced(client, selectors[metric], metric, sub_at, sub_ms):
+                add(metric, labels, v)
+    for metric, labels, v in _reborn(client, metrics, plan, dropped):
+        add(metric, labels, v)
     return out
 
 
 def _reborn(
-    client: Client, metric: str, plan: Plan, dropped: Drops
-) -> Iterator[tuple[dict[str, str], float]]:
+    client: Client, metrics: Sequence[str], plan: Plan, dropped: Drops
+) -> Iterator[tuple[str, dict[str, str], float]]:
     """Series that dropped on a node whose plugin did not restart: a tenant's, claim's or MIG
     device's series removed after its retention window and exported again from zero (the
     held counters, which find restarts, do not drop then, and the drop lies across a gap no
@@ -88,10 +97,11 @@ def _reborn(
     end_ms, step_ms, steps = plan
     window_s, anchor_s = steps * step_ms / 1000, _anchor_s(step_ms)
     restarted = sorted({n for nodes in dropped.values() for n in nodes})
-    selector = off_nodes(metric, restarted)
-    found = client.instant(dropped_series(selector, window_s + anchor_s), end_ms)
-    for labels, _, _ in found:
-        series = dict(series_key(labels))
+    query = batched({m: dropped_series(off_nodes(m, restarted), window_s + anchor_s)
+                     for m in metrics})  # fmt: skip
+    for labels, _, _ in client.instant(query, end_ms):
+        metric = labels.get(METRIC, metrics[0])
+        series = dict(series_key({k: v for k, v in labels.items() if k != METRIC}))
         anchor = client.instant(anchor_of(metric, series, window_s, anchor_s), end_ms)
         read = client.samples(raw_selector(metric, series, window_s), end_ms)
         with client.lock:
@@ -100,7 +110,7 @@ def _reborn(
         values = read[0][1] if read else []
         last = values[-1] if values else before
         q = {k: v for k, v in (("L", last), ("A", before)) if v is not None}
-        yield series, from_samples(before, values) - naive(q)
+        yield metric, series, from_samples(before, values) - naive(q)
 
 
 def _group(labels: dict[str, str], by: Sequence[str]) -> Labels:

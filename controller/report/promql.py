@@ -26,6 +26,7 @@ import json
 from collections.abc import Sequence
 
 TAG = "tranche_q"  # the label naming which quantity a row of :func:`quantities` holds
+METRIC = "tranche_m"  # the label naming which metric a row of a :func:`batched` query holds
 QUANTITIES = ("L", "A", "max", "min", "resets", "drops", "near")
 NEAR_S = 900.0  # an anchor this close before the step: drops at the step's edge are counted
 
@@ -47,6 +48,18 @@ def _parts(metric: str, step_s: float, anchor_s: float) -> dict[str, str]:
         "drops": f"(resets({metric}[{near_t}]) - resets({metric}[{near}] offset {t}))",
         "near": f"last_over_time({metric}[{near}] offset {t})",
     }
+
+
+def batched(queries: dict[str, str]) -> str:
+    """One query asking what each metric's query (of one shape, keyed by metric) asks, its
+    rows tagged with the metric in ``METRIC``: aggregations and functions drop the metric's
+    name, and rows with the same labels would be one to ``or``. A metric read beside another
+    costs its series, not another query. A single metric's query is sent as it is."""
+    if len(queries) == 1:
+        return next(iter(queries.values()))
+    return " or ".join(
+        f'label_replace({q}, "{METRIC}", "{metric}", "", "")' for metric, q in queries.items()
+    )
 
 
 def window_total(metric: str, by: Sequence[str], window_s: float, anchor_s: float) -> str:

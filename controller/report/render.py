@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from controller.report.cost import CostReport, TenantCost
-from controller.report.data import ClaimUsage, DeviceUsage, Report, TenantUsage
+from controller.report.data import ClaimUsage, DeviceTotals, DeviceUsage, Report, TenantUsage
 
 HOUR = 3600.0
 GIB_HOUR = float(1 << 30) * HOUR
@@ -62,6 +62,21 @@ def top_claims(report: Report, n: int = 10) -> list[ClaimUsage]:
 
 def idlest_devices(report: Report, n: int = 10) -> list[DeviceUsage]:
     return sorted(report.device_rows, key=lambda d: (-d.idle_s, d.instance, d.uuid))[:n]
+
+
+def devices_line(devices: DeviceTotals) -> str:
+    """Held, idle (with its share of the held time NVML read), unattributed and unmeasured."""
+    share = devices.idle_percent
+    read = devices.held_s - devices.unmeasured_s
+    of = "held" if devices.unmeasured_s <= 0 else f"the {read / HOUR:.3f} GPU-h NVML read"
+    idle = f"idle {devices.idle_s / HOUR:.3f} GPU-h"
+    if share is not None:
+        idle += f" ({share:.1f} % of {of})"
+    return (
+        f"Devices: held {devices.held_s / HOUR:.3f} GPU-h, {idle}, "
+        f"unattributed {devices.unattributed_s / HOUR:.3f} GPU-h, "
+        f"unmeasured {devices.unmeasured_s / HOUR:.3f} GPU-h"
+    )
 
 
 def reconciliation(cost: CostReport) -> str:
@@ -131,6 +146,8 @@ def render_json(report: Report, cost: CostReport | None = None) -> str:
             "held_gpu_hours": report.devices.held_s / HOUR,
             "idle_gpu_hours": report.devices.idle_s / HOUR,
             "unattributed_gpu_hours": report.devices.unattributed_s / HOUR,
+            "unmeasured_gpu_hours": report.devices.unmeasured_s / HOUR,
+            "idle_percent": report.devices.idle_percent,
         },
         "claims": [
             {
@@ -150,6 +167,8 @@ def render_json(report: Report, cost: CostReport | None = None) -> str:
                 "held_gpu_hours": d.held_s / HOUR,
                 "idle_gpu_hours": d.idle_s / HOUR,
                 "unattributed_gpu_hours": d.unattributed_s / HOUR,
+                "unmeasured_gpu_hours": d.unmeasured_s / HOUR,
+                "idle_percent": d.idle_percent,
             }
             for d in idlest_devices(report, len(report.device_rows))
         ],
@@ -201,9 +220,7 @@ def render_table(report: Report, cost: CostReport | None = None) -> str:
         fmt(header),
         *(fmt(line) for line in body),
         "",
-        f"Devices: held {report.devices.held_s / HOUR:.3f} GPU-h, "
-        f"idle {report.devices.idle_s / HOUR:.3f} GPU-h, "
-        f"unattributed {report.devices.unattributed_s / HOUR:.3f} GPU-h",
+        devices_line(report.devices),
     ]
     if cost is not None:
         lines += [

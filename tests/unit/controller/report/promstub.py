@@ -4,7 +4,8 @@ It answers some of the report's queries from a table of raw samples per metric: 
 totals (``controller.report.promql.window_total``: per group the sum of last values and of
 anchors) and the timeline's ``rate()`` per tenant and step, as the real server computes them
 for series without a drop, and those that read apart a series with a drop on a node that did
-not restart (``dropped_series``, ``anchor_of``, its samples). Every other query answers nothing
+not restart (``dropped_series``, ``anchor_of``, its samples), each also several metrics at once
+(``controller.report.promql.batched``). Every other query answers nothing
 and the rules API is not served: drops, rules and the exactness of it all are checked on the
 real server (``tests/e2e/test_prometheus_report_exact.py``, ``tests/e2e/test_prometheus.py``).
 """
@@ -150,15 +151,37 @@ def handler(answer: Callable[[str, dict[str, str]], Any]) -> type[BaseHTTPReques
     return Handler
 
 
+_BATCHED = re.compile(r'label_replace\((.*?), "tranche_m", "([a-z_]+)", "", ""\)(?: or |$)')
+
+
+def batched_answer(
+    one: Callable[[Table, str, float], Any], table: Table, query: str, at: float
+) -> Any:
+    """``one``'s answer to each metric's part of a batched query, its rows tagged with the
+    metric; ``one``'s answer to any other query."""
+    parts = _BATCHED.findall(query)
+    if not parts or "".join(_BATCHED.sub("", query)):
+        return one(table, query, at)
+    result = []
+    for part, metric in parts:
+        found = one(table, part, at)
+        if found is None:
+            return None
+        result += [
+            {**r, "metric": {**r["metric"], "tranche_m": metric}} for r in found["data"]["result"]
+        ]
+    return _vector(result)
+
+
 def table_answer(table: Table) -> Callable[[str, dict[str, str]], Any]:
     """Window totals and timeline rates from ``table``; nothing for other queries; 404 for
     the rest of the API."""
 
     def answer(path: str, q: dict[str, str]) -> Any:
         if path == "/api/v1/query":
-            found = total_answer(table, q["query"], float(q["time"]))
+            found = batched_answer(total_answer, table, q["query"], float(q["time"]))
             if found is None:
-                found = series_answer(table, q["query"], float(q["time"]))
+                found = batched_answer(series_answer, table, q["query"], float(q["time"]))
             return found if found is not None else _vector([])
         if path != "/api/v1/query_range":
             return None
