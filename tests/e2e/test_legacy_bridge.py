@@ -90,6 +90,22 @@ def _claim(api: client.ApiClient, namespace: str, name: str) -> Obj:
     return get_json(api, f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaims/{name}")
 
 
+def _allocated_results(api: client.ApiClient, namespace: str, pod: str) -> list[Obj]:
+    """The allocation results of the claim generated for ``pod``'s first claim, once the
+    scheduler allocated it."""
+    statuses = wait_for(
+        "the claim generated from the template",
+        lambda: _get_pod(api, namespace, pod)["status"].get("resourceClaimStatuses"),
+    )
+    claim_name = statuses[0]["resourceClaimName"]
+    allocation = wait_for(
+        f"claim {claim_name} to be allocated",
+        lambda: (_claim(api, namespace, claim_name).get("status") or {}).get("allocation"),
+    )
+    results: list[Obj] = allocation["devices"]["results"]
+    return results
+
+
 @pytest.mark.matrix
 def test_scheduler_allocates_tranche_gpus_for_a_legacy_gpu_request(
     api: client.ApiClient, namespace: str, make_node: Callable[..., str]
@@ -277,15 +293,7 @@ def test_fallback_webhook_rewrites_a_gpu_pod_into_a_claim_the_scheduler_allocate
         exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
         assert (exactly["deviceClassName"], exactly["count"]) == ("gpu.tranche.dev", 2)
 
-        statuses = wait_for(
-            "the claim generated from the template",
-            lambda: _get_pod(api, namespace, "legacy")["status"].get("resourceClaimStatuses"),
-        )
-        claim_name = statuses[0]["resourceClaimName"]
-        results = wait_for(
-            f"claim {claim_name} to be allocated",
-            lambda: (_claim(api, namespace, claim_name).get("status") or {}).get("allocation"),
-        )["devices"]["results"]
+        results = _allocated_results(api, namespace, "legacy")
         assert len({r["device"] for r in results}) == 2
 
         # A second pod with the same count reuses the template; a bad count is refused.
@@ -325,15 +333,7 @@ def test_fallback_webhook_gives_an_init_container_the_app_containers_gpu(
         ]
         for key in ("initContainers", "containers"):
             assert pod["spec"][key][0]["resources"]["claims"] == [{"name": "legacy-c0-gpu"}]
-        statuses = wait_for(
-            "the claim generated from the template",
-            lambda: _get_pod(api, namespace, "legacy-init")["status"].get("resourceClaimStatuses"),
-        )
-        claim_name = statuses[0]["resourceClaimName"]
-        results = wait_for(
-            f"claim {claim_name} to be allocated",
-            lambda: (_claim(api, namespace, claim_name).get("status") or {}).get("allocation"),
-        )["devices"]["results"]
+        results = _allocated_results(api, namespace, "legacy-init")
         assert len(results) == 1
 
 

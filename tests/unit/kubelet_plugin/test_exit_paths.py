@@ -8,10 +8,8 @@ registered stays registered with a dead DRA socket until the file goes.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,11 +47,8 @@ def _sockets(root: Path) -> list[str]:
 
 
 @pytest.fixture
-def tmp() -> Iterator[Path]:
-    """A short directory: a socket path under pytest's ``tmp_path`` passes the Unix limit."""
-    path = Path(tempfile.mkdtemp(prefix="kl", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def tmp(short_tmp: Path) -> Path:
+    return short_tmp
 
 
 @pytest.fixture

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -40,10 +38,8 @@ ALL_SERVICES = [
 
 
 @pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="kl", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def root(short_tmp: Path) -> Path:
+    return short_tmp
 
 
 @pytest.fixture

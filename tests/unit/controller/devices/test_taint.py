@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -267,6 +268,24 @@ def test_taint_refuses_a_device_name_found_on_several_nodes(
     assert [verb for verb, path in calls if path.startswith("/rules")] == ["GET", "POST"]
 
 
+Request = Callable[..., dict[str, object] | None]
+
+
+def run_taint_with(
+    monkeypatch: pytest.MonkeyPatch, request: Request, args: list[str], devices: Any = DEVICES
+) -> int:
+    """``tranche taint ARGS`` against ``devices``, every API request answered by ``request``."""
+    monkeypatch.setattr(taint, "api_client", lambda kubeconfig: object())
+    monkeypatch.setattr(taint, "rules_api", lambda api: ("resource.k8s.io/v1", "/rules"))
+    monkeypatch.setattr(
+        taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=tuple(devices))
+    )
+    monkeypatch.setattr(taint, "request", request)
+    parser = argparse.ArgumentParser()
+    taint.add_taint_arguments(parser, {})
+    return taint.run_taint(parser.parse_args(args))
+
+
 @pytest.mark.parametrize(
     ("effect", "time_added"),
     [("NoExecute", "2026-01-02T03:04:05Z"), ("NoSchedule", None)],
@@ -289,16 +308,8 @@ def test_tainting_again_keeps_the_time_of_an_unchanged_effect(
         sent.append((verb, body))
         return existing if verb == "GET" else body
 
-    monkeypatch.setattr(taint, "api_client", lambda kubeconfig: object())
-    monkeypatch.setattr(taint, "rules_api", lambda api: ("resource.k8s.io/v1", "/rules"))
-    monkeypatch.setattr(
-        taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=tuple(DEVICES))
-    )
-    monkeypatch.setattr(taint, "request", request)
-    parser = argparse.ArgumentParser()
-    taint.add_taint_arguments(parser, {})
     args = ["node-a", "gpu-1a2b3c4d", "--effect", effect, "--reason", "RMA 4411 filed"]
-    assert taint.run_taint(parser.parse_args(args)) == 0
+    assert run_taint_with(monkeypatch, request, args) == 0
     [body] = [body for verb, body in sent if verb == "PUT"]
     assert body is not None
     spec: dict[str, Any] = body["spec"]  # type: ignore[assignment]
@@ -354,16 +365,8 @@ def test_taint_says_which_claims_it_evicts(
             writes.append(verb)
         return None
 
-    monkeypatch.setattr(taint, "api_client", lambda kubeconfig: object())
-    monkeypatch.setattr(taint, "rules_api", lambda api: ("resource.k8s.io/v1", "/rules"))
-    monkeypatch.setattr(
-        taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=tuple(DEVICES))
-    )
-    monkeypatch.setattr(taint, "request", request)
-    parser = argparse.ArgumentParser()
-    taint.add_taint_arguments(parser, {})
     args = ["node-a", "gpu-1a2b3c4d", "--effect", effect, "--reason", "fan"]
-    assert taint.run_taint(parser.parse_args(args)) == 0
+    assert run_taint_with(monkeypatch, request, args) == 0
     assert writes == ["POST"]
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"tainted node-a/gpu-1a2b3c4d: gpu.tranche.dev/admin:{effect}")

@@ -101,6 +101,20 @@ def test_a_pod_of_the_wrong_shape_is_denied_naming_the_field(
     assert response["status"]["message"].startswith("pod team-a/")
 
 
+def allows_a_pod(host: str, port: int, ca_bundle: bytes) -> bool:
+    """Whether the webhook at ``host:port`` (TLS, its CA ``ca_bundle``) answers a review of a
+    plain pod with 200 and ``allowed``."""
+    ctx = ssl.create_default_context(cadata=ca_bundle.decode())
+    ctx.check_hostname = False
+    conn = http.client.HTTPSConnection(host, port, context=ctx, timeout=10)
+    try:
+        conn.request("POST", MUTATE_PODS_PATH, body=json.dumps(review({"spec": {}})).encode())
+        answer = conn.getresponse()
+        return answer.status == 200 and json.loads(answer.read())["response"]["allowed"] is True
+    finally:
+        conn.close()
+
+
 def test_the_webhook_answers_on_an_ipv6_address() -> None:
     """An IPv6 host in brackets is served: ``--webhook-address [::1]:8443``."""
     bundle = rotate(None, POLICY, dt.datetime.now(dt.UTC))
@@ -110,14 +124,7 @@ def test_the_webhook_answers_on_an_ipv6_address() -> None:
         server = WebhookServer("::1", 0, tls, api, ControllerMetrics(), template_interval_s=3600)
         server.start()
         try:
-            ctx = ssl.create_default_context(cadata=bundle.ca_bundle.decode())
-            ctx.check_hostname = False
-            conn = http.client.HTTPSConnection("::1", server.port, context=ctx, timeout=10)
-            conn.request("POST", MUTATE_PODS_PATH, body=json.dumps(review({"spec": {}})).encode())
-            answer = conn.getresponse()
-            assert answer.status == 200
-            assert json.loads(answer.read())["response"]["allowed"] is True
-            conn.close()
+            assert allows_a_pod("::1", server.port, bundle.ca_bundle)
         finally:
             server.stop()
 
@@ -136,14 +143,6 @@ def test_the_charts_port_alone_is_called_over_ipv4_and_ipv6(peer: str) -> None:
         controller.tls._install(bundle)
         controller.webhook.start()
         try:
-            ctx = ssl.create_default_context(cadata=bundle.ca_bundle.decode())
-            ctx.check_hostname = False
-            port = controller.webhook.port
-            conn = http.client.HTTPSConnection(peer, port, context=ctx, timeout=10)
-            conn.request("POST", MUTATE_PODS_PATH, body=json.dumps(review({"spec": {}})).encode())
-            answer = conn.getresponse()
-            assert answer.status == 200
-            assert json.loads(answer.read())["response"]["allowed"] is True
-            conn.close()
+            assert allows_a_pod(peer, controller.webhook.port, bundle.ca_bundle)
         finally:
             controller.stop()
