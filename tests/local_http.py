@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import TypeVar
 
 import pytest
+from prometheus_client import CollectorRegistry, start_http_server
 
 Server = TypeVar("Server", bound=HTTPServer)
 
@@ -68,3 +69,16 @@ def get(host: str, port: int, path: str) -> tuple[int, bytes]:
         return answer.status, answer.read()
     finally:
         conn.close()
+
+
+@contextmanager
+def metrics_page(registry: CollectorRegistry) -> Iterator[str]:
+    """``registry`` served by prometheus-client on 127.0.0.1, as a plugin's ``/metrics``:
+    the URL, until the block ends."""
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

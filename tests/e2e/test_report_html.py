@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from controller.report.catalog import DeviceInfo
 from controller.report.cli import ReportSettings, add_arguments, run
@@ -38,6 +38,7 @@ from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
 from tests.conftest import unavailable
 from tests.e2e.conftest import Cluster
 from tests.e2e.dra_objects import publishing
+from tests.local_http import metrics_page
 
 GIB = 1 << 30
 H100 = "NVIDIA H100 80GB HBM3"
@@ -215,14 +216,8 @@ def parse_dom(html: str) -> Dom:
 @pytest.fixture
 def plugin() -> Iterator[tuple[Metrics, str]]:
     registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
-    try:
-        yield metrics, f"http://127.0.0.1:{server.server_port}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with metrics_page(registry) as page:
+        yield Metrics(registry), page
 
 
 def args(argv: list[str]) -> argparse.Namespace:

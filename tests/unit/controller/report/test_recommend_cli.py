@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from controller.report.cli import ReportSettings, add_arguments, run
 from controller.report.owners import Cluster
@@ -23,6 +23,7 @@ from driver.sharing.devices import share_devices
 from driver.sharing.settings import SharingConfig
 from driver.trust.policy import LABEL_LEVEL, LABEL_SHARING_GROUP
 from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
+from tests.local_http import metrics_page
 from tests.unit.controller.report.promstub import (
     Table,
     serving,
@@ -231,17 +232,11 @@ def test_recommend_from_plugin_endpoints_says_there_is_no_history(
     sampler.sample_once()
     now[0] = 3600.0
     sampler.sample_once()
-    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/metrics"
+    with metrics_page(registry) as url:
         assert recommend(["--metrics-url", url, "--output", "json"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert recommend(["--metrics-url", url]) == 0
         text = capsys.readouterr().out
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
     (serve,) = doc["workloads"]
     assert (serve["kind"], serve["name"], serve["claims"]) == ("Deployment", "serve", ["serve-a"])
     assert serve["status"] == "too-little-data" and "no history" in serve["reason"]

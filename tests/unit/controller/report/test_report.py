@@ -12,7 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.report.catalog import DeviceInfo
@@ -25,6 +25,7 @@ from controller.report.prices import parse_prices
 from driver.metrics import Metrics
 from driver.nvml.sim import SimControl, create_state, open_simulated
 from driver.usage.attribution import ClaimAllocation, HeldDevice, UsageSampler
+from tests.local_http import metrics_page
 from tests.unit.controller.report.promstub import Table, serving, table_answer
 
 POD_A = "3f1e2c9a-1b2c-4d5e-8f90-123456789abc"
@@ -106,14 +107,8 @@ class Plugin:
 def plugin() -> Iterator[Plugin]:
     """A plugin's metrics served by prometheus-client on 127.0.0.1."""
     registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
-    try:
-        yield Plugin(metrics, registry, f"http://127.0.0.1:{server.server_port}/metrics")
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with metrics_page(registry) as url:
+        yield Plugin(Metrics(registry), registry, url)
 
 
 def counters(registry: CollectorRegistry, name: str) -> dict[str, float]:

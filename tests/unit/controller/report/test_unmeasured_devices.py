@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from controller.report.cli import ReportSettings, build_report
 from controller.report.data import Snapshot, report_from_snapshots
@@ -17,6 +17,7 @@ from controller.report.html import render_html
 from controller.report.render import render_json, render_table
 from driver.metrics import Metrics
 from driver.usage.attribution import UsageSampler
+from tests.local_http import metrics_page
 from tests.unit.controller.report.promstub import Table, serving, table_answer
 from tests.unit.controller.report.test_report import SimNode
 
@@ -28,14 +29,8 @@ UNMEASURED = "tranche_device_unmeasured_seconds_total"
 @pytest.fixture
 def url() -> Iterator[tuple[Metrics, str]]:
     registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
-    try:
-        yield metrics, f"http://127.0.0.1:{server.server_port}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with metrics_page(registry) as page:
+        yield Metrics(registry), page
 
 
 def page_cells(page: str, column: str) -> list[str]:
