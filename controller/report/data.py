@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 CLAIM_ALLOCATED = "tranche_claim_gpu_allocated_seconds_total"
 CLAIM_MEASURED = "tranche_claim_gpu_measured_seconds_total"
 CLAIM_MEMORY = "tranche_claim_gpu_memory_byte_seconds_total"
+CLAIM_UNMEASURED = "tranche_claim_gpu_unmeasured_seconds_total"
 TENANT_ALLOCATED = "tranche_tenant_gpu_allocated_seconds_total"
 TENANT_MEASURED = "tranche_tenant_gpu_measured_seconds_total"
 TENANT_MEMORY = "tranche_tenant_gpu_memory_byte_seconds_total"
@@ -27,6 +28,7 @@ DEVICE_SERIES = (DEVICE_HELD, DEVICE_IDLE, DEVICE_UNATTRIBUTED, DEVICE_UNMEASURE
 REPORTED = (
     CLAIM_ALLOCATED,
     CLAIM_MEASURED,
+    CLAIM_UNMEASURED,
     TENANT_ALLOCATED,
     TENANT_MEASURED,
     TENANT_MEMORY,
@@ -51,16 +53,24 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class TenantUsage:
+    """A namespace and tenant's usage on all nodes.
+
+    ``unmeasured_s`` is the part of ``allocated_s`` on devices NVML could not read: neither
+    measured nor idle (the cost charges it as used), so idle is of the rest.
+    """
+
     namespace: str
     tenant: str
     allocated_s: float = 0.0
     measured_s: float = 0.0
     memory_byte_s: float = 0.0
+    unmeasured_s: float = 0.0
 
     @property
     def idle_s(self) -> float:
-        """Allocated but not used (never negative: over-use of a time-slice is not credit)."""
-        return max(self.allocated_s - self.measured_s, 0.0)
+        """Allocated, read by NVML and not used (never negative: over-use of a time-slice is
+        not credit)."""
+        return unused(self.allocated_s, self.measured_s, self.unmeasured_s)
 
 
 @dataclass(frozen=True)
@@ -86,10 +96,16 @@ class ClaimUsage:
     tenant: str
     allocated_s: float = 0.0
     measured_s: float = 0.0
+    unmeasured_s: float = 0.0  # the part of allocated_s on devices NVML could not read
 
     @property
     def idle_s(self) -> float:
-        return max(self.allocated_s - self.measured_s, 0.0)
+        return unused(self.allocated_s, self.measured_s, self.unmeasured_s)
+
+
+def unused(allocated_s: float, measured_s: float, unmeasured_s: float) -> float:
+    """Allocated time NVML read that no process of the claims used, never negative."""
+    return max(allocated_s - measured_s - unmeasured_s, 0.0)
 
 
 @dataclass(frozen=True)
@@ -172,7 +188,14 @@ class Report:
             allocated_s=sum(r.allocated_s for r in self.rows),
             measured_s=sum(r.measured_s for r in self.rows),
             memory_byte_s=sum(r.memory_byte_s for r in self.rows),
+            unmeasured_s=sum(r.unmeasured_s for r in self.rows),
         )
+
+
+# The order of the fields of TenantUsage, NodeTenantUsage and ClaimUsage after their labels.
+_TENANT_COLUMNS = (TENANT_ALLOCATED, TENANT_MEASURED, TENANT_MEMORY, TENANT_UNMEASURED)
+_NODE_COLUMNS = (TENANT_ALLOCATED, TENANT_MEASURED, TENANT_UNMEASURED)
+_CLAIM_COLUMNS = (CLAIM_ALLOCATED, CLAIM_MEASURED, CLAIM_UNMEASURED)
 
 
 class UsageBuilder:
@@ -191,20 +214,19 @@ class UsageBuilder:
         """Add one series' increase; ``instance`` is the node (metrics URL or Prometheus label)."""
         instance = labels.get("instance", instance)
         self._series.add((instance, name, tuple(sorted(labels.items()))))
-        if name in (TENANT_ALLOCATED, TENANT_MEASURED, TENANT_MEMORY):
+        if name in _TENANT_COLUMNS:
             key = (labels.get("namespace", ""), labels.get("tenant", ""))
-            column = (TENANT_ALLOCATED, TENANT_MEASURED, TENANT_MEMORY).index(name)
-            self._rows.setdefault(key, [0.0, 0.0, 0.0])[column] += increase
+            column = _TENANT_COLUMNS.index(name)
+            self._rows.setdefault(key, [0.0] * len(_TENANT_COLUMNS))[column] += increase
             if column < 2:
                 self._by_tenant.setdefault(key[1], [0.0, 0.0])[column] += increase
+            if name != TENANT_MEMORY:  # per node: allocated, measured, unmeasured
                 node = self._nodes.setdefault((instance, *key), [0.0, 0.0, 0.0])
-                node[column] += increase
-        elif name == TENANT_UNMEASURED:
-            on_node = (instance, labels.get("namespace", ""), labels.get("tenant", ""))
-            self._nodes.setdefault(on_node, [0.0, 0.0, 0.0])[2] += increase
-        elif name in (CLAIM_ALLOCATED, CLAIM_MEASURED):
+                node[_NODE_COLUMNS.index(name)] += increase
+        elif name in _CLAIM_COLUMNS:
             claim = (labels.get("namespace", ""), labels.get("claim", ""), labels.get("tenant", ""))
-            self._claims.setdefault(claim, [0.0, 0.0])[name == CLAIM_MEASURED] += increase
+            column = _CLAIM_COLUMNS.index(name)
+            self._claims.setdefault(claim, [0.0] * len(_CLAIM_COLUMNS))[column] += increase
         elif name in DEVICE_SERIES:
             device = self._devices.setdefault((instance, labels.get("uuid", "")), [0.0] * 4)
             device[DEVICE_SERIES.index(name)] += increase
@@ -258,17 +280,27 @@ def _increase(before: float | None, after: float) -> float:
     return after - before
 
 
+# An unmeasured series and the series a plugin exports beside it, with the same labels.
+_EXPORTED_WITH = {
+    DEVICE_UNMEASURED: DEVICE_HELD,
+    TENANT_UNMEASURED: TENANT_ALLOCATED,
+    CLAIM_UNMEASURED: CLAIM_ALLOCATED,
+}
+
+
 def _kept_since(key: SeriesKey, before: Snapshot, after: Snapshot) -> bool:
-    """Whether a device's unmeasured series missing from ``before`` was exported then, only
-    not kept: a plugin exports it beside the device's held series, so a held series there
-    that did not drop since (no restart) means a scrape by a report older than the series
-    (a baseline file written before 2026-12-05). Its increase there is unknown: counted as
-    none, rather than its whole total since the plugin started."""
+    """Whether an unmeasured series missing from ``before`` was exported then, only not kept:
+    a plugin exports it beside the held (device) or allocated (tenant, claim) series of the
+    same labels, so such a series there that did not drop since (no restart) means a scrape
+    by a report older than the series (a baseline file written before 2026-12-05, or before
+    the report read the claims' series). Its increase there is unknown: counted as none,
+    rather than its whole total since the plugin started."""
     instance, name, labels = key
-    if name != DEVICE_UNMEASURED:
+    beside = _EXPORTED_WITH.get(name)
+    if beside is None:
         return False
-    held = (instance, DEVICE_HELD, labels)
-    return held in before.values and after.values.get(held, 0.0) >= before.values[held]
+    partner = (instance, beside, labels)
+    return partner in before.values and after.values.get(partner, 0.0) >= before.values[partner]
 
 
 def report_from_snapshots(chain: Iterable[Snapshot], source: str, notes: Sequence[str]) -> Report:

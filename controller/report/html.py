@@ -29,6 +29,7 @@ from controller.report.render import (
 )
 
 MEASURED, IDLE, USED_COST, IDLE_COST = "#2563eb", "#f59e0b", "#047857", "#6ee7b7"
+UNMEASURED = "#9ca3af"  # allocated on devices NVML could not read: neither busy nor idle
 
 _CSS = """
 :root { --ink: #1f2937; --muted: #6b7280; --line: #e5e7eb; --band: #f9fafb; }
@@ -197,25 +198,32 @@ class _TenantBar:
     tenant: str
     measured_h: float
     idle_h: float
+    unmeasured_h: float
     used: Decimal
     idle_cost: Decimal
+
+    @property
+    def hours(self) -> float:
+        return self.measured_h + self.idle_h + self.unmeasured_h
 
 
 def _tenant_bars(report: Report, cost: CostReport | None) -> list[_TenantBar]:
     hours: dict[str, list[float]] = {}
     for r in report.rows:
-        h = hours.setdefault(r.tenant, [0.0, 0.0])
+        h = hours.setdefault(r.tenant, [0.0, 0.0, 0.0])
         h[0] += r.measured_s / HOUR
         h[1] += r.idle_s / HOUR
+        h[2] += r.unmeasured_s / HOUR
     money: dict[str, list[Decimal]] = {}
     for t in cost.tenants if cost is not None else ():
         m = money.setdefault(t.tenant, [Decimal(0), Decimal(0)])
         m[0] += t.used
         m[1] += t.idle
     bars = [
-        _TenantBar(t, h[0], h[1], *money.get(t, [Decimal(0), Decimal(0)])) for t, h in hours.items()
+        _TenantBar(t, h[0], h[1], h[2], *money.get(t, [Decimal(0), Decimal(0)]))
+        for t, h in hours.items()
     ]
-    return sorted(bars, key=lambda b: (-(b.measured_h + b.idle_h), b.tenant))
+    return sorted(bars, key=lambda b: (-b.hours, b.tenant))
 
 
 def _bars_svg(bars: Sequence[_TenantBar], cost: CostReport | None) -> str:
@@ -223,12 +231,13 @@ def _bars_svg(bars: Sequence[_TenantBar], cost: CostReport | None) -> str:
     panels = 2 if cost is not None else 1
     width = label_w + panels * panel_w + (panels - 1) * gap + 20
     height = 28 + row_h * max(len(bars), 1)
-    top_h = max((b.measured_h + b.idle_h for b in bars), default=0.0) or 1.0
+    top_h = max((b.hours for b in bars), default=0.0) or 1.0
     top_c = max((float(b.used + b.idle_cost) for b in bars), default=0.0) or 1.0
     out = [
         f'<svg id="tenant-bars" role="img" aria-label="GPU-hours and cost per tenant" '
         f'viewBox="0 0 {width} {height}" width="100%" preserveAspectRatio="xMinYMin meet">',
-        f'<text x="{label_w}" y="14" class="axis">GPU-hours: measured + allocated but idle</text>',
+        f'<text x="{label_w}" y="14" class="axis">GPU-hours: measured + allocated but idle'
+        f"{' + not read by NVML' * any(b.unmeasured_h > 0 for b in bars)}</text>",
     ]
     if cost is not None:
         out.append(
@@ -242,14 +251,22 @@ def _bars_svg(bars: Sequence[_TenantBar], cost: CostReport | None) -> str:
         bar_w = panel_w - 70
         m_w = b.measured_h / top_h * bar_w
         i_w = b.idle_h / top_h * bar_w
+        n_w = b.unmeasured_h / top_h * bar_w
+        unread = ""
+        if b.unmeasured_h > 0:
+            unread = (
+                f'<rect x="{label_w + m_w + i_w:.1f}" y="{y + 4}" width="{n_w:.1f}" height="18" '
+                f'rx="3" fill="{UNMEASURED}"><title>{name}: {b.unmeasured_h:.3f} GPU-h on '
+                "devices NVML could not read</title></rect>"
+            )
         out.append(
             f'<g class="hours" data-tenant="{name}">'
             f'<rect x="{label_w}" y="{y + 4}" width="{m_w:.1f}" height="18" rx="3" '
             f'fill="{MEASURED}"><title>{name}: {b.measured_h:.3f} GPU-h measured</title></rect>'
             f'<rect x="{label_w + m_w:.1f}" y="{y + 4}" width="{i_w:.1f}" height="18" rx="3" '
             f'fill="{IDLE}"><title>{name}: {b.idle_h:.3f} GPU-h allocated but idle</title></rect>'
-            f'<text x="{label_w + m_w + i_w + 6:.1f}" y="{y + 17}">'
-            f"{b.measured_h + b.idle_h:.2f}</text></g>"
+            f'{unread}<text x="{label_w + m_w + i_w + n_w + 6:.1f}" y="{y + 17}">'
+            f"{b.hours:.2f}</text></g>"
         )
         if cost is not None:
             x0 = label_w + panel_w + gap
@@ -268,8 +285,10 @@ def _bars_svg(bars: Sequence[_TenantBar], cost: CostReport | None) -> str:
     return "".join(out)
 
 
-def _legend(cost: CostReport | None) -> str:
+def _legend(cost: CostReport | None, unread: bool) -> str:
     items = [(MEASURED, "measured"), (IDLE, "allocated but idle")]
+    if unread:
+        items.append((UNMEASURED, "not read by NVML"))
     if cost is not None:
         items += [(USED_COST, "cost of use"), (IDLE_COST, "idle charged")]
     return (
@@ -316,6 +335,7 @@ def render_html(report: Report, cost: CostReport | None = None) -> str:
         _Column("Allocated GPU-h", "allocated_gpu_hours", True),
         _Column("Measured GPU-h", "measured_gpu_hours", True),
         _Column("Idle GPU-h", "idle_gpu_hours", True),
+        _Column("Unmeasured GPU-h", "unmeasured_gpu_hours", True),
         _Column("Memory GiB-h", "memory_gib_hours", True),
     ]
     costs = tenant_costs(cost)
@@ -333,6 +353,7 @@ def render_html(report: Report, cost: CostReport | None = None) -> str:
             r.allocated_s / HOUR,
             r.measured_s / HOUR,
             r.idle_s / HOUR,
+            r.unmeasured_s / HOUR,
             r.memory_byte_s / GIB_HOUR,
         ]
         if cost is not None:
@@ -346,6 +367,7 @@ def render_html(report: Report, cost: CostReport | None = None) -> str:
         total.allocated_s / HOUR,
         total.measured_s / HOUR,
         total.idle_s / HOUR,
+        total.unmeasured_s / HOUR,
         total.memory_byte_s / GIB_HOUR,
     ]
     if cost is not None:
@@ -364,10 +386,11 @@ def render_html(report: Report, cost: CostReport | None = None) -> str:
             _Column("Allocated GPU-h", "allocated_gpu_hours", True),
             _Column("Measured GPU-h", "measured_gpu_hours", True),
             _Column("Idle GPU-h", "idle_gpu_hours", True),
+            _Column("Unmeasured GPU-h", "unmeasured_gpu_hours", True),
         ],
         [
             [c.namespace, c.claim, c.tenant, c.allocated_s / HOUR, c.measured_s / HOUR,
-             c.idle_s / HOUR]
+             c.idle_s / HOUR, c.unmeasured_s / HOUR]
             for c in top_claims(report)
         ],
     )  # fmt: skip
@@ -445,7 +468,8 @@ def render_html(report: Report, cost: CostReport | None = None) -> str:
         f"<b>{when(report.end)}</b> · Source: "
         f'<span id="source" class="mono">{escape(report.source)}</span>{policy}</p></header>'
         f'<div class="cards">{"".join(cards)}</div>'
-        f"<section><h2>Tenants</h2>{_legend(cost)}{_bars_svg(bars, cost)}</section>"
+        f"<section><h2>Tenants</h2>{_legend(cost, total.unmeasured_s > 0)}{_bars_svg(bars, cost)}"
+        "</section>"
         "<section><h2>By namespace and tenant</h2>"
         f"{_table('tenants', tenant_cols, tenant_rows, footer)}</section>"
         f"{cost_html}"

@@ -20,6 +20,7 @@ from dataclasses import replace
 from controller.report.data import (
     CLAIM_ALLOCATED,
     CLAIM_MEASURED,
+    CLAIM_UNMEASURED,
     DEVICE_HELD,
     DEVICE_IDLE,
     DEVICE_UNATTRIBUTED,
@@ -43,14 +44,14 @@ RULES = {
     TENANT_ALLOCATED: "namespace_tenant:tranche_tenant_gpu_allocated_seconds:rate5m",
     TENANT_MEASURED: "namespace_tenant:tranche_tenant_gpu_measured_seconds:rate5m",
 }
-# The metrics of an entry share its queries: the devices' unmeasured counters (mostly zero, and
-# absent before 2026-12-05, counted as zero) ride in the held counters' queries.
+# The metrics of an entry share its queries: the devices' and claims' unmeasured counters (mostly
+# zero, absent from older plugins and counted as zero) ride in the held and allocated counters'.
 _TOTALS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     ((TENANT_ALLOCATED,), ("instance", "namespace", "tenant")),
     ((TENANT_MEASURED,), ("instance", "namespace", "tenant")),
     ((TENANT_MEMORY,), ("instance", "namespace", "tenant")),
     ((TENANT_UNMEASURED,), ("instance", "namespace", "tenant")),
-    ((CLAIM_ALLOCATED,), ("namespace", "claim", "tenant")),
+    ((CLAIM_ALLOCATED, CLAIM_UNMEASURED), ("namespace", "claim", "tenant")),
     ((CLAIM_MEASURED,), ("namespace", "claim", "tenant")),
     ((DEVICE_HELD, DEVICE_UNMEASURED), ("instance", "uuid")),
     ((DEVICE_IDLE,), ("instance", "uuid")),

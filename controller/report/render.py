@@ -25,6 +25,7 @@ COLUMNS = (
     "allocated_gpu_hours",
     "measured_gpu_hours",
     "idle_gpu_hours",
+    "unmeasured_gpu_hours",
     "memory_gib_hours",
 )
 
@@ -48,6 +49,7 @@ def _numbers(row: TenantUsage) -> list[float]:
         row.allocated_s / HOUR,
         row.measured_s / HOUR,
         row.idle_s / HOUR,
+        row.unmeasured_s / HOUR,
         row.memory_byte_s / GIB_HOUR,
     ]
 
@@ -157,6 +159,7 @@ def render_json(report: Report, cost: CostReport | None = None) -> str:
                 "allocated_gpu_hours": c.allocated_s / HOUR,
                 "measured_gpu_hours": c.measured_s / HOUR,
                 "idle_gpu_hours": c.idle_s / HOUR,
+                "unmeasured_gpu_hours": c.unmeasured_s / HOUR,
             }
             for c in top_claims(report, len(report.claims))
         ],
@@ -195,7 +198,8 @@ def render_csv(report: Report, cost: CostReport | None = None) -> str:
 
 
 def render_table(report: Report, cost: CostReport | None = None) -> str:
-    header = ["NAMESPACE", "TENANT", "ALLOCATED GPU-h", "MEASURED GPU-h", "IDLE GPU-h", "MEM GiB-h"]
+    header = ["NAMESPACE", "TENANT", "ALLOCATED GPU-h", "MEASURED GPU-h", "IDLE GPU-h"]
+    header += ["UNMEASURED GPU-h", "MEM GiB-h"]
     body = [[r.namespace, r.tenant or "-", *(f"{n:.3f}" for n in _numbers(r))] for r in report.rows]
     body.append(["TOTAL", "", *(f"{n:.3f}" for n in _numbers(report.total()))])
     if cost is not None:

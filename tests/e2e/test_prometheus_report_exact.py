@@ -42,7 +42,9 @@ HOUR = 3600.0
 METRICS = {
     "tranche_tenant_gpu_allocated_seconds": ("namespace", "tenant"),
     "tranche_tenant_gpu_measured_seconds": ("namespace", "tenant"),
+    "tranche_tenant_gpu_unmeasured_seconds": ("namespace", "tenant"),
     "tranche_claim_gpu_allocated_seconds": ("namespace", "claim", "tenant"),
+    "tranche_claim_gpu_unmeasured_seconds": ("namespace", "claim", "tenant"),
     "tranche_device_held_seconds": ("uuid",),
 }
 NODES = {
@@ -121,7 +123,11 @@ def _check_exact(doc: dict[str, Any], now: float) -> None:
                 "allocated_gpu_hours"
             ],
             "tenant measured": rows[(labels["namespace"], labels["tenant"])]["measured_gpu_hours"],
+            "tenant unmeasured": rows[(labels["namespace"], labels["tenant"])][
+                "unmeasured_gpu_hours"
+            ],
             "claim allocated": claims[labels["claim"]]["allocated_gpu_hours"],
+            "claim unmeasured": claims[labels["claim"]]["unmeasured_gpu_hours"],
             "device held": devices[labels["uuid"]]["held_gpu_hours"],
         }
         for what, hours in got.items():

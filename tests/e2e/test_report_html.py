@@ -49,6 +49,9 @@ products:
 """
 
 
+HOURS = ("allocated_gpu_hours", "measured_gpu_hours", "idle_gpu_hours", "unmeasured_gpu_hours")
+
+
 def cgroup(pod: str) -> str:
     return f"0::/kubepods/burstable/pod{pod}/{'a' * 64}\n"
 
@@ -58,7 +61,8 @@ def pod(n: int) -> str:
 
 
 class Node:
-    """Four H100s: two claims over MPS, a 3g MIG slice, a quiet notebook, a busy batch job."""
+    """Four H100s: two claims over MPS, a 3g MIG slice, a quiet notebook, a busy batch job
+    (whose GPU is lost in the last step: half an hour NVML could not read)."""
 
     def __init__(self) -> None:
         store = create_state("dgx-h100")
@@ -101,6 +105,8 @@ class Node:
         self.control.set_utilization(g3, gpu_percent=(95, 90, 97)[step % 3])
         if step == 2:
             self.control.remove_process(30)  # the eval job ends; its MIG slice stays held
+        if step == 3:
+            self.control.lose_gpu(g3)  # the batch job's GPU: unmeasured, not idle
 
     def catalog(self) -> dict[str, DeviceInfo]:
         out = {u: DeviceInfo(u, self.product) for u in self.gpus}
@@ -284,7 +290,12 @@ def test_showback_page_in_chromium(
     assert doc["start"] in dom.texts["id:window"] and doc["end"] in dom.texts["id:window"]
     assert dom.texts["id:source"] == doc["source"]
 
-    # Tenants: the hours and the money of the JSON output, row by row.
+    # Tenants: the hours and the money of the JSON output, row by row; the batch job's lost
+    # half hour is unmeasured, not idle.
+    orange = next(r for r in doc["rows"] if r["tenant"] == "orange")
+    assert orange["unmeasured_gpu_hours"] == 0.5
+    parts = [orange[c] for c in ("measured_gpu_hours", "idle_gpu_hours", "unmeasured_gpu_hours")]
+    assert sum(parts) == pytest.approx(orange["allocated_gpu_hours"])
     cost = doc["cost"]
     money = {(r["namespace"], r["tenant"]): r for r in cost["rows"]}
     rows = {(r["namespace"][0], r["tenant"][0]): r for r in dom.tables["tenants"]}
@@ -292,7 +303,7 @@ def test_showback_page_in_chromium(
     for want in doc["rows"]:
         key = (want["namespace"], want["tenant"])
         got = rows[key]
-        for col in ("allocated_gpu_hours", "measured_gpu_hours", "idle_gpu_hours"):
+        for col in HOURS:
             assert float(got[col][1] or "nan") == pytest.approx(want[col], abs=1e-9), (key, col)
         for col in ("used_cost", "idle_cost", "cost"):
             assert got[col][1] == money[key][col], (key, col)

@@ -34,7 +34,9 @@ def url() -> Iterator[tuple[Metrics, str]]:
 
 
 def page_cells(page: str, column: str) -> list[str]:
-    return re.findall(rf'<td class="num" data-col="{column}" data-value="([^"]*)"', page)
+    """The cells of a column of the page's device table."""
+    devices = page.split('<table id="devices"')[1].split("</table>", maxsplit=1)[0]
+    return re.findall(rf'<td class="num" data-col="{column}" data-value="([^"]*)"', devices)
 
 
 def test_a_lost_gpu_s_idle_share_is_of_the_time_nvml_read(url: tuple[Metrics, str]) -> None:
