@@ -77,6 +77,31 @@ def test_selector(expression: str, expected: bool) -> None:
     assert compile_selector(expression).matches(H100) is expected
 
 
+# A library function that fails (a bad quantity, an index out of range) gives an error value, as in
+# cel-go, which `||`, `&&` and `?:` absorb when the other side decides the result; each row's
+# result is kube-scheduler's (k8s.io/dynamic-resource-allocation/cel on cel-go v0.29).
+ABSORBED = [
+    ('true || quantity("bad") == quantity("1")', True),
+    ('quantity("bad") == quantity("1") || true', True),
+    ('false && quantity("bad") == quantity("1")', False),
+    ('quantity("bad") == quantity("1") && false', False),
+    ('!(quantity("bad") == quantity("1")) || true', True),
+    ('true ? true : quantity("bad") == quantity("1")', True),
+    ('semver("x").major() == 1 || true', True),
+    ('quantity("1.5").asInteger() == 1 || true', True),
+    (f'{A}.productName.substring(5, 99) == "" || true', True),
+    (f'{A}.productName.charAt(99) == "" || {A}.type == "gpu"', True),
+    (f'{A}.productName.size() > 30 && {A}.productName.substring(0, 30) == ""', False),
+    (f'isQuantity({A}.type) && quantity({A}.type).isGreaterThan(quantity("1"))', False),
+    ('[1, 2].exists(x, quantity("bad") == quantity("1") || x == 1)', True),
+]
+
+
+@pytest.mark.parametrize(("expression", "expected"), ABSORBED)
+def test_library_errors_are_absorbed_by_logical_operators(expression: str, expected: bool) -> None:
+    assert compile_selector(expression).matches(H100) is expected
+
+
 # cel-go's optional library (cel.OptionalTypes), in Kubernetes' base CEL environment since 1.28;
 # the expected results follow cel-go: `.?`/`[?]` give optional.none() for an absent key, every
 # qualifier after an optional one tests presence too, `or`/`orValue` short-circuit.
@@ -128,6 +153,8 @@ def test_optional_selector(expression: str, expected: bool) -> None:
         (f'{C}.memory.compareTo(semver("1.0.0")) > 0', "both sides"),
         ('quantity("lots") == quantity("1")', "not a quantity"),
         (f'{A}.productName.substring(5, 99) == ""', "out of range"),
+        (f'false || {A}.productName.charAt(99) == ""', "out of range"),
+        ('semver("x") == semver("1.0.0") || false', "not a semantic version"),
         ('device.driver + "x"', "not a bool"),
         (f'{A}.?profile.value() == "x"', "optional.none() dereference"),
         (f'{A}.type.orValue("x") == "x"', "no such overload"),
