@@ -133,7 +133,8 @@ def _eval_message(e: CelpyEvalError) -> str:
 @functools.lru_cache(maxsize=1024)
 def compile_selector(expression: str) -> Selector:
     """Compile ``expression``; :class:`CelSyntaxError` with the position when it does not
-    parse or calls a function the Kubernetes CEL environment does not have."""
+    parse, gives ``has()`` no field selection or calls a function the Kubernetes CEL
+    environment does not have."""
     missing = unsupported(_strip_strings(expression))
     if missing is not None:
         raise CelSyntaxError(f"explain cannot evaluate CEL {missing}, which the scheduler accepts")
@@ -142,16 +143,48 @@ def compile_selector(expression: str) -> Selector:
     except (CELParseError, lark.exceptions.LarkError) as e:
         line, column = getattr(e, "line", None), getattr(e, "column", None)
         if isinstance(line, int) and isinstance(column, int) and column > 0:
-            text = expression.splitlines()[line - 1] if expression.splitlines() else ""
-            where = f" (line {line}, column {column})\n    {text}\n    {' ' * (column - 1)}^"
+            where = _where(expression, line, column)
         else:
             where = f": {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
         raise CelSyntaxError(f"CEL expression does not parse{where}") from e
+    bad_has = _invalid_has(ast)
+    if bad_has is not None:
+        where = _where(expression, bad_has.meta.line, bad_has.meta.column)
+        raise CelSyntaxError(f"CEL expression has an invalid argument to has() macro{where}")
     for name in _CALLS.findall(_strip_strings(expression)):
         if name not in _KNOWN:
             raise CelSyntaxError(f"CEL expression calls an undeclared function {name!r}")
     program = _ENV.program(ast, functions={**FUNCTIONS, **OPTIONAL_FUNCTIONS, **OPERATORS})
     return Selector(expression, program)
+
+
+def _where(expression: str, line: int, column: int) -> str:
+    lines = expression.splitlines()
+    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    return f" (line {line}, column {column})\n    {text}\n    {' ' * (column - 1)}^"
+
+
+# nodes that stand for their only child; cel-go's parser keeps no trace of them
+_WRAPPERS = frozenset(
+    {"expr", "conditionalor", "conditionaland", "relation", "addition", "multiplication"}
+    | {"unary", "member", "primary", "paren_expr"}
+)
+
+
+def _invalid_has(ast: lark.Tree[Any]) -> lark.Tree[Any] | None:
+    """The argument of a ``has(...)`` that is no plain field selection ``e.f``, which
+    cel-go refuses to compile: an optional one (``e.?f``), an index (``e["f"]``), a name."""
+    for node in ast.find_data("ident_arg"):
+        if str(node.children[0]) != "has":
+            continue
+        args = node.children[1].children if len(node.children) > 1 else []
+        given: lark.Tree[Any] = args[0] if len(args) == 1 else node
+        arg: Any = given
+        while isinstance(arg, lark.Tree) and arg.data in _WRAPPERS and len(arg.children) == 1:
+            arg = arg.children[0]
+        if not (isinstance(arg, lark.Tree) and arg.data == "member_dot"):
+            return given
+    return None
 
 
 _STRING = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")

@@ -57,6 +57,8 @@ TRUE_FALSE = [
     (f'"sharing" in {A}', False),
     (f'!("dedicatedTo" in {A})', True),
     (f"has({A}.profile)", False),
+    (f"has(({A}.type))", True),  # parentheses leave a field selection one
+    (f"has({A}.?type.value)", False),  # a field of the optional, not a key of the map
     (f'{A}.type == "mig" && {A}.profile == "1g.10gb"', False),  # && stops at false
     (f'{A}.type == "gpu" || {A}.profile == "1g.10gb"', True),
     ('device.attributes["other.example.com"].size() == 0', True),  # unknown domain: empty
@@ -175,6 +177,12 @@ def test_evaluation_errors(expression: str, message: str) -> None:
         (f"{A}.?", "does not parse"),
         (f'[?{A}.?type] == ["gpu"]', "explain cannot evaluate CEL optional list or map"),
         ('{?"k": optional.none()} == {}', "explain cannot evaluate CEL optional list or map"),
+        # cel-go's has() takes a field selection only, never an optional one or an index
+        (f"has({A}.?profile)", "invalid argument to has() macro (line 1, column 5)"),
+        (f'has({A}[?"profile"]) || true', "invalid argument to has() macro"),
+        (f'{A}.type == "gpu" && has({A}["profile"])', "invalid argument to has() macro"),
+        ("has(device)", "invalid argument to has() macro"),
+        (f"has({A}.type.size())", "invalid argument to has() macro"),
     ],
 )
 def test_syntax_errors(expression: str, message: str) -> None:
