@@ -7,6 +7,8 @@
   error there does not matter when a value is present (cel-go short-circuits them).
 - ``optMap(v, expr)`` and ``optFlatMap(v, expr)`` are macros; ``optional.of(...)`` and its
   siblings are calls into the ``optional`` namespace.
+- ``[?x]`` and ``{?k: x}`` (``opt_elem``) add x's value when present, nothing when not; as in
+  cel-go, a map literal's repeated key keeps its last value.
 Everything else is cel-python's :class:`~celpy.evaluation.Evaluator`, each node evaluated once.
 """
 
@@ -105,6 +107,53 @@ class OptionalEvaluator(Evaluator):
         if isinstance(result, CelOptional):
             return result
         return CelpyEvalError(f"no such overload: optFlatMap needs an optional, not {result!r}")
+
+    def _element(self, node: Any) -> tuple[Any, bool]:
+        """A list element or map key: its value, and whether it is an optional one (``?x``)."""
+        if isinstance(node, lark.Tree) and node.data == "opt_elem":
+            return self.visit(node.children[0]), True
+        return self.visit(node), False
+
+    def listinit(self, tree: Tree) -> Any:
+        items = []
+        for node in tree.children:
+            value, optional = self._element(node)
+            if optional:
+                value, present = _unwrapped(value, "[?x]")
+                if not present:
+                    continue
+            if isinstance(value, CelpyEvalError):
+                return value
+            items.append(value)
+        return celpy.celtypes.ListType(items)
+
+    def mapinits(self, tree: Tree) -> Any:
+        result = celpy.celtypes.MapType()
+        for key_node, value_node in zip(tree.children[0::2], tree.children[1::2], strict=True):
+            key, optional = self._element(key_node)
+            if isinstance(key, CelpyEvalError):
+                return key
+            value = self.visit(value_node)
+            if optional:
+                value, present = _unwrapped(value, "{?k: x}")
+                if not present:
+                    continue
+            if isinstance(value, CelpyEvalError):
+                return value
+            if not celpy.celtypes.MapType.valid_key_type(key):
+                return CelpyEvalError(f"unsupported map key type: {type(key).__name__}")
+            result[key] = value  # a repeated key keeps its last value, as in cel-go
+        return result
+
+
+def _unwrapped(value: Any, where: str) -> tuple[Any, bool]:
+    """An optional element's value and whether it is present; an error value (present, so
+    that it is reported) when ``value`` is an error or no optional."""
+    if isinstance(value, CelpyEvalError):
+        return value, True
+    if not isinstance(value, CelOptional):
+        return CelpyEvalError(f"no such overload: {where} needs an optional, not {value!r}"), True
+    return value.value, value.present
 
 
 class OptionalRunner(celpy.InterpretedRunner):

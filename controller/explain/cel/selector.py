@@ -17,7 +17,7 @@ from celpy.evaluation import CELEvalError as CelpyEvalError
 
 from controller.explain.cel.compare import OPERATORS
 from controller.explain.cel.device import DeviceData, activation
-from controller.explain.cel.grammar import environment, unsupported
+from controller.explain.cel.grammar import environment
 from controller.explain.cel.interpreter import OptionalRunner
 from controller.explain.cel.library import FUNCTIONS
 from controller.explain.cel.optional import OPTIONAL_CALLS, OPTIONAL_FUNCTIONS
@@ -135,9 +135,6 @@ def compile_selector(expression: str) -> Selector:
     """Compile ``expression``; :class:`CelSyntaxError` with the position when it does not
     parse, gives ``has()`` no field selection or calls a function the Kubernetes CEL
     environment does not have."""
-    missing = unsupported(_strip_strings(expression))
-    if missing is not None:
-        raise CelSyntaxError(f"explain cannot evaluate CEL {missing}, which the scheduler accepts")
     try:
         ast = _ENV.compile(expression)
     except (CELParseError, lark.exceptions.LarkError) as e:

@@ -137,6 +137,21 @@ OPTIONAL = [
     ("[1, 2, 3].first().value() == 1 && [1, 2, 3].last().value() == 3", True),
     (f'{C}.?memory.orValue(quantity("0")).isGreaterThan(quantity("80Gi"))', False),
     (f'false && {A}.?profile.value() == "x"', False),
+    # optional elements: `[?x]` and `{?k: x}` add x's value when present and nothing when not
+    (f'[?{A}.?type] == ["gpu"]', True),
+    (f"[?{A}.?profile].size() == 0", True),
+    (f'[?{A}.?profile, ?{A}.?type, "x"] == ["gpu", "x"]', True),
+    (f'"gpu" in [?{A}.?type]', True),
+    (f"[?{A}.?productName.optMap(n, n.size())] == [21]", True),
+    ("[1, ?optional.of(2), ?optional.none(), 3] == [1, 2, 3]", True),
+    ('{?"k": optional.none()} == {}', True),
+    ('{?"k": optional.of(1), "j": 2} == {"k": 1, "j": 2}', True),
+    (f'{{?"a": {A}.?profile, ?"b": {A}.?type}} == {{"b": "gpu"}}', True),
+    (f"{{?{A}.type: optional.of(1)}}[{A}.type] == 1", True),
+    ('{"a": 1, "a": 2}["a"] == 2', True),  # cel-go keeps the last of repeated keys
+    ('{?"a": optional.of(1), "a": 2}["a"] == 2', True),
+    ("[1, 2,] == [1, 2] && {1: 2,}.size() == 1", True),  # a trailing comma is allowed
+    ('[?optional.none(), ?optional.of(quantity("bad"))].size() == 1 || true', True),
 ]
 
 
@@ -160,6 +175,10 @@ def test_optional_selector(expression: str, expected: bool) -> None:
         ('device.driver + "x"', "not a bool"),
         (f'{A}.?profile.value() == "x"', "optional.none() dereference"),
         (f'{A}.type.orValue("x") == "x"', "no such overload"),
+        (f"[?optional.of({A}.profile)].size() == 1", "profile"),  # the element's error
+        (f'{{?"k": optional.of({A}.profile)}}.size() == 1', "profile"),
+        (f'[?{A}.type] == ["gpu"]', "needs an optional"),  # cel-go does not compile these
+        (f'{{?"k": {A}.type}}.size() == 1', "needs an optional"),
     ],
 )
 def test_evaluation_errors(expression: str, message: str) -> None:
@@ -175,8 +194,6 @@ def test_evaluation_errors(expression: str, message: str) -> None:
         (f'{A}.type = "gpu"', "does not parse"),
         ("lowerascii(device.driver)", "undeclared function 'lowerascii'"),
         (f"{A}.?", "does not parse"),
-        (f'[?{A}.?type] == ["gpu"]', "explain cannot evaluate CEL optional list or map"),
-        ('{?"k": optional.none()} == {}', "explain cannot evaluate CEL optional list or map"),
         # cel-go's has() takes a field selection only, never an optional one or an index
         (f"has({A}.?profile)", "invalid argument to has() macro (line 1, column 5)"),
         (f'has({A}[?"profile"]) || true', "invalid argument to has() macro"),
