@@ -9,6 +9,8 @@
   siblings are calls into the ``optional`` namespace.
 - ``[?x]`` and ``{?k: x}`` (``opt_elem``) add x's value when present, nothing when not; as in
   cel-go, a map literal's repeated key keeps its last value.
+- An error inside a macro's expression is an error value, as every other error, never an
+  exception that would end the evaluation (cel-python raises them), so ``||`` can absorb it.
 Everything else is cel-python's :class:`~celpy.evaluation.Evaluator`, each node evaluated once.
 """
 
@@ -25,6 +27,7 @@ from controller.explain.cel.optional import NONE, CelOptional, qualify
 
 Tree = lark.Tree[Any]
 _LAZY = frozenset({"or", "orValue", "optMap", "optFlatMap"})
+_MACROS = frozenset({"map", "filter", "all", "exists", "exists_one"})
 
 
 def _namespace(tree: Any) -> bool:
@@ -86,6 +89,11 @@ class OptionalEvaluator(Evaluator):
             args = self.visit(tree.children[2]) if len(tree.children) > 2 else []
             token = lark.Token("IDENT", f"optional.{name}")
             return self.function_eval(token, args)
+        if name in _MACROS:
+            try:
+                return super().member_dot_arg(tree)
+            except CelpyEvalError as e:  # cel-python's map and filter raise their errors
+                return e
         if name not in _LAZY:
             return super().member_dot_arg(tree)
         member = self.visit(tree.children[0])
@@ -99,9 +107,10 @@ class OptionalEvaluator(Evaluator):
             return super().member_dot_arg(self._with_member(tree, member))
         if not member.present:
             return NONE
-        result = self.build_macro_eval(tree)(member.value)
-        if isinstance(result, CelpyEvalError):
-            return result
+        try:
+            result = self.build_macro_eval(tree)(member.value)
+        except CelpyEvalError as e:
+            return e
         if name == "optMap":
             return CelOptional(result)
         if isinstance(result, CelOptional):

@@ -96,6 +96,11 @@ ABSORBED = [
     (f'{A}.productName.size() > 30 && {A}.productName.substring(0, 30) == ""', False),
     (f'isQuantity({A}.type) && quantity({A}.type).isGreaterThan(quantity("1"))', False),
     ('[1, 2].exists(x, quantity("bad") == quantity("1") || x == 1)', True),
+    # an error inside a macro's expression is an error value too
+    ('[1, 2].map(x, quantity("bad")).size() == 2 || true', True),
+    ('[1, 2].filter(x, x == 1 ? quantity("bad").isInteger() : true).size() == 1 || true', True),
+    (f'{A}.?productName.optMap(n, quantity(n)).hasValue() || {A}.type == "gpu"', True),
+    (f"{A}.?productName.optFlatMap(n, optional.of(quantity(n))).hasValue() || true", True),
 ]
 
 
