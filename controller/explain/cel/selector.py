@@ -9,26 +9,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import celpy
 import celpy.celtypes as ct
 import lark
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError as CelpyEvalError
 
+from controller.explain.cel import checks
 from controller.explain.cel.compare import OPERATORS
 from controller.explain.cel.device import DeviceData, activation
 from controller.explain.cel.grammar import environment
 from controller.explain.cel.interpreter import OptionalRunner
 from controller.explain.cel.library import FUNCTIONS
-from controller.explain.cel.optional import OPTIONAL_CALLS, OPTIONAL_FUNCTIONS
+from controller.explain.cel.optional import OPTIONAL_FUNCTIONS
 from controller.explain.cel.values import CelEvalError, CelSyntaxError
-
-_KNOWN = (
-    frozenset(FUNCTIONS)
-    | frozenset(k for k in celpy.evaluation.base_functions if k.isidentifier())
-    | frozenset({"has", "all", "exists", "exists_one", "map", "filter", "size"})
-    | OPTIONAL_CALLS
-)
 
 
 def _frozen(value: Any) -> Any:
@@ -40,9 +33,6 @@ def _frozen(value: Any) -> Any:
 
 
 _ENV = environment(OptionalRunner)
-_CALLS = re.compile(r"\.?\b([A-Za-z_][A-Za-z0-9_]*)\s*\(")
-
-
 _MACROS = re.compile(r"\.\s*(exists|exists_one|all|map|filter)\s*\(")
 
 
@@ -133,59 +123,16 @@ def _eval_message(e: CelpyEvalError) -> str:
 @functools.lru_cache(maxsize=1024)
 def compile_selector(expression: str) -> Selector:
     """Compile ``expression``; :class:`CelSyntaxError` with the position when it does not
-    parse, gives ``has()`` no field selection or calls a function the Kubernetes CEL
-    environment does not have."""
+    parse or cel-go would not compile it (``checks.py``)."""
     try:
         ast = _ENV.compile(expression)
     except (CELParseError, lark.exceptions.LarkError) as e:
         line, column = getattr(e, "line", None), getattr(e, "column", None)
         if isinstance(line, int) and isinstance(column, int) and column > 0:
-            where = _where(expression, line, column)
+            where = checks.where(expression, line, column)
         else:
             where = f": {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
         raise CelSyntaxError(f"CEL expression does not parse{where}") from e
-    bad_has = _invalid_has(ast)
-    if bad_has is not None:
-        where = _where(expression, bad_has.meta.line, bad_has.meta.column)
-        raise CelSyntaxError(f"CEL expression has an invalid argument to has() macro{where}")
-    for name in _CALLS.findall(_strip_strings(expression)):
-        if name not in _KNOWN:
-            raise CelSyntaxError(f"CEL expression calls an undeclared function {name!r}")
+    checks.check(expression, ast)
     program = _ENV.program(ast, functions={**FUNCTIONS, **OPTIONAL_FUNCTIONS, **OPERATORS})
     return Selector(expression, program)
-
-
-def _where(expression: str, line: int, column: int) -> str:
-    lines = expression.splitlines()
-    text = lines[line - 1] if 0 < line <= len(lines) else ""
-    return f" (line {line}, column {column})\n    {text}\n    {' ' * (column - 1)}^"
-
-
-# nodes that stand for their only child; cel-go's parser keeps no trace of them
-_WRAPPERS = frozenset(
-    {"expr", "conditionalor", "conditionaland", "relation", "addition", "multiplication"}
-    | {"unary", "member", "primary", "paren_expr"}
-)
-
-
-def _invalid_has(ast: lark.Tree[Any]) -> lark.Tree[Any] | None:
-    """The argument of a ``has(...)`` that is no plain field selection ``e.f``, which
-    cel-go refuses to compile: an optional one (``e.?f``), an index (``e["f"]``), a name."""
-    for node in ast.find_data("ident_arg"):
-        if str(node.children[0]) != "has":
-            continue
-        args = node.children[1].children if len(node.children) > 1 else []
-        given: lark.Tree[Any] = args[0] if len(args) == 1 else node
-        arg: Any = given
-        while isinstance(arg, lark.Tree) and arg.data in _WRAPPERS and len(arg.children) == 1:
-            arg = arg.children[0]
-        if not (isinstance(arg, lark.Tree) and arg.data == "member_dot"):
-            return given
-    return None
-
-
-_STRING = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")
-
-
-def _strip_strings(expression: str) -> str:
-    return _STRING.sub('""', expression)

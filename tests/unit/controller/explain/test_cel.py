@@ -71,6 +71,14 @@ TRUE_FALSE = [
     (f"{A}.mpsMemoryLimitEnforced == 0", False),
     ('device.attributes["resource.kubernetes.io"].numaNode == 1.0', True),
     ('device.attributes["resource.kubernetes.io"].numaNode < 1.5', True),
+    # cel.bind (ext.Bindings, in the DRA environment since 1.31) names a value once
+    (f'cel.bind(a, {A}, a.type == "gpu" && a.productName.startsWith("NVIDIA"))', True),
+    (f'cel.bind(a, {A}, a.?profile.orValue("") == "")', True),
+    ("cel.bind(a, 1, cel.bind(b, a + 1, b == 2))", True),
+    ("cel.bind(a, 1, [1, 2].exists(x, x == a))", True),
+    ('cel.bind(a, quantity("bad"), true)', True),  # a value not used is no error
+    ("cel.bind(device, 1, device == 1)", True),
+    (f'dyn({A}.type) == "gpu"', True),
 ]
 
 
@@ -180,6 +188,7 @@ def test_optional_selector(expression: str, expected: bool) -> None:
         ('device.driver + "x"', "not a bool"),
         (f'{A}.?profile.value() == "x"', "optional.none() dereference"),
         (f'{A}.type.orValue("x") == "x"', "no such overload"),
+        (f'cel.bind(a, {A}, a.profile == "x")', "profile"),
         (f"[?optional.of({A}.profile)].size() == 1", "profile"),  # the element's error
         (f'{{?"k": optional.of({A}.profile)}}.size() == 1', "profile"),
         (f'[?{A}.type] == ["gpu"]', "needs an optional"),  # cel-go does not compile these
@@ -198,6 +207,8 @@ def test_evaluation_errors(expression: str, message: str) -> None:
         ("device.driver ==", "does not parse"),
         (f'{A}.type = "gpu"', "does not parse"),
         ("lowerascii(device.driver)", "undeclared function 'lowerascii'"),
+        ("bind(a, 1, a == 1)", "undeclared function 'bind'"),
+        ("cel.bind(1, 1, true)", "cel.bind() variable names must be simple identifiers"),
         (f"{A}.?", "does not parse"),
         # cel-go's has() takes a field selection only, never an optional one or an index
         (f"has({A}.?profile)", "invalid argument to has() macro (line 1, column 5)"),
