@@ -23,8 +23,10 @@ double, and only a quantity or semantic version compared with another type fails
 Where things live: ``values.py`` the errors, :class:`Quantity` and :class:`Semver`;
 ``library.py`` the Kubernetes extension functions; ``compare.py`` cel-go's comparisons;
 ``device.py`` the ``device`` variable; ``selector.py`` compiling and the cached evaluation;
+``checks.py`` what cel-go refuses to compile though cel-python parses it;
 ``optional.py`` cel-go's optional values (``m.?key.orValue(x)``, enabled in Kubernetes since
-1.28), parsed by ``grammar.py`` and evaluated by ``interpreter.py``.
+1.28), parsed by ``grammar.py`` and evaluated by ``interpreter.py``, which also evaluates
+``cel.bind(name, value, expr)``.
 
 Public: :func:`compile_selector` (raises :class:`CelSyntaxError`), :class:`Selector`
 with ``matches(device) -> bool`` (raises :class:`CelEvalError`), :class:`Quantity`,

@@ -1,7 +1,7 @@
-"""cel-python's parser with cel-go's optional selection added: ``member.?field`` and
-``member[?index]`` (rules ``member_opt_dot`` and ``member_opt_index``, evaluated by
-``interpreter.py``). Optional list and map elements (``[?x]``, ``{?k: v}``) stay
-unparsed; :func:`unsupported` names them so the error says explain cannot evaluate them."""
+"""cel-python's parser with cel-go's optional syntax added: selection ``member.?field`` and
+``member[?index]`` (rules ``member_opt_dot`` and ``member_opt_index``) and list and map
+elements ``[?x]`` and ``{?k: x}`` (rules ``listinit``, ``mapinits`` and ``opt_elem``), all
+evaluated by ``interpreter.py``; lists and maps may end in a comma, as in cel-go."""
 
 from __future__ import annotations
 
@@ -21,11 +21,23 @@ member_opt_index : member "[" "?" expr "]"
 """
 
 
+_LITERALS = {
+    'list_lit       : "[" [exprlist] "]"': 'list_lit       : "[" [listinit] "]"',
+    'mapinits       : expr ":" expr ("," expr ":" expr)*': """
+listinit       : (expr | opt_elem) ("," (expr | opt_elem))* [","]
+mapinits       : (expr | opt_elem) ":" expr ("," (expr | opt_elem) ":" expr)* [","]
+opt_elem       : "?" expr
+""",
+}
+
+
 def _grammar() -> str:
     text = (Path(celpy.__file__).parent / "cel.lark").read_text()
-    if _MEMBER not in text:
-        raise RuntimeError("cel-python's grammar changed: its member rule is not where expected")
-    return text.replace(_MEMBER, _OPTIONAL_MEMBER)
+    for old, new in {_MEMBER: _OPTIONAL_MEMBER, **_LITERALS}.items():
+        if old not in text:
+            raise RuntimeError(f"cel-python's grammar changed: no rule {old.split()[0]!r}")
+        text = text.replace(old, new)
+    return text
 
 
 _LARK = lark.Lark(
@@ -71,15 +83,3 @@ def environment(runner: type[celpy.Runner]) -> celpy.Environment:
         CELParser.CEL_PARSER = saved
     env.cel_parser = OptionalSyntaxParser()
     return env
-
-
-# "[?" opening a list (a "[" after no operand), "{?" opening a map, ", ?" inside either
-_OPTIONAL_ELEMENT = re.compile(r"(?:(?<![\w\])}\"'\s])\s*\[|\{|,)\s*\?")
-
-
-def unsupported(stripped: str) -> str | None:
-    """What of ``stripped`` (the expression with its strings emptied) explain cannot
-    evaluate though the scheduler can, or None."""
-    if _OPTIONAL_ELEMENT.search(stripped):
-        return "optional list or map elements ([?x], {?k: v})"
-    return None

@@ -1,15 +1,21 @@
 """The Kubernetes CEL extension libraries that DRA selectors use: quantities (``quantity``,
 ``isQuantity``, ``compareTo``, ``add``, ...), semantic versions (``semver``, ``major``, ...) and
-the strings library (``lowerAscii``, ``split``, ``substring``, ...), as :data:`FUNCTIONS`."""
+the strings library (``lowerAscii``, ``split``, ``substring``, ...), as :data:`FUNCTIONS`.
+
+A function that fails (``quantity("bad")``, ``substring`` out of range) returns an error value
+rather than raising, as cel-go's do, so ``||``, ``&&`` and ``?:`` absorb it when the other side
+decides the result (``isQuantity(s) && quantity(s) ...``)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
 import celpy.celtypes as ct
+from celpy.evaluation import CELEvalError as CelpyEvalError
 
 from controller.explain.cel.values import CelEvalError, Quantity, Semver
 from driver.quantity import parse_quantity
@@ -185,7 +191,21 @@ def _char_at(s: Any, i: Any) -> ct.StringType:
     return ct.StringType(text[int(i) : int(i) + 1])
 
 
-FUNCTIONS: Mapping[str, Callable[..., Any]] = {
+def _error_value(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` returning its failure as a CEL error value: cel-python's evaluator passes
+    values through ``||`` and ``&&``, while an exception would end the whole evaluation."""
+
+    @functools.wraps(function)
+    def call(*args: Any) -> Any:
+        try:
+            return function(*args)
+        except CelEvalError as e:
+            return CelpyEvalError(str(e))
+
+    return call
+
+
+_FUNCTIONS: Mapping[str, Callable[..., Any]] = {
     "quantity": _quantity,
     "isQuantity": _is_quantity,
     "semver": _semver,
@@ -213,3 +233,4 @@ FUNCTIONS: Mapping[str, Callable[..., Any]] = {
     "substring": _substring,
     "charAt": _char_at,
 }
+FUNCTIONS: Mapping[str, Callable[..., Any]] = {k: _error_value(f) for k, f in _FUNCTIONS.items()}

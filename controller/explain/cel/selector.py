@@ -9,26 +9,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import celpy
 import celpy.celtypes as ct
 import lark
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError as CelpyEvalError
 
+from controller.explain.cel import checks
 from controller.explain.cel.compare import OPERATORS
 from controller.explain.cel.device import DeviceData, activation
-from controller.explain.cel.grammar import environment, unsupported
+from controller.explain.cel.grammar import environment
 from controller.explain.cel.interpreter import OptionalRunner
 from controller.explain.cel.library import FUNCTIONS
-from controller.explain.cel.optional import OPTIONAL_CALLS, OPTIONAL_FUNCTIONS
+from controller.explain.cel.optional import OPTIONAL_FUNCTIONS
 from controller.explain.cel.values import CelEvalError, CelSyntaxError
-
-_KNOWN = (
-    frozenset(FUNCTIONS)
-    | frozenset(k for k in celpy.evaluation.base_functions if k.isidentifier())
-    | frozenset({"has", "all", "exists", "exists_one", "map", "filter", "size"})
-    | OPTIONAL_CALLS
-)
 
 
 def _frozen(value: Any) -> Any:
@@ -40,9 +33,6 @@ def _frozen(value: Any) -> Any:
 
 
 _ENV = environment(OptionalRunner)
-_CALLS = re.compile(r"\.?\b([A-Za-z_][A-Za-z0-9_]*)\s*\(")
-
-
 _MACROS = re.compile(r"\.\s*(exists|exists_one|all|map|filter)\s*\(")
 
 
@@ -133,29 +123,16 @@ def _eval_message(e: CelpyEvalError) -> str:
 @functools.lru_cache(maxsize=1024)
 def compile_selector(expression: str) -> Selector:
     """Compile ``expression``; :class:`CelSyntaxError` with the position when it does not
-    parse or calls a function the Kubernetes CEL environment does not have."""
-    missing = unsupported(_strip_strings(expression))
-    if missing is not None:
-        raise CelSyntaxError(f"explain cannot evaluate CEL {missing}, which the scheduler accepts")
+    parse or cel-go would not compile it (``checks.py``)."""
     try:
         ast = _ENV.compile(expression)
     except (CELParseError, lark.exceptions.LarkError) as e:
         line, column = getattr(e, "line", None), getattr(e, "column", None)
         if isinstance(line, int) and isinstance(column, int) and column > 0:
-            text = expression.splitlines()[line - 1] if expression.splitlines() else ""
-            where = f" (line {line}, column {column})\n    {text}\n    {' ' * (column - 1)}^"
+            where = checks.where(expression, line, column)
         else:
             where = f": {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
         raise CelSyntaxError(f"CEL expression does not parse{where}") from e
-    for name in _CALLS.findall(_strip_strings(expression)):
-        if name not in _KNOWN:
-            raise CelSyntaxError(f"CEL expression calls an undeclared function {name!r}")
+    checks.check(expression, ast)
     program = _ENV.program(ast, functions={**FUNCTIONS, **OPTIONAL_FUNCTIONS, **OPERATORS})
     return Selector(expression, program)
-
-
-_STRING = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")
-
-
-def _strip_strings(expression: str) -> str:
-    return _STRING.sub('""', expression)

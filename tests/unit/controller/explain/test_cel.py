@@ -57,6 +57,8 @@ TRUE_FALSE = [
     (f'"sharing" in {A}', False),
     (f'!("dedicatedTo" in {A})', True),
     (f"has({A}.profile)", False),
+    (f"has(({A}.type))", True),  # parentheses leave a field selection one
+    (f"has({A}.?type.value)", False),  # a field of the optional, not a key of the map
     (f'{A}.type == "mig" && {A}.profile == "1g.10gb"', False),  # && stops at false
     (f'{A}.type == "gpu" || {A}.profile == "1g.10gb"', True),
     ('device.attributes["other.example.com"].size() == 0', True),  # unknown domain: empty
@@ -69,11 +71,49 @@ TRUE_FALSE = [
     (f"{A}.mpsMemoryLimitEnforced == 0", False),
     ('device.attributes["resource.kubernetes.io"].numaNode == 1.0', True),
     ('device.attributes["resource.kubernetes.io"].numaNode < 1.5', True),
+    # cel.bind (ext.Bindings, in the DRA environment since 1.31) names a value once
+    (f'cel.bind(a, {A}, a.type == "gpu" && a.productName.startsWith("NVIDIA"))', True),
+    (f'cel.bind(a, {A}, a.?profile.orValue("") == "")', True),
+    ("cel.bind(a, 1, cel.bind(b, a + 1, b == 2))", True),
+    ("cel.bind(a, 1, [1, 2].exists(x, x == a))", True),
+    ('cel.bind(a, quantity("bad"), true)', True),  # a value not used is no error
+    ("cel.bind(device, 1, device == 1)", True),
+    (f'dyn({A}.type) == "gpu"', True),
 ]
 
 
 @pytest.mark.parametrize(("expression", "expected"), TRUE_FALSE)
 def test_selector(expression: str, expected: bool) -> None:
+    assert compile_selector(expression).matches(H100) is expected
+
+
+# A library function that fails (a bad quantity, an index out of range) gives an error value, as in
+# cel-go, which `||`, `&&` and `?:` absorb when the other side decides the result; each row's
+# result is kube-scheduler's (k8s.io/dynamic-resource-allocation/cel on cel-go v0.29).
+ABSORBED = [
+    ('true || quantity("bad") == quantity("1")', True),
+    ('quantity("bad") == quantity("1") || true', True),
+    ('false && quantity("bad") == quantity("1")', False),
+    ('quantity("bad") == quantity("1") && false', False),
+    ('!(quantity("bad") == quantity("1")) || true', True),
+    ('true ? true : quantity("bad") == quantity("1")', True),
+    ('semver("x").major() == 1 || true', True),
+    ('quantity("1.5").asInteger() == 1 || true', True),
+    (f'{A}.productName.substring(5, 99) == "" || true', True),
+    (f'{A}.productName.charAt(99) == "" || {A}.type == "gpu"', True),
+    (f'{A}.productName.size() > 30 && {A}.productName.substring(0, 30) == ""', False),
+    (f'isQuantity({A}.type) && quantity({A}.type).isGreaterThan(quantity("1"))', False),
+    ('[1, 2].exists(x, quantity("bad") == quantity("1") || x == 1)', True),
+    # an error inside a macro's expression is an error value too
+    ('[1, 2].map(x, quantity("bad")).size() == 2 || true', True),
+    ('[1, 2].filter(x, x == 1 ? quantity("bad").isInteger() : true).size() == 1 || true', True),
+    (f'{A}.?productName.optMap(n, quantity(n)).hasValue() || {A}.type == "gpu"', True),
+    (f"{A}.?productName.optFlatMap(n, optional.of(quantity(n))).hasValue() || true", True),
+]
+
+
+@pytest.mark.parametrize(("expression", "expected"), ABSORBED)
+def test_library_errors_are_absorbed_by_logical_operators(expression: str, expected: bool) -> None:
     assert compile_selector(expression).matches(H100) is expected
 
 
@@ -110,6 +150,21 @@ OPTIONAL = [
     ("[1, 2, 3].first().value() == 1 && [1, 2, 3].last().value() == 3", True),
     (f'{C}.?memory.orValue(quantity("0")).isGreaterThan(quantity("80Gi"))', False),
     (f'false && {A}.?profile.value() == "x"', False),
+    # optional elements: `[?x]` and `{?k: x}` add x's value when present and nothing when not
+    (f'[?{A}.?type] == ["gpu"]', True),
+    (f"[?{A}.?profile].size() == 0", True),
+    (f'[?{A}.?profile, ?{A}.?type, "x"] == ["gpu", "x"]', True),
+    (f'"gpu" in [?{A}.?type]', True),
+    (f"[?{A}.?productName.optMap(n, n.size())] == [21]", True),
+    ("[1, ?optional.of(2), ?optional.none(), 3] == [1, 2, 3]", True),
+    ('{?"k": optional.none()} == {}', True),
+    ('{?"k": optional.of(1), "j": 2} == {"k": 1, "j": 2}', True),
+    (f'{{?"a": {A}.?profile, ?"b": {A}.?type}} == {{"b": "gpu"}}', True),
+    (f"{{?{A}.type: optional.of(1)}}[{A}.type] == 1", True),
+    ('{"a": 1, "a": 2}["a"] == 2', True),  # cel-go keeps the last of repeated keys
+    ('{?"a": optional.of(1), "a": 2}["a"] == 2', True),
+    ("[1, 2,] == [1, 2] && {1: 2,}.size() == 1", True),  # a trailing comma is allowed
+    ('[?optional.none(), ?optional.of(quantity("bad"))].size() == 1 || true', True),
 ]
 
 
@@ -128,9 +183,16 @@ def test_optional_selector(expression: str, expected: bool) -> None:
         (f'{C}.memory.compareTo(semver("1.0.0")) > 0', "both sides"),
         ('quantity("lots") == quantity("1")', "not a quantity"),
         (f'{A}.productName.substring(5, 99) == ""', "out of range"),
+        (f'false || {A}.productName.charAt(99) == ""', "out of range"),
+        ('semver("x") == semver("1.0.0") || false', "not a semantic version"),
         ('device.driver + "x"', "not a bool"),
         (f'{A}.?profile.value() == "x"', "optional.none() dereference"),
         (f'{A}.type.orValue("x") == "x"', "no such overload"),
+        (f'cel.bind(a, {A}, a.profile == "x")', "profile"),
+        (f"[?optional.of({A}.profile)].size() == 1", "profile"),  # the element's error
+        (f'{{?"k": optional.of({A}.profile)}}.size() == 1', "profile"),
+        (f'[?{A}.type] == ["gpu"]', "needs an optional"),  # cel-go does not compile these
+        (f'{{?"k": {A}.type}}.size() == 1', "needs an optional"),
     ],
 )
 def test_evaluation_errors(expression: str, message: str) -> None:
@@ -145,9 +207,15 @@ def test_evaluation_errors(expression: str, message: str) -> None:
         ("device.driver ==", "does not parse"),
         (f'{A}.type = "gpu"', "does not parse"),
         ("lowerascii(device.driver)", "undeclared function 'lowerascii'"),
+        ("bind(a, 1, a == 1)", "undeclared function 'bind'"),
+        ("cel.bind(1, 1, true)", "cel.bind() variable names must be simple identifiers"),
         (f"{A}.?", "does not parse"),
-        (f'[?{A}.?type] == ["gpu"]', "explain cannot evaluate CEL optional list or map"),
-        ('{?"k": optional.none()} == {}', "explain cannot evaluate CEL optional list or map"),
+        # cel-go's has() takes a field selection only, never an optional one or an index
+        (f"has({A}.?profile)", "invalid argument to has() macro (line 1, column 5)"),
+        (f'has({A}[?"profile"]) || true', "invalid argument to has() macro"),
+        (f'{A}.type == "gpu" && has({A}["profile"])', "invalid argument to has() macro"),
+        ("has(device)", "invalid argument to has() macro"),
+        (f"has({A}.type.size())", "invalid argument to has() macro"),
     ],
 )
 def test_syntax_errors(expression: str, message: str) -> None:
