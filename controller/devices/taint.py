@@ -4,8 +4,9 @@
 (or updates) the ``resource.k8s.io/v1`` DeviceTaintRule
 ``tranche-<node>-<device>`` whose selector names exactly that driver, pool and
 device, with the taint ``gpu.tranche.dev/admin`` and the reason in an
-annotation. ``tranche untaint NODE DEVICE`` deletes it. A device may also be
-named by UUID (``tranche taint GPU-...``) or as ``NODE/DEVICE``.
+annotation (:mod:`controller.devices.rules`). ``tranche untaint NODE DEVICE`` deletes
+it, also when the device is gone. A device may also be named by UUID
+(``tranche taint GPU-...``) or as ``NODE/DEVICE``.
 
 The API version comes from discovery, never from a flag: ``resource.k8s.io/v1`` on
 Kubernetes 1.37, ``v1beta2`` on 1.36 and ``v1alpha3`` on 1.34/1.35 (when the cluster serves
@@ -16,9 +17,7 @@ that serves none gets a message naming what is missing.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
-import re
 import sys
 from collections.abc import Mapping
 
@@ -31,8 +30,15 @@ from controller.devices.lookup import (
     find_device,
     read_view,
 )
+from controller.devices.rules import (
+    ADMIN_KEY,
+    ANN_DEVICE,
+    ANN_NODE,
+    keep_time_added,
+    recorded_rules,
+    rule_body,
+)
 from controller.kube_client import (
-    Json,
     add_kubeconfig_flag,
     request,
     taint_rules_path,
@@ -45,13 +51,7 @@ from driver.kube.client import RESOURCE_V1, api_client
 
 log = logging.getLogger(__name__)
 
-ADMIN_KEY = "gpu.tranche.dev/admin"
-ANN_NODE = "gpu.tranche.dev/node"
-ANN_DEVICE = "gpu.tranche.dev/device"
-ANN_REASON = "gpu.tranche.dev/reason"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "tranche"}
 EFFECTS = ("NoSchedule", "NoExecute", "None")
-MAX_NAME = 253
 RULES = f"{RESOURCE_V1}/devicetaintrules"
 
 
@@ -72,44 +72,6 @@ def rules_api(api: ApiClient) -> tuple[str, str]:
             "resource.k8s.io/v1beta2=true)"
         )
     return f"resource.k8s.io/{version}", taint_rules_path(version)
-
-
-def rule_name(node: str, device: str) -> str:
-    """A stable DNS-subdomain name for the admin rule of one device."""
-    raw = re.sub(r"[^a-z0-9.-]", "-", f"tranche-{node}-{device}".lower())
-    raw = raw.strip("-.")
-    if len(raw) <= MAX_NAME:
-        return raw
-    digest = hashlib.sha256(raw.encode()).hexdigest()[:10]
-    return f"{raw[: MAX_NAME - 11].rstrip('-.')}-{digest}"
-
-
-def rule_body(
-    device: ClusterDevice, effect: str, reason: str, api_version: str = "resource.k8s.io/v1"
-) -> Json:
-    return {
-        "apiVersion": api_version,
-        "kind": "DeviceTaintRule",
-        "metadata": {
-            "name": rule_name(device.node, device.name),
-            "labels": dict(MANAGED_BY),
-            "annotations": {ANN_NODE: device.node, ANN_DEVICE: device.name, ANN_REASON: reason},
-        },
-        "spec": {
-            "deviceSelector": {"driver": device.driver, "pool": device.pool, "device": device.name},
-            "taint": {"key": ADMIN_KEY, "effect": effect},
-        },
-    }
-
-
-def keep_time_added(body: Json, existing: Json) -> None:
-    """Carry the rule's ``timeAdded`` over when the effect stays: the server fills an empty
-    one with the current time, which would restart every ``tolerationSeconds`` countdown of
-    a ``NoExecute`` taint on a mere change of reason. A new effect gets a new time."""
-    old = existing.get("spec", {}).get("taint", {})
-    taint = body["spec"]["taint"]
-    if old.get("effect") == taint["effect"] and old.get("timeAdded"):
-        taint["timeAdded"] = old["timeAdded"]
 
 
 def _add_common(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
@@ -205,16 +167,15 @@ def holders_note(api: ApiClient, device: ClusterDevice, effect: str) -> str:
     return f"{len(holders)} claim(s) using it keep it ({effect} evicts no pod): {listed}"
 
 
-def admin_rules(rules: list[Json] | tuple[Json, ...], node: str | None, device: str) -> list[str]:
-    """Names of the rules ``tranche taint`` made for ``node``/``device``."""
-    out = []
-    for r in rules:
-        meta = r["metadata"]
-        notes = meta.get("annotations") or {}
-        mine = (meta.get("labels") or {}).items() >= MANAGED_BY.items()
-        if mine and notes.get(ANN_NODE) == node and notes.get(ANN_DEVICE) == device:
-            out.append(str(meta["name"]))
-    return sorted(out)
+def _gone(error: DeviceNotFound, node: str | None, name: str) -> DeviceNotFound:
+    """The error of untainting a device that no slice has and no rule records."""
+    if node is not None:
+        return error
+    return DeviceNotFound(
+        f"{error}; nor does a DeviceTaintRule of tranche taint record UUID {name} (rules "
+        "written before tranche taint recorded UUIDs do not): name it as NODE DEVICE",
+        matches=error.matches,
+    )
 
 
 def run_untaint(args: argparse.Namespace) -> int:
@@ -226,11 +187,16 @@ def run_untaint(args: argparse.Namespace) -> int:
         try:
             device = find_device(view.devices, node, name)
             node, name = device.node, device.name
-        except DeviceNotFound:
-            if not admin_rules(view.rules, node, name):
-                raise
-            # The device is gone (GPU removed, node deleted) but its rule is still there.
-        rules = admin_rules(view.rules, node, name)
+        except DeviceNotFound as e:
+            # The device is gone (GPU removed, MIG device destroyed, node deleted): its rules
+            # are found by the node and name, or the UUID, that they record.
+            if not recorded_rules(view.rules, node, name):
+                raise _gone(e, node, name) from None
+        found = recorded_rules(view.rules, node, name)
+        rules = [str(r["metadata"]["name"]) for r in found]
+        if found:
+            notes = found[0]["metadata"].get("annotations") or {}
+            node, name = notes.get(ANN_NODE, node), notes.get(ANN_DEVICE, name)
         for rule in rules:
             request(api, f"DeviceTaintRule {rule}", "DELETE", f"{rules_path}/{rule}")
     except TrancheError as e:

@@ -46,6 +46,7 @@ class Rig:
     device_class: str
     devices: dict[str, str]  # device name -> UUID
     namespace: str
+    slice_name: str = ""
 
     def tranche(self, *argv: str) -> int:
         args = build_parser(COMMANDS).parse_args(
@@ -53,6 +54,19 @@ class Rig:
         )
         rc: int = args._run(args)
         return rc
+
+    def remove_device(self, name: str) -> None:
+        """The node publishes ``name`` no more (a GPU removed, a MIG device destroyed)."""
+        path = f"{RESOURCE_V1}/resourceslices/{self.slice_name}"
+        slice_ = get_json(self.api, path)
+        slice_["spec"]["devices"] = [d for d in slice_["spec"]["devices"] if d["name"] != name]
+        slice_["spec"]["pool"]["generation"] += 1
+        request_json(self.api, "PUT", path, slice_)
+
+    def rules(self) -> list[dict[str, Any]]:
+        """The DeviceTaintRules that select a device of this rig's driver."""
+        items = get_json(self.api, rules_api(self.api)[1]).get("items", [])
+        return [r for r in items if r["spec"]["deviceSelector"].get("driver") == self.driver]
 
     def claim(self, name: str, tolerate_admin: bool = False) -> None:
         exactly: dict[str, Any] = {"deviceClassName": self.device_class}
@@ -148,7 +162,16 @@ def rig(cluster: Cluster, namespace: str, make_node: Callable[..., str]) -> Iter
         request_json(api, "POST", f"{RESOURCE_V1}/resourceslices", slice_)
         request_json(api, "POST", f"{RESOURCE_V1}/deviceclasses", device_class)
         try:
-            yield Rig(api, cluster.kubeconfig, driver, node, f"taint-{token}", devices, namespace)
+            yield Rig(
+                api,
+                cluster.kubeconfig,
+                driver,
+                node,
+                f"taint-{token}",
+                devices,
+                namespace,
+                slice_name=f"{node}-{token}",
+            )
         finally:
             _, rules_path = rules_api(api)
             rules = get_json(api, rules_path).get("items", [])
@@ -199,8 +222,22 @@ def test_unknown_device_is_refused_with_close_matches(
     err = capsys.readouterr().err
     assert f"device '{first}x' does not exist on node '{rig.node}'" in err
     assert f"did you mean {first}" in err
-    rules = get_json(rig.api, rules_api(rig.api)[1]).get("items", [])
-    assert not [r for r in rules if r["spec"]["deviceSelector"].get("driver") == rig.driver]
+    assert rig.rules() == []
+
+
+def test_untaint_by_uuid_removes_the_rule_of_a_device_that_is_gone(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The GPU is removed after it was tainted: its UUID still finds the rule, through what
+    the rule records, so the admin need not delete it by hand."""
+    first, uuid = next(iter(rig.devices.items()))
+    assert rig.tranche("taint", uuid, "--effect", "NoExecute", "--reason", "RMA") == 0
+    assert len(rig.rules()) == 1
+    rig.remove_device(first)
+    capsys.readouterr()
+    assert rig.tranche("untaint", uuid) == 0, capsys.readouterr().err
+    assert f"untainted {rig.node}/{first}" in capsys.readouterr().out
+    assert rig.rules() == []
 
 
 @pytest.mark.k8s(min="1.35", reason="DeviceTaintRule has no status (eviction conditions)")

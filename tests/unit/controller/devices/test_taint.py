@@ -17,7 +17,7 @@ from controller.devices.lookup import (
     find_device,
     rule_selects,
 )
-from controller.devices.taint import admin_rules, rule_body, rule_name
+from controller.devices.rules import recorded_rules, rule_body, rule_name
 from controller.kube_client import ApiCallError
 from driver.errors import DeviceNotFound
 
@@ -119,8 +119,8 @@ def test_rule_selects_exactly_the_named_device() -> None:
     assert [d.label for d in DEVICES if rule_selects(rule, d)] == ["node-a/gpu-1a2b3c4d"]
     assert not any(rule_selects({"spec": {}}, d) for d in DEVICES)
     assert all(rule_selects({"spec": {"deviceSelector": {}}}, d) for d in DEVICES)
-    assert admin_rules([rule], "node-a", "gpu-1a2b3c4d") == [rule["metadata"]["name"]]
-    assert admin_rules([rule], "node-b", "gpu-1a2b3c4d") == []
+    assert recorded_rules([rule], "node-a", "gpu-1a2b3c4d") == [rule]
+    assert recorded_rules([rule], "node-b", "gpu-1a2b3c4d") == []
 
 
 def test_rule_names_are_valid_and_stable() -> None:
