@@ -3,7 +3,11 @@
 A rule says what it is for twice. Its selector names the driver, pool and device the API
 server taints; its annotations name the node, the device and the device's UUID, so that
 ``tranche untaint`` still finds it once the device is in no ResourceSlice (a GPU removed,
-a dynamic MIG device destroyed).
+a dynamic MIG device destroyed). Its name, ``tranche-<node>-<device>-<driver>``, names the
+driver too: NVIDIA's DRA driver gives a GPU the same device name as Tranche, and one
+driver's taint must neither replace nor remove another's. A rule written before the driver
+was in the name (``tranche-<node>-<device>``) is still found, and tainting again updates
+it, through its selector and annotations.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Iterable
 
 from controller.devices.lookup import ClusterDevice
 from controller.kube_client import Json
+from driver.errors import TrancheError
 
 ADMIN_KEY = "gpu.tranche.dev/admin"
 ANN_NODE = "gpu.tranche.dev/node"
@@ -24,9 +29,13 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "tranche"}
 MAX_NAME = 253
 
 
-def rule_name(node: str, device: str) -> str:
-    """A stable DNS-subdomain name for the admin rule of one device."""
-    raw = re.sub(r"[^a-z0-9.-]", "-", f"tranche-{node}-{device}".lower())
+class RuleNameTaken(TrancheError):
+    """A DeviceTaintRule of the name ``tranche taint`` would write is another device's."""
+
+
+def rule_name(node: str, device: str, driver: str) -> str:
+    """A stable DNS-subdomain name for the admin rule of one device of one driver."""
+    raw = re.sub(r"[^a-z0-9.-]", "-", f"tranche-{node}-{device}-{driver}".lower())
     raw = raw.strip("-.")
     if len(raw) <= MAX_NAME:
         return raw
@@ -44,7 +53,7 @@ def rule_body(
         "apiVersion": api_version,
         "kind": "DeviceTaintRule",
         "metadata": {
-            "name": rule_name(device.node, device.name),
+            "name": rule_name(device.node, device.name, device.driver),
             "labels": dict(MANAGED_BY),
             "annotations": {**notes, ANN_REASON: reason},
         },
@@ -69,14 +78,28 @@ def _mine(rule: Json) -> bool:
     return bool((rule["metadata"].get("labels") or {}).items() >= MANAGED_BY.items())
 
 
-def recorded_rules(rules: Iterable[Json], node: str | None, name: str) -> list[Json]:
-    """The rules ``tranche taint`` made for a device by what they record: ``node``
-    and device ``name``, or with no node the device's UUID ``name`` (also for a device that
-    is in no ResourceSlice any more)."""
+def _selects(rule: Json) -> tuple[object, object, object]:
+    selector = rule.get("spec", {}).get("deviceSelector") or {}
+    return selector.get("driver"), selector.get("pool"), selector.get("device")
+
+
+def device_rules(rules: Iterable[Json], device: ClusterDevice) -> list[Json]:
+    """The rules ``tranche taint`` made for ``device`` (whatever their name), by name."""
+    wanted = (device.driver, device.pool, device.name)
+    return sorted(
+        (r for r in rules if _mine(r) and _selects(r) == wanted),
+        key=lambda r: str(r["metadata"]["name"]),
+    )
+
+
+def recorded_rules(rules: Iterable[Json], driver: str, node: str | None, name: str) -> list[Json]:
+    """The rules ``tranche taint`` made for a device of ``driver`` by what they record:
+    ``node`` and device ``name``, or with no node the device's UUID ``name``. For a device
+    that is in no ResourceSlice any more."""
     out = []
     for r in rules:
         notes = r["metadata"].get("annotations") or {}
-        if not _mine(r):
+        if not _mine(r) or _selects(r)[0] != driver:
             continue
         if node is None:
             found = notes.get(ANN_UUID) == name
@@ -85,3 +108,23 @@ def recorded_rules(rules: Iterable[Json], node: str | None, name: str) -> list[J
         if found:
             out.append(r)
     return sorted(out, key=lambda r: str(r["metadata"]["name"]))
+
+
+def rule_to_update(rules: Iterable[Json], device: ClusterDevice) -> Json | None:
+    """The rule of ``device`` that tainting it again replaces: its rule of the current name,
+    else one of an older name; None when it has none. A rule that holds the name but
+    selects another device is refused (RuleNameTaken) rather than replaced."""
+    rules = tuple(rules)
+    name = rule_name(device.node, device.name, device.driver)
+    own = device_rules(rules, device)
+    if own:
+        return next((r for r in own if r["metadata"]["name"] == name), own[0])
+    taken = [r for r in rules if r["metadata"]["name"] == name]
+    if taken:
+        driver, pool, other = _selects(taken[0])
+        raise RuleNameTaken(
+            f"DeviceTaintRule {name} exists and is not the rule of {device.label} "
+            f"(its deviceSelector names driver {driver!r}, pool {pool!r}, device {other!r}); "
+            "delete or rename it first"
+        )
+    return None

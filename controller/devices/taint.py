@@ -2,7 +2,7 @@
 
 ``tranche taint NODE DEVICE --effect NoExecute --reason "fan failure"`` creates
 (or updates) the ``resource.k8s.io/v1`` DeviceTaintRule
-``tranche-<node>-<device>`` whose selector names exactly that driver, pool and
+``tranche-<node>-<device>-<driver>`` whose selector names exactly that driver, pool and
 device, with the taint ``gpu.tranche.dev/admin`` and the reason in an
 annotation (:mod:`controller.devices.rules`). ``tranche untaint NODE DEVICE`` deletes
 it, also when the device is gone. A device may also be named by UUID
@@ -34,9 +34,11 @@ from controller.devices.rules import (
     ADMIN_KEY,
     ANN_DEVICE,
     ANN_NODE,
+    device_rules,
     keep_time_added,
     recorded_rules,
     rule_body,
+    rule_to_update,
 )
 from controller.kube_client import (
     add_kubeconfig_flag,
@@ -120,15 +122,17 @@ def run_taint(args: argparse.Namespace) -> int:
         view = read_view(api, args.driver_name, rules_path=rules_path)
         device = find_device(view.devices, node, name)
         body = rule_body(device, args.effect, args.reason, api_version)
+        existing = rule_to_update(view.rules, device)
+        if existing is not None:  # its name may be of an older scheme: keep it
+            body["metadata"]["name"] = existing["metadata"]["name"]
+            body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+            keep_time_added(body, existing)
         rule = body["metadata"]["name"]
         what, path = f"DeviceTaintRule {rule}", f"{rules_path}/{rule}"
-        existing = request(api, what, "GET", path)
         if existing is None:
             request(api, what, "POST", rules_path, body=body)
             verb = "tainted"
         else:
-            body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-            keep_time_added(body, existing)
             request(api, what, "PUT", path, body=body)
             verb = "re-tainted"
     except TrancheError as e:
@@ -187,12 +191,13 @@ def run_untaint(args: argparse.Namespace) -> int:
         try:
             device = find_device(view.devices, node, name)
             node, name = device.node, device.name
+            found = device_rules(view.rules, device)
         except DeviceNotFound as e:
             # The device is gone (GPU removed, MIG device destroyed, node deleted): its rules
             # are found by the node and name, or the UUID, that they record.
-            if not recorded_rules(view.rules, node, name):
+            found = recorded_rules(view.rules, args.driver_name, node, name)
+            if not found:
                 raise _gone(e, node, name) from None
-        found = recorded_rules(view.rules, node, name)
         rules = [str(r["metadata"]["name"]) for r in found]
         if found:
             notes = found[0]["metadata"].get("annotations") or {}

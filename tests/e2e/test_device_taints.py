@@ -262,7 +262,7 @@ def test_noexecute_evicts_pods_that_do_not_tolerate_it(
         return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
 
     wait_for("pod plain evicted", evicted)
-    rule = f"{rules_api(rig.api)[1]}/tranche-{rig.node}-{held['tolerant']}"
+    rule = f"{rules_api(rig.api)[1]}/tranche-{rig.node}-{held['tolerant']}-{rig.driver}"
     wait_for(
         "eviction status on the tolerated device's rule",
         lambda: get_json(rig.api, rule).get("status", {}).get("conditions"),
@@ -275,7 +275,7 @@ def test_tainting_again_keeps_time_added_until_the_effect_changes(rig: Rig) -> N
     """``tolerationSeconds`` count from ``timeAdded``: a new reason must not restart them,
     a new effect does (the server stamps it)."""
     first = next(iter(rig.devices))
-    rule = f"{rules_api(rig.api)[1]}/tranche-{rig.node}-{first}"
+    rule = f"{rules_api(rig.api)[1]}/tranche-{rig.node}-{first}-{rig.driver}"
 
     def time_added() -> str:
         return str(get_json(rig.api, rule)["spec"]["taint"]["timeAdded"])
@@ -288,6 +288,74 @@ def test_tainting_again_keeps_time_added_until_the_effect_changes(rig: Rig) -> N
     assert get_json(rig.api, rule)["metadata"]["annotations"]["gpu.tranche.dev/reason"] == "b"
     assert rig.tranche("taint", rig.node, first, "--effect", "NoSchedule", "--reason", "b") == 0
     assert time_added() > stamped
+
+
+def test_two_drivers_rules_for_one_device_name_stay_apart(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NVIDIA's DRA driver names a GPU as Tranche does: a node that moved from one to the
+    other has both drivers' rules for one node and device name. Neither replaces the
+    other's, and untaint of one driver leaves the other's taint in place."""
+    first = next(iter(rig.devices))
+    other = f"other-{rig.driver}"
+    slice_ = get_json(rig.api, f"{RESOURCE_V1}/resourceslices/{rig.slice_name}")
+    twin = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{rig.slice_name}-other"},
+        "spec": {**slice_["spec"], "driver": other},
+    }
+    request_json(rig.api, "POST", f"{RESOURCE_V1}/resourceslices", twin)
+    other_rig = Rig(**{**vars(rig), "driver": other})
+    try:
+        drain = ("--effect", "NoExecute", "--reason", "drain")
+        assert other_rig.tranche("taint", rig.node, first, *drain) == 0
+        assert rig.tranche("taint", rig.node, first, "--reason", "burn-in") == 0
+        assert capsys.readouterr().out.splitlines()[2].startswith(f"tainted {rig.node}/{first}")
+        assert [r["spec"]["taint"]["effect"] for r in other_rig.rules()] == ["NoExecute"]
+        assert [r["spec"]["taint"]["effect"] for r in rig.rules()] == ["NoSchedule"]
+
+        other_rig.remove_device(first)  # the old driver's device is gone from the node
+        assert other_rig.tranche("untaint", rig.node, first) == 0
+        assert other_rig.rules() == []
+        assert [r["spec"]["taint"]["effect"] for r in rig.rules()] == ["NoSchedule"]
+    finally:
+        rules_path = rules_api(rig.api)[1]
+        paths = [f"{rules_path}/{r['metadata']['name']}" for r in other_rig.rules()]
+        for path in [*paths, f"{RESOURCE_V1}/resourceslices/{rig.slice_name}-other"]:
+            with contextlib.suppress(client.ApiException):
+                request_json(rig.api, "DELETE", path)
+
+
+def test_a_rule_of_the_name_before_the_driver_is_updated_and_removed(rig: Rig) -> None:
+    """A rule an older Tranche wrote (``tranche-<node>-<device>``, no UUID) is what tainting
+    the device again replaces, and untaint removes it."""
+    first = next(iter(rig.devices))
+    rules_path = rules_api(rig.api)[1]
+    old = {
+        "apiVersion": "/".join(rules_path.split("/")[2:4]),
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": f"tranche-{rig.node}-{first}",
+            "labels": {"app.kubernetes.io/managed-by": "tranche"},
+            "annotations": {
+                "gpu.tranche.dev/node": rig.node,
+                "gpu.tranche.dev/device": first,
+                "gpu.tranche.dev/reason": "old",
+            },
+        },
+        "spec": {
+            "deviceSelector": {"driver": rig.driver, "pool": rig.node, "device": first},
+            "taint": {"key": "gpu.tranche.dev/admin", "effect": "NoSchedule"},
+        },
+    }
+    request_json(rig.api, "POST", rules_path, old)
+    assert rig.tranche("taint", rig.node, first, "--effect", "NoExecute", "--reason", "new") == 0
+    [rule] = rig.rules()
+    assert rule["metadata"]["name"] == f"tranche-{rig.node}-{first}"
+    assert rule["spec"]["taint"]["effect"] == "NoExecute"
+    assert rig.tranche("untaint", rig.node, first) == 0
+    assert rig.rules() == []
 
 
 def documented_role() -> dict[str, Any]:
