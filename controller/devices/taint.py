@@ -6,7 +6,8 @@
 device, with the taint ``gpu.tranche.dev/admin`` and the reason in an
 annotation (:mod:`controller.devices.rules`). ``tranche untaint NODE DEVICE`` deletes
 it, also when the device is gone. A device may also be named by UUID
-(``tranche taint GPU-...``) or as ``NODE/DEVICE``.
+(``tranche taint GPU-...``) or as ``NODE/DEVICE``. ``--dry-run`` prints the rule and the
+claims it would evict and writes nothing; the API server still checks the write.
 
 The API version comes from discovery, never from a flag: ``resource.k8s.io/v1`` on
 Kubernetes 1.37, ``v1beta2`` on 1.36 and ``v1alpha3`` on 1.34/1.35 (when the cluster serves
@@ -21,6 +22,7 @@ import logging
 import sys
 from collections.abc import Mapping
 
+import yaml
 from kubernetes.client import ApiClient
 
 from controller.devices.lookup import (
@@ -41,6 +43,7 @@ from controller.devices.rules import (
     rule_to_update,
 )
 from controller.kube_client import (
+    Json,
     add_kubeconfig_flag,
     request,
     taint_rules_path,
@@ -48,7 +51,7 @@ from controller.kube_client import (
 )
 from driver.cli import Command
 from driver.errors import DeviceNotFound, TrancheError
-from driver.flags import add_flag
+from driver.flags import add_flag, add_switch
 from driver.kube.client import RESOURCE_V1, api_client
 
 log = logging.getLogger(__name__)
@@ -112,6 +115,13 @@ def add_taint_arguments(
         help="NoSchedule: no new claims; NoExecute: also evict pods using it; None: a note only",
     )
     parser.add_argument("--reason", required=True, help="why; kept on the rule as an annotation")
+    add_switch(
+        parser,
+        "--dry-run",
+        "print the rule and the claims it would evict as YAML and write nothing (the API "
+        "server still checks the write, as dryRun=All)",
+        env=env,
+    )
 
 
 def run_taint(args: argparse.Namespace) -> int:
@@ -129,15 +139,20 @@ def run_taint(args: argparse.Namespace) -> int:
             keep_time_added(body, existing)
         rule = body["metadata"]["name"]
         what, path = f"DeviceTaintRule {rule}", f"{rules_path}/{rule}"
+        query = {"dryRun": "All"} if args.dry_run else None
         if existing is None:
-            request(api, what, "POST", rules_path, body=body)
+            request(api, what, "POST", rules_path, body=body, query=query)
             verb = "tainted"
         else:
-            request(api, what, "PUT", path, body=body)
+            request(api, what, "PUT", path, body=body, query=query)
             verb = "re-tainted"
     except TrancheError as e:
         print(f"tranche taint: {e}", file=sys.stderr)
         return 1
+    if args.dry_run:
+        note = holders_note(api, device, args.effect, would=True)
+        print(dry_run_text(body, device, existing is not None, note))
+        return 0
     log.info(
         "device tainted node=%s device=%s effect=%s rule=%s",
         device.node,
@@ -150,10 +165,10 @@ def run_taint(args: argparse.Namespace) -> int:
     return 0
 
 
-def holders_note(api: ApiClient, device: ClusterDevice, effect: str) -> str:
+def holders_note(api: ApiClient, device: ClusterDevice, effect: str, would: bool = False) -> str:
     """What the taint does to the claims allocated ``device`` now: evicts their pods
-    (NoExecute) or leaves them be. Read after the rule is written, so a role that may not
-    list claims still taints."""
+    (NoExecute) or leaves them be; ``would``: for a dry run. Read after the rule is
+    written, so a role that may not list claims still taints."""
     try:
         answer = request(api, "ResourceClaims", "GET", f"{RESOURCE_V1}/resourceclaims")
     except TrancheError as e:
@@ -165,10 +180,22 @@ def holders_note(api: ApiClient, device: ClusterDevice, effect: str) -> str:
     listed = ", ".join(holders)
     if effect == "NoExecute":
         return (
-            f"evicting the pods of {len(holders)} claim(s) using it, unless a claim tolerates "
-            f"{ADMIN_KEY}:NoExecute: {listed}"
+            f"{'would evict' if would else 'evicting'} the pods of {len(holders)} claim(s) "
+            f"using it, unless a claim tolerates {ADMIN_KEY}:NoExecute: {listed}"
         )
-    return f"{len(holders)} claim(s) using it keep it ({effect} evicts no pod): {listed}"
+    keep = "would keep" if would else "keep"
+    return f"{len(holders)} claim(s) using it {keep} it ({effect} evicts no pod): {listed}"
+
+
+def dry_run_text(rule: Json, device: ClusterDevice, replaces: bool, note: str) -> str:
+    """``--dry-run``'s output, one YAML document: what would be done and to which claims as
+    comments, then the rule as it would be sent (``kubectl apply -f -`` takes it as is)."""
+    head = (
+        f"# dry run, nothing written: would {'replace' if replaces else 'create'} "
+        f"DeviceTaintRule {rule['metadata']['name']}, tainting {device.label} "
+        f"{ADMIN_KEY}:{rule['spec']['taint']['effect']}"
+    )
+    return f"{head}\n# {note}\n{yaml.safe_dump(rule, sort_keys=False)}".rstrip("\n")
 
 
 def _gone(error: DeviceNotFound, node: str | None, name: str) -> DeviceNotFound:

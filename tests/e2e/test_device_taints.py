@@ -271,6 +271,29 @@ def test_noexecute_evicts_pods_that_do_not_tolerate_it(
     assert tolerant is not None and not tolerant["metadata"].get("deletionTimestamp")
 
 
+def test_dry_run_shows_the_rule_and_the_claims_it_would_evict_and_writes_nothing(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The server checks the rule (dryRun=All) and stores nothing; the real run then writes
+    the rule the dry run showed."""
+    rig.claim("plain")
+    device = rig.wait_allocated("plain")
+    args = ("taint", rig.node, device, "--effect", "NoExecute", "--reason", "fan")
+    capsys.readouterr()
+    assert rig.tranche(*args, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1] == (
+        "# would evict the pods of 1 claim(s) using it, unless a claim tolerates "
+        f"gpu.tranche.dev/admin:NoExecute: {rig.namespace}/plain"
+    )
+    shown = yaml.safe_load(out)
+    assert rig.rules() == []
+    assert rig.tranche(*args) == 0
+    [rule] = rig.rules()
+    assert {k: rule["metadata"][k] for k in ("name", "labels", "annotations")} == shown["metadata"]
+    assert rule["spec"]["deviceSelector"] == shown["spec"]["deviceSelector"]
+
+
 def test_tainting_again_keeps_time_added_until_the_effect_changes(rig: Rig) -> None:
     """``tolerationSeconds`` count from ``timeAdded``: a new reason must not restart them,
     a new effect does (the server stamps it)."""
@@ -367,13 +390,12 @@ def documented_role() -> dict[str, Any]:
     return loaded
 
 
-def test_the_documented_role_is_enough_to_taint_list_and_untaint(
-    rig: Rig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """An admin bound to docs/health.md's ClusterRole (no cluster-admin) runs all three."""
+@contextlib.contextmanager
+def bound_to(rig: Rig, role: dict[str, Any], kubeconfig: Path) -> Iterator[Rig]:
+    """``rig`` as a service account bound to the ClusterRole ``role`` (no cluster-admin),
+    through ``kubeconfig``; the role and binding are deleted afterwards."""
     name = f"device-admin-{rig.driver.split('.')[0]}"
-    role = documented_role()
-    role["metadata"]["name"] = name
+    role = {**role, "metadata": {"name": name}}
     request_json(rig.api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "admin"}}
     request_json(rig.api, "POST", f"/api/v1/namespaces/{rig.namespace}/serviceaccounts", account)
@@ -393,7 +415,6 @@ def test_the_documented_role_is_enough_to_taint_list_and_untaint(
     )["status"]["token"]
     admin = yaml.safe_load(Path(rig.kubeconfig).read_text())
     context = {"cluster": admin["clusters"][0]["name"], "user": "device-admin"}
-    kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(
             {
@@ -406,15 +427,8 @@ def test_the_documented_role_is_enough_to_taint_list_and_untaint(
             }
         )
     )
-    first = next(iter(rig.devices))
-    as_admin = Rig(**{**vars(rig), "kubeconfig": str(kubeconfig)})
     try:
-        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac") == 0
-        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac again") == 0
-        assert as_admin.tranche("cluster-devices", "--node", rig.node) == 0
-        assert "gpu.tranche.dev/admin:NoSchedule" in capsys.readouterr().out
-        assert as_admin.tranche("untaint", rig.node, first) == 0
-        assert capsys.readouterr().err == ""
+        yield Rig(**{**vars(rig), "kubeconfig": str(kubeconfig)})
     finally:
         for path in (
             f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}",
@@ -422,3 +436,34 @@ def test_the_documented_role_is_enough_to_taint_list_and_untaint(
         ):
             with contextlib.suppress(client.ApiException):
                 request_json(rig.api, "DELETE", path)
+
+
+def test_the_documented_role_is_enough_to_taint_list_and_untaint(
+    rig: Rig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An admin bound to docs/health.md's ClusterRole (no cluster-admin) runs all three."""
+    first = next(iter(rig.devices))
+    with bound_to(rig, documented_role(), tmp_path / "kubeconfig") as as_admin:
+        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac", "--dry-run") == 0
+        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac") == 0
+        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac again") == 0
+        assert as_admin.tranche("cluster-devices", "--node", rig.node) == 0
+        assert "gpu.tranche.dev/admin:NoSchedule" in capsys.readouterr().out
+        assert as_admin.tranche("untaint", rig.node, first) == 0
+        assert capsys.readouterr().err == ""
+
+
+def test_dry_run_fails_where_the_role_may_not_write_the_rule(
+    rig: Rig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The dry run asks the server to check the write: a role that may read but not create
+    rules learns from it, with the exit status of the real run, that it cannot taint."""
+    read_only = documented_role()
+    for rule in read_only["rules"]:
+        rule["verbs"] = ["get", "list"]
+    first = next(iter(rig.devices))
+    with bound_to(rig, read_only, tmp_path / "kubeconfig") as reader:
+        for dry_run in (("--dry-run",), ()):
+            assert reader.tranche("taint", rig.node, first, "--reason", "x", *dry_run) == 1
+            assert "403 Forbidden" in capsys.readouterr().err
+    assert rig.rules() == []

@@ -27,9 +27,18 @@ class RuleStore:
     rules: dict[str, Json] = field(default_factory=dict)
     claims: list[Json] | None = field(default_factory=list)  # None: listing them is refused
     writes: list[tuple[str, str]] = field(default_factory=list)  # (verb, rule name)
+    dry_runs: list[tuple[str, str]] = field(default_factory=list)  # writes with dryRun=All
+    refuse_writes: bool = False  # a role without create and update on the rules
 
     def request(
-        self, api: object, what: str, verb: str, path: str, body: Json | None = None, **_: Any
+        self,
+        api: object,
+        what: str,
+        verb: str,
+        path: str,
+        body: Json | None = None,
+        query: Mapping[str, str] | None = None,
+        **_: Any,
     ) -> Json | None:
         if path.endswith("/resourceclaims"):
             if self.claims is None:
@@ -41,11 +50,16 @@ class RuleStore:
                 return {"items": [copy.deepcopy(r) for r in self.rules.values()]}
             return copy.deepcopy(self.rules.get(name))
         assert body is not None or verb == "DELETE"
+        if self.refuse_writes:
+            raise ApiCallError(f"{what}: 403 Forbidden: cannot {verb.lower()}", 403)
         if verb == "POST":
             assert body is not None
             name = body["metadata"]["name"]
             if name in self.rules:
                 raise ApiCallError(f"{what}: 409 Conflict: already exists", 409)
+        if (query or {}).get("dryRun") == "All":  # checked, answered, not stored
+            self.dry_runs.append((verb, name))
+            return copy.deepcopy(body) if body is not None else self.rules.get(name)
         self.writes.append((verb, name))
         if verb == "DELETE":
             return self.rules.pop(name)

@@ -235,7 +235,7 @@ def test_untaint_removes_the_rule_of_a_device_that_is_gone(
         taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=(), rules=(body,))
     )
     monkeypatch.setattr(
-        taint, "request", lambda api, what, verb, path, body=None: calls.append((verb, path))
+        taint, "request", lambda api, what, verb, path, **kw: calls.append((verb, path))
     )
     parser = argparse.ArgumentParser()
     taint.untaint_command.add_arguments(parser)
@@ -259,7 +259,7 @@ def test_taint_refuses_a_device_name_found_on_several_nodes(
         taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=tuple(devices))
     )
     monkeypatch.setattr(
-        taint, "request", lambda api, what, verb, path, body=None: calls.append((verb, path))
+        taint, "request", lambda api, what, verb, path, **kw: calls.append((verb, path))
     )
     parser = argparse.ArgumentParser()
     taint.add_taint_arguments(parser, {})
@@ -352,7 +352,7 @@ def test_taint_says_which_claims_it_evicts(
     writes: list[str] = []
 
     def request(
-        api: object, what: str, verb: str, path: str, body: dict[str, object] | None = None
+        api: object, what: str, verb: str, path: str, **kw: Any
     ) -> dict[str, object] | None:
         if path.endswith("/resourceclaims"):
             if claims is None:
