@@ -51,7 +51,7 @@ from controller.kube_client import (
 )
 from driver.cli import Command
 from driver.errors import DeviceNotFound, TrancheError
-from driver.flags import add_flag, add_switch
+from driver.flags import add_flag
 from driver.kube.client import RESOURCE_V1, api_client
 
 log = logging.getLogger(__name__)
@@ -115,12 +115,13 @@ def add_taint_arguments(
         help="NoSchedule: no new claims; NoExecute: also evict pods using it; None: a note only",
     )
     parser.add_argument("--reason", required=True, help="why; kept on the rule as an annotation")
-    add_switch(
-        parser,
+    # No environment twin: a TRANCHE_DRY_RUN left in a shell (the plugin's --dry-run has one)
+    # would make a script's taint write nothing and still exit 0.
+    parser.add_argument(
         "--dry-run",
-        "print the rule and the claims it would evict as YAML and write nothing (the API "
-        "server still checks the write, as dryRun=All)",
-        env=env,
+        action="store_true",
+        help="print the rule and the claims it would evict as YAML and write nothing (the API "
+        "server still checks the write, as dryRun=All); argument only, no environment twin",
     )
 
 
