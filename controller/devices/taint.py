@@ -2,10 +2,12 @@
 
 ``tranche taint NODE DEVICE --effect NoExecute --reason "fan failure"`` creates
 (or updates) the ``resource.k8s.io/v1`` DeviceTaintRule
-``tranche-<node>-<device>`` whose selector names exactly that driver, pool and
+``tranche-<node>-<device>-<driver>`` whose selector names exactly that driver, pool and
 device, with the taint ``gpu.tranche.dev/admin`` and the reason in an
-annotation. ``tranche untaint NODE DEVICE`` deletes it. A device may also be
-named by UUID (``tranche taint GPU-...``) or as ``NODE/DEVICE``.
+annotation (:mod:`controller.devices.rules`). ``tranche untaint NODE DEVICE`` deletes
+it, also when the device is gone. A device may also be named by UUID
+(``tranche taint GPU-...``) or as ``NODE/DEVICE``. ``--dry-run`` prints the rule and the
+claims it would evict and writes nothing; the API server still checks the write.
 
 The API version comes from discovery, never from a flag: ``resource.k8s.io/v1`` on
 Kubernetes 1.37, ``v1beta2`` on 1.36 and ``v1alpha3`` on 1.34/1.35 (when the cluster serves
@@ -16,12 +18,11 @@ that serves none gets a message naming what is missing.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
-import re
 import sys
 from collections.abc import Mapping
 
+import yaml
 from kubernetes.client import ApiClient
 
 from controller.devices.lookup import (
@@ -30,6 +31,16 @@ from controller.devices.lookup import (
     ClusterView,
     find_device,
     read_view,
+)
+from controller.devices.rules import (
+    ADMIN_KEY,
+    ANN_DEVICE,
+    ANN_NODE,
+    device_rules,
+    keep_time_added,
+    recorded_rules,
+    rule_body,
+    rule_to_update,
 )
 from controller.kube_client import (
     Json,
@@ -45,13 +56,7 @@ from driver.kube.client import RESOURCE_V1, api_client
 
 log = logging.getLogger(__name__)
 
-ADMIN_KEY = "gpu.tranche.dev/admin"
-ANN_NODE = "gpu.tranche.dev/node"
-ANN_DEVICE = "gpu.tranche.dev/device"
-ANN_REASON = "gpu.tranche.dev/reason"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "tranche"}
 EFFECTS = ("NoSchedule", "NoExecute", "None")
-MAX_NAME = 253
 RULES = f"{RESOURCE_V1}/devicetaintrules"
 
 
@@ -72,44 +77,6 @@ def rules_api(api: ApiClient) -> tuple[str, str]:
             "resource.k8s.io/v1beta2=true)"
         )
     return f"resource.k8s.io/{version}", taint_rules_path(version)
-
-
-def rule_name(node: str, device: str) -> str:
-    """A stable DNS-subdomain name for the admin rule of one device."""
-    raw = re.sub(r"[^a-z0-9.-]", "-", f"tranche-{node}-{device}".lower())
-    raw = raw.strip("-.")
-    if len(raw) <= MAX_NAME:
-        return raw
-    digest = hashlib.sha256(raw.encode()).hexdigest()[:10]
-    return f"{raw[: MAX_NAME - 11].rstrip('-.')}-{digest}"
-
-
-def rule_body(
-    device: ClusterDevice, effect: str, reason: str, api_version: str = "resource.k8s.io/v1"
-) -> Json:
-    return {
-        "apiVersion": api_version,
-        "kind": "DeviceTaintRule",
-        "metadata": {
-            "name": rule_name(device.node, device.name),
-            "labels": dict(MANAGED_BY),
-            "annotations": {ANN_NODE: device.node, ANN_DEVICE: device.name, ANN_REASON: reason},
-        },
-        "spec": {
-            "deviceSelector": {"driver": device.driver, "pool": device.pool, "device": device.name},
-            "taint": {"key": ADMIN_KEY, "effect": effect},
-        },
-    }
-
-
-def keep_time_added(body: Json, existing: Json) -> None:
-    """Carry the rule's ``timeAdded`` over when the effect stays: the server fills an empty
-    one with the current time, which would restart every ``tolerationSeconds`` countdown of
-    a ``NoExecute`` taint on a mere change of reason. A new effect gets a new time."""
-    old = existing.get("spec", {}).get("taint", {})
-    taint = body["spec"]["taint"]
-    if old.get("effect") == taint["effect"] and old.get("timeAdded"):
-        taint["timeAdded"] = old["timeAdded"]
 
 
 def _add_common(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
@@ -148,6 +115,14 @@ def add_taint_arguments(
         help="NoSchedule: no new claims; NoExecute: also evict pods using it; None: a note only",
     )
     parser.add_argument("--reason", required=True, help="why; kept on the rule as an annotation")
+    # No environment twin: a TRANCHE_DRY_RUN left in a shell (the plugin's --dry-run has one)
+    # would make a script's taint write nothing and still exit 0.
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the rule and the claims it would evict as YAML and write nothing (the API "
+        "server still checks the write, as dryRun=All); argument only, no environment twin",
+    )
 
 
 def run_taint(args: argparse.Namespace) -> int:
@@ -158,20 +133,27 @@ def run_taint(args: argparse.Namespace) -> int:
         view = read_view(api, args.driver_name, rules_path=rules_path)
         device = find_device(view.devices, node, name)
         body = rule_body(device, args.effect, args.reason, api_version)
-        rule = body["metadata"]["name"]
-        what, path = f"DeviceTaintRule {rule}", f"{rules_path}/{rule}"
-        existing = request(api, what, "GET", path)
-        if existing is None:
-            request(api, what, "POST", rules_path, body=body)
-            verb = "tainted"
-        else:
+        existing = rule_to_update(view.rules, device)
+        if existing is not None:  # its name may be of an older scheme: keep it
+            body["metadata"]["name"] = existing["metadata"]["name"]
             body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
             keep_time_added(body, existing)
-            request(api, what, "PUT", path, body=body)
+        rule = body["metadata"]["name"]
+        what, path = f"DeviceTaintRule {rule}", f"{rules_path}/{rule}"
+        query = {"dryRun": "All"} if args.dry_run else None
+        if existing is None:
+            request(api, what, "POST", rules_path, body=body, query=query)
+            verb = "tainted"
+        else:
+            request(api, what, "PUT", path, body=body, query=query)
             verb = "re-tainted"
     except TrancheError as e:
         print(f"tranche taint: {e}", file=sys.stderr)
         return 1
+    if args.dry_run:
+        note = holders_note(api, device, args.effect, would=True)
+        print(dry_run_text(body, device, existing is not None, note))
+        return 0
     log.info(
         "device tainted node=%s device=%s effect=%s rule=%s",
         device.node,
@@ -184,10 +166,10 @@ def run_taint(args: argparse.Namespace) -> int:
     return 0
 
 
-def holders_note(api: ApiClient, device: ClusterDevice, effect: str) -> str:
+def holders_note(api: ApiClient, device: ClusterDevice, effect: str, would: bool = False) -> str:
     """What the taint does to the claims allocated ``device`` now: evicts their pods
-    (NoExecute) or leaves them be. Read after the rule is written, so a role that may not
-    list claims still taints."""
+    (NoExecute) or leaves them be; ``would``: for a dry run. Read after the rule is
+    written, so a role that may not list claims still taints."""
     try:
         answer = request(api, "ResourceClaims", "GET", f"{RESOURCE_V1}/resourceclaims")
     except TrancheError as e:
@@ -199,22 +181,33 @@ def holders_note(api: ApiClient, device: ClusterDevice, effect: str) -> str:
     listed = ", ".join(holders)
     if effect == "NoExecute":
         return (
-            f"evicting the pods of {len(holders)} claim(s) using it, unless a claim tolerates "
-            f"{ADMIN_KEY}:NoExecute: {listed}"
+            f"{'would evict' if would else 'evicting'} the pods of {len(holders)} claim(s) "
+            f"using it, unless a claim tolerates {ADMIN_KEY}:NoExecute: {listed}"
         )
-    return f"{len(holders)} claim(s) using it keep it ({effect} evicts no pod): {listed}"
+    keep = "would keep" if would else "keep"
+    return f"{len(holders)} claim(s) using it {keep} it ({effect} evicts no pod): {listed}"
 
 
-def admin_rules(rules: list[Json] | tuple[Json, ...], node: str | None, device: str) -> list[str]:
-    """Names of the rules ``tranche taint`` made for ``node``/``device``."""
-    out = []
-    for r in rules:
-        meta = r["metadata"]
-        notes = meta.get("annotations") or {}
-        mine = (meta.get("labels") or {}).items() >= MANAGED_BY.items()
-        if mine and notes.get(ANN_NODE) == node and notes.get(ANN_DEVICE) == device:
-            out.append(str(meta["name"]))
-    return sorted(out)
+def dry_run_text(rule: Json, device: ClusterDevice, replaces: bool, note: str) -> str:
+    """``--dry-run``'s output, one YAML document: what would be done and to which claims as
+    comments, then the rule as it would be sent (``kubectl apply -f -`` takes it as is)."""
+    head = (
+        f"# dry run, nothing written: would {'replace' if replaces else 'create'} "
+        f"DeviceTaintRule {rule['metadata']['name']}, tainting {device.label} "
+        f"{ADMIN_KEY}:{rule['spec']['taint']['effect']}"
+    )
+    return f"{head}\n# {note}\n{yaml.safe_dump(rule, sort_keys=False)}".rstrip("\n")
+
+
+def _gone(error: DeviceNotFound, node: str | None, name: str) -> DeviceNotFound:
+    """The error of untainting a device that no slice has and no rule records."""
+    if node is not None:
+        return error
+    return DeviceNotFound(
+        f"{error}; nor does a DeviceTaintRule of tranche taint record UUID {name} (rules "
+        "written before tranche taint recorded UUIDs do not): name it as NODE DEVICE",
+        matches=error.matches,
+    )
 
 
 def run_untaint(args: argparse.Namespace) -> int:
@@ -226,11 +219,17 @@ def run_untaint(args: argparse.Namespace) -> int:
         try:
             device = find_device(view.devices, node, name)
             node, name = device.node, device.name
-        except DeviceNotFound:
-            if not admin_rules(view.rules, node, name):
-                raise
-            # The device is gone (GPU removed, node deleted) but its rule is still there.
-        rules = admin_rules(view.rules, node, name)
+            found = device_rules(view.rules, device)
+        except DeviceNotFound as e:
+            # The device is gone (GPU removed, MIG device destroyed, node deleted): its rules
+            # are found by the node and name, or the UUID, that they record.
+            found = recorded_rules(view.rules, args.driver_name, node, name)
+            if not found:
+                raise _gone(e, node, name) from None
+        rules = [str(r["metadata"]["name"]) for r in found]
+        if found:
+            notes = found[0]["metadata"].get("annotations") or {}
+            node, name = notes.get(ANN_NODE, node), notes.get(ANN_DEVICE, name)
         for rule in rules:
             request(api, f"DeviceTaintRule {rule}", "DELETE", f"{rules_path}/{rule}")
     except TrancheError as e:

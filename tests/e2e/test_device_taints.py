@@ -46,6 +46,7 @@ class Rig:
     device_class: str
     devices: dict[str, str]  # device name -> UUID
     namespace: str
+    slice_name: str = ""
 
     def tranche(self, *argv: str) -> int:
         args = build_parser(COMMANDS).parse_args(
@@ -53,6 +54,19 @@ class Rig:
         )
         rc: int = args._run(args)
         return rc
+
+    def remove_device(self, name: str) -> None:
+        """The node publishes ``name`` no more (a GPU removed, a MIG device destroyed)."""
+        path = f"{RESOURCE_V1}/resourceslices/{self.slice_name}"
+        slice_ = get_json(self.api, path)
+        slice_["spec"]["devices"] = [d for d in slice_["spec"]["devices"] if d["name"] != name]
+        slice_["spec"]["pool"]["generation"] += 1
+        request_json(self.api, "PUT", path, slice_)
+
+    def rules(self) -> list[dict[str, Any]]:
+        """The DeviceTaintRules that select a device of this rig's driver."""
+        items = get_json(self.api, rules_api(self.api)[1]).get("items", [])
+        return [r for r in items if r["spec"]["deviceSelector"].get("driver") == self.driver]
 
     def claim(self, name: str, tolerate_admin: bool = False) -> None:
         exactly: dict[str, Any] = {"deviceClassName": self.device_class}
@@ -148,7 +162,16 @@ def rig(cluster: Cluster, namespace: str, make_node: Callable[..., str]) -> Iter
         request_json(api, "POST", f"{RESOURCE_V1}/resourceslices", slice_)
         request_json(api, "POST", f"{RESOURCE_V1}/deviceclasses", device_class)
         try:
-            yield Rig(api, cluster.kubeconfig, driver, node, f"taint-{token}", devices, namespace)
+            yield Rig(
+                api,
+                cluster.kubeconfig,
+                driver,
+                node,
+                f"taint-{token}",
+                devices,
+                namespace,
+                slice_name=f"{node}-{token}",
+            )
         finally:
             _, rules_path = rules_api(api)
             rules = get_json(api, rules_path).get("items", [])
@@ -199,8 +222,22 @@ def test_unknown_device_is_refused_with_close_matches(
     err = capsys.readouterr().err
     assert f"device '{first}x' does not exist on node '{rig.node}'" in err
     assert f"did you mean {first}" in err
-    rules = get_json(rig.api, rules_api(rig.api)[1]).get("items", [])
-    assert not [r for r in rules if r["spec"]["deviceSelector"].get("driver") == rig.driver]
+    assert rig.rules() == []
+
+
+def test_untaint_by_uuid_removes_the_rule_of_a_device_that_is_gone(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The GPU is removed after it was tainted: its UUID still finds the rule, through what
+    the rule records, so the admin need not delete it by hand."""
+    first, uuid = next(iter(rig.devices.items()))
+    assert rig.tranche("taint", uuid, "--effect", "NoExecute", "--reason", "RMA") == 0
+    assert len(rig.rules()) == 1
+    rig.remove_device(first)
+    capsys.readouterr()
+    assert rig.tranche("untaint", uuid) == 0, capsys.readouterr().err
+    assert f"untainted {rig.node}/{first}" in capsys.readouterr().out
+    assert rig.rules() == []
 
 
 @pytest.mark.k8s(min="1.35", reason="DeviceTaintRule has no status (eviction conditions)")
@@ -225,7 +262,7 @@ def test_noexecute_evicts_pods_that_do_not_tolerate_it(
         return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
 
     wait_for("pod plain evicted", evicted)
-    rule = f"{rules_api(rig.api)[1]}/tranche-{rig.node}-{held['tolerant']}"
+    rule = f"{rules_api(rig.api)[1]}/tranche-{rig.node}-{held['tolerant']}-{rig.driver}"
     wait_for(
         "eviction status on the tolerated device's rule",
         lambda: get_json(rig.api, rule).get("status", {}).get("conditions"),
@@ -234,11 +271,34 @@ def test_noexecute_evicts_pods_that_do_not_tolerate_it(
     assert tolerant is not None and not tolerant["metadata"].get("deletionTimestamp")
 
 
+def test_dry_run_shows_the_rule_and_the_claims_it_would_evict_and_writes_nothing(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The server checks the rule (dryRun=All) and stores nothing; the real run then writes
+    the rule the dry run showed."""
+    rig.claim("plain")
+    device = rig.wait_allocated("plain")
+    args = ("taint", rig.node, device, "--effect", "NoExecute", "--reason", "fan")
+    capsys.readouterr()
+    assert rig.tranche(*args, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1] == (
+        "# would evict the pods of 1 claim(s) using it, unless a claim tolerates "
+        f"gpu.tranche.dev/admin:NoExecute: {rig.namespace}/plain"
+    )
+    shown = yaml.safe_load(out)
+    assert rig.rules() == []
+    assert rig.tranche(*args) == 0
+    [rule] = rig.rules()
+    assert {k: rule["metadata"][k] for k in ("name", "labels", "annotations")} == shown["metadata"]
+    assert rule["spec"]["deviceSelector"] == shown["spec"]["deviceSelector"]
+
+
 def test_tainting_again_keeps_time_added_until_the_effect_changes(rig: Rig) -> None:
     """``tolerationSeconds`` count from ``timeAdded``: a new reason must not restart them,
     a new effect does (the server stamps it)."""
     first = next(iter(rig.devices))
-    rule = f"{rules_api(rig.api)[1]}/tranche-{rig.node}-{first}"
+    rule = f"{rules_api(rig.api)[1]}/tranche-{rig.node}-{first}-{rig.driver}"
 
     def time_added() -> str:
         return str(get_json(rig.api, rule)["spec"]["taint"]["timeAdded"])
@@ -253,6 +313,74 @@ def test_tainting_again_keeps_time_added_until_the_effect_changes(rig: Rig) -> N
     assert time_added() > stamped
 
 
+def test_two_drivers_rules_for_one_device_name_stay_apart(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NVIDIA's DRA driver names a GPU as Tranche does: a node that moved from one to the
+    other has both drivers' rules for one node and device name. Neither replaces the
+    other's, and untaint of one driver leaves the other's taint in place."""
+    first = next(iter(rig.devices))
+    other = f"other-{rig.driver}"
+    slice_ = get_json(rig.api, f"{RESOURCE_V1}/resourceslices/{rig.slice_name}")
+    twin = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{rig.slice_name}-other"},
+        "spec": {**slice_["spec"], "driver": other},
+    }
+    request_json(rig.api, "POST", f"{RESOURCE_V1}/resourceslices", twin)
+    other_rig = Rig(**{**vars(rig), "driver": other})
+    try:
+        drain = ("--effect", "NoExecute", "--reason", "drain")
+        assert other_rig.tranche("taint", rig.node, first, *drain) == 0
+        assert rig.tranche("taint", rig.node, first, "--reason", "burn-in") == 0
+        assert capsys.readouterr().out.splitlines()[2].startswith(f"tainted {rig.node}/{first}")
+        assert [r["spec"]["taint"]["effect"] for r in other_rig.rules()] == ["NoExecute"]
+        assert [r["spec"]["taint"]["effect"] for r in rig.rules()] == ["NoSchedule"]
+
+        other_rig.remove_device(first)  # the old driver's device is gone from the node
+        assert other_rig.tranche("untaint", rig.node, first) == 0
+        assert other_rig.rules() == []
+        assert [r["spec"]["taint"]["effect"] for r in rig.rules()] == ["NoSchedule"]
+    finally:
+        rules_path = rules_api(rig.api)[1]
+        paths = [f"{rules_path}/{r['metadata']['name']}" for r in other_rig.rules()]
+        for path in [*paths, f"{RESOURCE_V1}/resourceslices/{rig.slice_name}-other"]:
+            with contextlib.suppress(client.ApiException):
+                request_json(rig.api, "DELETE", path)
+
+
+def test_a_rule_of_the_name_before_the_driver_is_updated_and_removed(rig: Rig) -> None:
+    """A rule an older Tranche wrote (``tranche-<node>-<device>``, no UUID) is what tainting
+    the device again replaces, and untaint removes it."""
+    first = next(iter(rig.devices))
+    rules_path = rules_api(rig.api)[1]
+    old = {
+        "apiVersion": "/".join(rules_path.split("/")[2:4]),
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": f"tranche-{rig.node}-{first}",
+            "labels": {"app.kubernetes.io/managed-by": "tranche"},
+            "annotations": {
+                "gpu.tranche.dev/node": rig.node,
+                "gpu.tranche.dev/device": first,
+                "gpu.tranche.dev/reason": "old",
+            },
+        },
+        "spec": {
+            "deviceSelector": {"driver": rig.driver, "pool": rig.node, "device": first},
+            "taint": {"key": "gpu.tranche.dev/admin", "effect": "NoSchedule"},
+        },
+    }
+    request_json(rig.api, "POST", rules_path, old)
+    assert rig.tranche("taint", rig.node, first, "--effect", "NoExecute", "--reason", "new") == 0
+    [rule] = rig.rules()
+    assert rule["metadata"]["name"] == f"tranche-{rig.node}-{first}"
+    assert rule["spec"]["taint"]["effect"] == "NoExecute"
+    assert rig.tranche("untaint", rig.node, first) == 0
+    assert rig.rules() == []
+
+
 def documented_role() -> dict[str, Any]:
     """The ClusterRole of docs/health.md for the people who taint devices."""
     text = (Path(__file__).parents[2] / "docs" / "health.md").read_text()
@@ -262,13 +390,12 @@ def documented_role() -> dict[str, Any]:
     return loaded
 
 
-def test_the_documented_role_is_enough_to_taint_list_and_untaint(
-    rig: Rig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """An admin bound to docs/health.md's ClusterRole (no cluster-admin) runs all three."""
+@contextlib.contextmanager
+def bound_to(rig: Rig, role: dict[str, Any], kubeconfig: Path) -> Iterator[Rig]:
+    """``rig`` as a service account bound to the ClusterRole ``role`` (no cluster-admin),
+    through ``kubeconfig``; the role and binding are deleted afterwards."""
     name = f"device-admin-{rig.driver.split('.')[0]}"
-    role = documented_role()
-    role["metadata"]["name"] = name
+    role = {**role, "metadata": {"name": name}}
     request_json(rig.api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "admin"}}
     request_json(rig.api, "POST", f"/api/v1/namespaces/{rig.namespace}/serviceaccounts", account)
@@ -288,7 +415,6 @@ def test_the_documented_role_is_enough_to_taint_list_and_untaint(
     )["status"]["token"]
     admin = yaml.safe_load(Path(rig.kubeconfig).read_text())
     context = {"cluster": admin["clusters"][0]["name"], "user": "device-admin"}
-    kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(
             {
@@ -301,15 +427,8 @@ def test_the_documented_role_is_enough_to_taint_list_and_untaint(
             }
         )
     )
-    first = next(iter(rig.devices))
-    as_admin = Rig(**{**vars(rig), "kubeconfig": str(kubeconfig)})
     try:
-        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac") == 0
-        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac again") == 0
-        assert as_admin.tranche("cluster-devices", "--node", rig.node) == 0
-        assert "gpu.tranche.dev/admin:NoSchedule" in capsys.readouterr().out
-        assert as_admin.tranche("untaint", rig.node, first) == 0
-        assert capsys.readouterr().err == ""
+        yield Rig(**{**vars(rig), "kubeconfig": str(kubeconfig)})
     finally:
         for path in (
             f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}",
@@ -317,3 +436,34 @@ def test_the_documented_role_is_enough_to_taint_list_and_untaint(
         ):
             with contextlib.suppress(client.ApiException):
                 request_json(rig.api, "DELETE", path)
+
+
+def test_the_documented_role_is_enough_to_taint_list_and_untaint(
+    rig: Rig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An admin bound to docs/health.md's ClusterRole (no cluster-admin) runs all three."""
+    first = next(iter(rig.devices))
+    with bound_to(rig, documented_role(), tmp_path / "kubeconfig") as as_admin:
+        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac", "--dry-run") == 0
+        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac") == 0
+        assert as_admin.tranche("taint", rig.node, first, "--reason", "rbac again") == 0
+        assert as_admin.tranche("cluster-devices", "--node", rig.node) == 0
+        assert "gpu.tranche.dev/admin:NoSchedule" in capsys.readouterr().out
+        assert as_admin.tranche("untaint", rig.node, first) == 0
+        assert capsys.readouterr().err == ""
+
+
+def test_dry_run_fails_where_the_role_may_not_write_the_rule(
+    rig: Rig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The dry run asks the server to check the write: a role that may read but not create
+    rules learns from it, with the exit status of the real run, that it cannot taint."""
+    read_only = documented_role()
+    for rule in read_only["rules"]:
+        rule["verbs"] = ["get", "list"]
+    first = next(iter(rig.devices))
+    with bound_to(rig, read_only, tmp_path / "kubeconfig") as reader:
+        for dry_run in (("--dry-run",), ()):
+            assert reader.tranche("taint", rig.node, first, "--reason", "x", *dry_run) == 1
+            assert "403 Forbidden" in capsys.readouterr().err
+    assert rig.rules() == []

@@ -17,9 +17,10 @@ from controller.devices.lookup import (
     find_device,
     rule_selects,
 )
-from controller.devices.taint import admin_rules, rule_body, rule_name
+from controller.devices.rules import recorded_rules, rule_body, rule_name
 from controller.kube_client import ApiCallError
 from driver.errors import DeviceNotFound
+from tests.unit.controller.devices.rule_store import RuleStore
 
 DRIVER = "gpu.tranche.dev"
 
@@ -119,16 +120,20 @@ def test_rule_selects_exactly_the_named_device() -> None:
     assert [d.label for d in DEVICES if rule_selects(rule, d)] == ["node-a/gpu-1a2b3c4d"]
     assert not any(rule_selects({"spec": {}}, d) for d in DEVICES)
     assert all(rule_selects({"spec": {"deviceSelector": {}}}, d) for d in DEVICES)
-    assert admin_rules([rule], "node-a", "gpu-1a2b3c4d") == [rule["metadata"]["name"]]
-    assert admin_rules([rule], "node-b", "gpu-1a2b3c4d") == []
+    assert recorded_rules([rule], DRIVER, "node-a", "gpu-1a2b3c4d") == [rule]
+    assert recorded_rules([rule], DRIVER, "node-b", "gpu-1a2b3c4d") == []
+    assert recorded_rules([rule], "gpu.nvidia.com", "node-a", "gpu-1a2b3c4d") == []
 
 
 def test_rule_names_are_valid_and_stable() -> None:
-    assert rule_name("Node_A.example", "gpu-1") == "tranche-node-a.example-gpu-1"
-    long = rule_name("n" * 250, "gpu-1a2b3c4d")
+    assert rule_name("Node_A.example", "gpu-1", DRIVER) == (
+        "tranche-node-a.example-gpu-1-gpu.tranche.dev"
+    )
+    long = rule_name("n" * 250, "gpu-1a2b3c4d", DRIVER)
     assert len(long) <= 253
-    assert long == rule_name("n" * 250, "gpu-1a2b3c4d")
-    assert long != rule_name("n" * 250, "gpu-1a2b3c4e")
+    assert long == rule_name("n" * 250, "gpu-1a2b3c4d", DRIVER)
+    assert long != rule_name("n" * 250, "gpu-1a2b3c4e", DRIVER)
+    assert long != rule_name("n" * 250, "gpu-1a2b3c4d", "gpu.nvidia.com")
 
 
 def test_listing_shows_taints_health_and_holders() -> None:
@@ -162,7 +167,7 @@ def test_listing_shows_taints_health_and_holders() -> None:
     assert by_device["gpu-1a2b3c4d"].taints == ("gpu.tranche.dev/xid=79:NoExecute",)
     assert by_device["gpu-9f8e7d6c"].health == "Healthy"
     assert by_device["gpu-9f8e7d6c"].taints == (
-        "gpu.tranche.dev/admin:NoSchedule [rule tranche-node-b-gpu-9f8e7d6c]",
+        "gpu.tranche.dev/admin:NoSchedule [rule tranche-node-b-gpu-9f8e7d6c-gpu.tranche.dev]",
     )
     assert by_device["gpu-9f8e7d6c"].claims == ("team-a/train",)
     text = render_table(table)
@@ -230,7 +235,7 @@ def test_untaint_removes_the_rule_of_a_device_that_is_gone(
         taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=(), rules=(body,))
     )
     monkeypatch.setattr(
-        taint, "request", lambda api, what, verb, path, body=None: calls.append((verb, path))
+        taint, "request", lambda api, what, verb, path, **kw: calls.append((verb, path))
     )
     parser = argparse.ArgumentParser()
     taint.untaint_command.add_arguments(parser)
@@ -254,7 +259,7 @@ def test_taint_refuses_a_device_name_found_on_several_nodes(
         taint, "read_view", lambda api, driver, rules_path: ClusterView(devices=tuple(devices))
     )
     monkeypatch.setattr(
-        taint, "request", lambda api, what, verb, path, body=None: calls.append((verb, path))
+        taint, "request", lambda api, what, verb, path, **kw: calls.append((verb, path))
     )
     parser = argparse.ArgumentParser()
     taint.add_taint_arguments(parser, {})
@@ -265,7 +270,7 @@ def test_taint_refuses_a_device_name_found_on_several_nodes(
     assert "device 'gpu-0' is on 2 nodes (node-a/gpu-0, node-b/gpu-0)" in err
     assert "NODE DEVICE" in err
     assert taint.run_taint(parser.parse_args(["node-b", "gpu-0", "--reason", "fan"])) == 0
-    assert [verb for verb, path in calls if path.startswith("/rules")] == ["GET", "POST"]
+    assert [verb for verb, path in calls if path.startswith("/rules")] == ["POST"]
 
 
 Request = Callable[..., dict[str, object] | None]
@@ -300,21 +305,13 @@ def test_tainting_again_keeps_the_time_of_an_unchanged_effect(
     existing = rule_body(target, "NoExecute", "fan failure")
     existing["metadata"]["resourceVersion"] = "7"
     existing["spec"]["taint"]["timeAdded"] = "2026-01-02T03:04:05Z"
-    sent: list[tuple[str, dict[str, object] | None]] = []
-
-    def request(
-        api: object, what: str, verb: str, path: str, body: dict[str, object] | None = None
-    ) -> dict[str, object] | None:
-        sent.append((verb, body))
-        return existing if verb == "GET" else body
-
+    store = RuleStore(devices=DEVICES, rules={existing["metadata"]["name"]: existing})
     args = ["node-a", "gpu-1a2b3c4d", "--effect", effect, "--reason", "RMA 4411 filed"]
-    assert run_taint_with(monkeypatch, request, args) == 0
-    [body] = [body for verb, body in sent if verb == "PUT"]
-    assert body is not None
-    spec: dict[str, Any] = body["spec"]  # type: ignore[assignment]
-    assert spec["taint"].get("timeAdded") == time_added
-    assert spec["taint"]["effect"] == effect
+    assert store.tranche(monkeypatch, "taint", *args) == 0
+    assert store.writes == [("PUT", existing["metadata"]["name"])]
+    [rule] = store.rules.values()
+    assert rule["spec"]["taint"].get("timeAdded") == time_added
+    assert rule["spec"]["taint"]["effect"] == effect
 
 
 def allocated_to(namespace: str, name: str, device_name: str) -> dict[str, object]:
@@ -355,7 +352,7 @@ def test_taint_says_which_claims_it_evicts(
     writes: list[str] = []
 
     def request(
-        api: object, what: str, verb: str, path: str, body: dict[str, object] | None = None
+        api: object, what: str, verb: str, path: str, **kw: Any
     ) -> dict[str, object] | None:
         if path.endswith("/resourceclaims"):
             if claims is None:
