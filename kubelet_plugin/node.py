@@ -42,8 +42,8 @@ from driver.nvml.types import GpuInfo
 from driver.prepare.cdi import CdiSpecs, DeviceNumbers
 from driver.prepare.driver_root import DriverFiles, find_driver_files
 from driver.prepare.executor import DeviceState
-from driver.prepare.plan import CreateMigDevice
 from driver.prepare.recovery import RecoveryReport
+from driver.prepare.unprepare_path import created_mig_uuids
 from driver.sharing import SharingConfig, SharingNode
 from driver.sharing import managed_mig_uuids as sharing_mig_uuids
 from driver.usage.attribution import UsageSampler
@@ -77,12 +77,7 @@ HISTORY_MEMORY_S = 600.0
 
 def managed_mig_uuids(state: CheckpointData) -> set[str]:
     """MIG instances the driver created for claims: their slots stay dynamic slots."""
-    created = set()
-    for record in state.claims.values():
-        for step in record.plan.steps:
-            if isinstance(step, CreateMigDevice) and step.device in record.device_uuids:
-                created.add(record.device_uuids[step.device])
-    return created
+    return {uuid for record in state.claims.values() for uuid in created_mig_uuids(record)}
 
 
 def _device_numbers(settings: PluginSettings) -> DeviceNumbers | None:
@@ -159,6 +154,7 @@ class NodePlugin:
             history_memory_s=max(HISTORY_MEMORY_S, 3 * settings.sample_interval_s),
         )
         state, _ = self.checkpoint.load()
+        self.sampler = UsageSampler(nvml, checkpoint_records(self.checkpoint), self.metrics)
         gpus = nvml.list_gpus()  # once: a discovery is hundreds of NVML calls per GPU
         self.inventory = build_inventory(
             gpus,
@@ -198,6 +194,7 @@ class NodePlugin:
             faults=faults,
             dedicated_to=settings.dedicated_to,
             on_holds_changed=self.republish,
+            before_destroy=self.sampler.read_final,
         )
         self.health = HealthMonitor(
             settings.health_policy,
@@ -275,7 +272,6 @@ class NodePlugin:
             rolling_update_uid=settings.rolling_update_uid,
             max_workers=settings.grpc_workers,
         )
-        self.sampler = UsageSampler(nvml, checkpoint_records(self.checkpoint), self.metrics)
         self._stop = threading.Event()
         self._sampler_thread = threading.Thread(
             target=self._sample_loop, name="usage-sampler", daemon=True

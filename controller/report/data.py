@@ -112,9 +112,9 @@ def unused(allocated_s: float, measured_s: float, unmeasured_s: float) -> float:
 class DeviceUsage:
     """One device (GPU or MIG UUID) on one node, in GPU-seconds.
 
-    ``unmeasured_s`` is the part of ``held_s`` NVML could not read (a lost GPU; a dynamic MIG
-    device destroyed by its claim's unprepare, in the interval its claim ended): neither idle
-    nor busy, so the idle share is of the rest (0 from a plugin without the series).
+    ``unmeasured_s`` is the part of ``held_s`` NVML could not read (a lost GPU, a driver error;
+    plugins before 2026-12-06 also a dynamic MIG device in the interval its claim ended): neither
+    idle nor busy, so the idle share is of the rest (0 from a plugin without the series).
     """
 
     instance: str
@@ -269,8 +269,8 @@ def _unmeasured_note(devices: Sequence[DeviceUsage]) -> list[str]:
     return [
         f"{len(unread)} device{'s' * (len(unread) > 1)} on {nodes} node{'s' * (nodes > 1)} held "
         f"{sum(d.unmeasured_s for d in unread) / 3600:.3f} GPU-h NVML could not read (a lost "
-        "GPU; a dynamic MIG device in the interval its claim ended): neither idle nor busy, so "
-        "a device's idle share is of the held time NVML read"
+        "GPU, a driver error): neither idle nor busy, so a device's idle share is of the held "
+        "time NVML read"
     ]
 
 

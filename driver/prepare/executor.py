@@ -79,10 +79,14 @@ class DeviceState(PreparePath, UnpreparePath, Recovery):
         shares: Mapping[str, ShareTarget] | None = None,
         dedicated_to: str | None = None,
         on_holds_changed: Callable[[], None] = lambda: None,
+        before_destroy: Callable[[Sequence[str]], None] = lambda uuids: None,
     ) -> None:
         """``on_holds_changed``: called (under the node lock: it must be quick) when a load
         moved a corrupt claim file aside or an unprepare released a hold
-        (``driver.checkpoint.holds``), for the node's slices to follow."""
+        (``driver.checkpoint.holds``), for the node's slices to follow. ``before_destroy``:
+        called (under the node lock: it must be quick) by an unprepare with the UUIDs of the
+        claim's dynamic MIG devices before it destroys them, for usage attribution to read
+        them a last time (:meth:`driver.usage.attribution.UsageSampler.read_final`)."""
         self.inventory = inventory
         self.cdi = cdi
         self.checkpoint = checkpoint
@@ -100,6 +104,7 @@ class DeviceState(PreparePath, UnpreparePath, Recovery):
         self.shares: Mapping[str, ShareTarget] = dict(shares or {})
         self.dedicated_to = dedicated_to  # the tenant this node is dedicated to (trust)
         self._on_holds_changed = on_holds_changed
+        self._before_destroy = before_destroy
 
     @property
     def lock_path(self) -> Path:

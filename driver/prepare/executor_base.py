@@ -49,6 +49,7 @@ class ExecutorBase:
     _faults: FaultPoints
     _clock: Callable[[], float]
     _on_holds_changed: Callable[[], None]
+    _before_destroy: Callable[[Sequence[str]], None]
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -222,8 +223,8 @@ class DeviceIncrement:
 
     A device NVML could not read is still held (the checkpoint says who held it); its
     idle and unattributed parts are unknown, so 0, ``idle_ratio`` is NaN and all of its held
-    time is ``unmeasured_s`` (a dynamic MIG device destroyed by its claim's unprepare is one
-    in the interval its claim ended): an idle share is of ``held_s - unmeasured_s``.
+    time is ``unmeasured_s`` (a lost GPU, a driver error): an idle share is of
+    ``held_s - unmeasured_s``.
     """
 
     uuid: str
@@ -398,6 +399,12 @@ class UsageSampler:
     ``unprepared_at``) until one sample after they ended, so their last partial
     interval is counted; a record that vanishes is counted up to the sample
     before.
+
+    A device that disappears with its claim (a dynamic MIG device, destroyed by the
+    unprepare) cannot be read by the next sample: :meth:`read_final` reads it first, and
+    that reading stands for its last interval (the claim held it until the unprepare; the
+    reading is the last one NVML had). It is kept in memory only: a plugin that dies before
+    the next sample loses that interval, as it loses every interval since its last sample.
     """
 
     def __init__(
@@ -412,6 +419,25 @@ class UsageSampler:
         self._metrics = metrics
         self._clock = clock
         self._last: float | None = None
+        # UUID -> (when, reading; None: NVML could not read it) of devices read by
+        # read_final: used for their last interval, dropped by the sample after it.
+        self._final: dict[str, tuple[float, DeviceUsage | None]] = {}
+        self._final_lock = threading.Lock()
+
+    def read_final(self, uuids: Iterable[str]) -> None:
+        """Read devices their claim's unprepare is about to destroy (a dynamic MIG device):
+        the samples that count their last held time use this reading, NVML having none by
+        then. A few NVML calls per device, on the unprepare's path; never raises (a failed
+        read leaves that time unmeasured, counted as an NVML error once)."""
+        for uuid in uuids:
+            try:
+                usage: DeviceUsage | None = self._nvml.device_usage(uuid)
+            except TrancheError as err:
+                log.warning("final usage read failed device=%s error=%s", uuid, err)
+                self._metrics.count_error("nvml")
+                usage = None
+            with self._final_lock:
+                self._final[uuid] = (self._clock(), usage)
 
     def sample_once(self) -> IntervalUsage | None:
         """Sample now; return the interval since the previous sample (None on the first)."""
@@ -421,18 +447,36 @@ class UsageSampler:
             self._last = now if start is None else max(start, now)
             return None
         records = list(self._records())
-        uuids = sorted(
-            {d.uuid for r in records if _held_seconds(r, start, now) > 0 for d in r.devices}
-        )
+        held = [r for r in records if _held_seconds(r, start, now) > 0]
+        uuids = sorted({d.uuid for r in held for d in r.devices})
+        with self._final_lock:
+            final = dict(self._final)
         usages: dict[str, DeviceUsage | None] = {}
         for uuid in uuids:
+            if uuid in final and _all_ended(held, uuid):
+                usages[uuid] = final[uuid][1]  # destroyed since: its last reading
+                continue
             try:
                 usages[uuid] = self._nvml.device_usage(uuid)
             except TrancheError as err:
+                if uuid in final:  # destroyed by an unprepare not yet recorded
+                    usages[uuid] = final[uuid][1]
+                    continue
                 log.warning("usage read failed device=%s error=%s", uuid, err)
                 self._metrics.count_error("nvml")
                 usages[uuid] = None
         interval = integrate(start, now, records, usages)
         self._metrics.add_usage(interval)
         self._last = now
+        with self._final_lock:  # read by the interval's start: no later interval needs it
+            for uuid in [u for u, (when, _) in self._final.items() if when <= start]:
+                del self._final[uuid]
         return interval
+
+
+def _all_ended(records: Sequence[ClaimAllocation], uuid: str) -> bool:
+    """Whether every record holding ``uuid`` was unprepared (not one whose unprepare failed
+    after :meth:`UsageSampler.read_final`: its device is still there to be read)."""
+    return all(
+        r.unprepared_at is not None for r in records if any(d.uuid == uuid for d in r.devices)
+    )

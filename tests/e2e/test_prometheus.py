@@ -458,9 +458,8 @@ def test_recording_rules_load_and_produce_series_and_the_alerts_see_the_nodes(
     assert len(red) == 2 and all(v > 0 for v in red.values()), red
 
     # Simulated GPUs are never busy: every held device is idle all its held time NVML read,
-    # so the idle alert is pending. The MIG device's last interval is unmeasured (its claim's
-    # unprepare destroyed it): rate() extrapolates that counter, which starts at zero, less
-    # far back than the others, so its ratio may read a little below 1 (0.9998 seen).
+    # so the idle alert is pending. The MIG device's last interval is read by its claim's
+    # unprepare before it destroys the device; rate()'s extrapolation allows a little slack.
     ratios = prom.query("instance_uuid:tranche_device_idle:ratio_rate5m")
     assert {m["instance"] for m, _ in ratios} == {f"127.0.0.1:{p}" for p in scenario.ports.values()}
     assert all(v == pytest.approx(1.0, abs=0.01) for _, v in ratios), ratios

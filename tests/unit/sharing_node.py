@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from driver.api import ClaimRef
@@ -43,6 +44,7 @@ def sharing_state(
     faults: FaultPoints = NO_FAULTS,
     config: SharingConfig = CONFIG,
     boot_id: str = "boot-1",
+    before_destroy: Callable[[Sequence[str]], None] = lambda uuids: None,
 ) -> tuple[DeviceState, SharingNode, Nvml]:
     nvml = open_simulated(workdir / "sim.json")
     if config.mps_control == DEFAULT_MPS_CONTROL:
@@ -74,6 +76,7 @@ def sharing_state(
         shares=node.shares,
         faults=faults,
         lock_timeout_s=5.0,
+        before_destroy=before_destroy,
     )
     return state, node, nvml
 
