@@ -19,7 +19,7 @@ from driver.nvml.sim.control import find_gpu
 from driver.nvml.sim.state import SimGpu
 from tests.unit.claim_values import claim, config, ref_of, result
 from tests.unit.driver.sharing.test_mig import journal, new_claim, run_child, slot
-from tests.unit.driver.sharing.test_mps import TIMESLICE
+from tests.unit.driver.sharing.test_mps import MPS, TIMESLICE
 from tests.unit.sharing_node import sharing_state
 
 
@@ -227,6 +227,32 @@ def test_a_time_slice_reset_failing_without_an_nvml_code_asks_nvml_if_the_gpu_is
     else:
         assert "nvidia-smi compute-policy" in res.error, res.error
         assert "t1" in Checkpoint(node / "checkpoint.json", boot_id="boot-1").load()[0].claims
+
+
+@pytest.mark.parametrize("sweep", ["sweep", "restart"])
+def test_an_mps_claim_on_a_lost_gpu_gets_its_compute_mode_reset_when_it_answers(
+    node: Path, sweep: str
+) -> None:
+    """The daemon is stopped, but the GPU's compute mode cannot be set back: the daemon's
+    directory stays (emptied) to say so, and the sweep or the next start resets it."""
+    state, sharing, nvml = sharing_state(node)
+    gpu = state.inventory.gpus[0]
+    obj = claim("p1", [result(gpu.name)], [config(MPS)], name="c-p1")
+    assert state.prepare(obj, ref_of(obj)).error == ""
+    assert nvml.compute_mode(gpu.uuid) == "ExclusiveProcess"
+    lose(node, gpu.uuid)
+
+    assert state.unprepare(ref_of(obj)).error == ""
+    released(node, "p1")
+    assert sharing.daemons.processes() == []
+    answers_again(node, gpu.uuid)
+    assert nvml.compute_mode(gpu.uuid) == "ExclusiveProcess"  # the reset failed while lost
+    if sweep == "sweep":
+        state.sweep()
+    else:
+        sharing_state(node)[0].recover()
+    assert nvml.compute_mode(gpu.uuid) == "Default"
+    assert not sharing.daemons.dir(gpu.uuid).exists()
 
 
 @pytest.mark.parametrize(
