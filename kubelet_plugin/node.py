@@ -53,6 +53,7 @@ from kubelet_plugin.claim_status import ClaimStatusWriter, StatusWritingDriver
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import DRAIN_S, PluginServer
+from kubelet_plugin.heal_sweep import SweepOnHeal
 from kubelet_plugin.health_events import HealthEvents
 from kubelet_plugin.left_out_shares import LeftOutShares
 from kubelet_plugin.measured_driver import MeasuredDriver
@@ -204,6 +205,9 @@ class NodePlugin:
         )
         self.health.set_devices(device_gpu_map(self.inventory), mig_slot_map(self.inventory))
         self.health.add_listener(self._on_health_change)
+        # what an unprepare could not undo on a lost GPU goes once the GPU heals
+        self.sweep_on_heal = SweepOnHeal(self.state.sweep)
+        self.health.add_listener(self.sweep_on_heal)
         self.watcher = HealthWatcher(
             self.health,
             nvml.wait_event,

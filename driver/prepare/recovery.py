@@ -2,7 +2,9 @@
 
 Under the node lock: half-prepared claims are rolled back, every claim of another boot is
 applied again (re-validated), the handlers sweep what no claim uses and CDI specs of no
-prepared claim are removed; :class:`RecoveryReport` says what was done.
+prepared claim are removed; :class:`RecoveryReport` says what was done. The handlers' sweep
+alone (:meth:`Recovery.sweep`) also runs when a GPU heals: what an unprepare left on it while
+it was lost (a MIG instance, a time slice) goes then.
 """
 
 from __future__ import annotations
@@ -81,3 +83,14 @@ class Recovery(ExecutorBase):
             orphan_specs_removed=tuple(removed),
             reconciled=tuple(reconciled),
         )
+
+    def sweep(self) -> tuple[str, ...]:
+        """The handlers' sweep under the node lock, as at start-up: what no prepared claim uses
+        is removed. The plugin runs it when a GPU's health taint heals, since an unprepare on
+        a lost GPU leaves its MIG instance and time slice journalled for this. Returns one line
+        per thing changed or left (a GPU still lost)."""
+        with self._locked():
+            done = tuple(self._reconcile(self._load()))
+        if done:
+            log.info("sweep done changes=%s", "; ".join(done))
+        return done

@@ -10,9 +10,12 @@ is held by one claim unless both hold shares of it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard, runtime_checkable
+
+import pynvml
 
 from driver.checkpoint.store import CheckpointData
 from driver.errors import ClaimError, NvmlError
@@ -22,6 +25,8 @@ from driver.prepare.cdi import ContainerEdits
 from driver.prepare.claims import ClaimAllocation
 from driver.prepare.plan import AttachGpu, Plan, PlannedDevice, SetTimeSlice, Step
 from driver.prepare.timeslice_journal import TimeSliceJournal
+
+log = logging.getLogger(__name__)
 
 
 class GpuControl(Protocol):
@@ -143,6 +148,16 @@ def check_gpu_usable(probe: Callable[[str], DeviceProbe], step: AttachGpu) -> No
         )
 
 
+def gpu_lost(probe: Callable[[str], DeviceProbe], gpu_uuid: str, error: NvmlError) -> bool:
+    """Whether ``error``, from a call on GPU ``gpu_uuid``, came from a GPU NVML reports lost:
+    its code is ``GPU_IS_LOST``, or (a call that carries no NVML code, such as ``nvidia-smi``'s
+    exit status) a probe of the GPU says so. Only then does an undo leave what it could not
+    undo to a later sweep (``docs/checkpoint.md``); any other failure still fails it."""
+    if error.code == pynvml.NVML_ERROR_GPU_IS_LOST:
+        return True
+    return probe(gpu_uuid).lost
+
+
 def undoes_nothing(handler: object) -> bool:
     """Whether ``handler``'s undo is a no-op (its class says ``UNDOES_NOTHING = True``): a crash
     between applying its step and the claim's file then leaves nothing to roll back but the
@@ -174,8 +189,10 @@ class TimeSliceHandler:
 
     With a ``journal`` (:mod:`driver.prepare.timeslice_journal`) it also reconciles: a GPU
     the journal names that no prepared claim time-slices is reset (the claim whose record
-    would have reset it was held, its file corrupt), and nothing is reset while any claim is
-    held, since which GPU a held claim uses is unknown."""
+    would have reset it was held, its file corrupt, or its GPU was lost when it was
+    unprepared), and nothing is reset while any claim is held, since which GPU a held claim
+    uses is unknown. A GPU that NVML reports lost is not reset: the undo succeeds and the
+    GPU stays in the journal, for the sweep once it answers again."""
 
     def __init__(self, nvml: GpuControl, journal: TimeSliceJournal | None = None) -> None:
         self._nvml = nvml
@@ -208,17 +225,33 @@ class TimeSliceHandler:
             for other in others
             for s in other.steps
         )
-        if not still_used:
+        if still_used:
+            return
+        try:
             self._reset(step.gpu_uuid)
+        except NvmlError as e:
+            if not gpu_lost(self._nvml.probe, step.gpu_uuid, e):
+                raise
+            log.error(
+                "time slice not reset, GPU lost: left to the sweep once it answers gpu=%s "
+                "claim_uid=%s journalled=%s error=%s",
+                step.gpu_uuid, plan.claim_uid, self._journal is not None, e,
+            )  # fmt: skip
 
     def reconcile(self, plans: Sequence[Plan], held: Collection[str] = ()) -> Sequence[str]:
-        """Reset the journalled GPUs that no prepared claim time-slices (none while held)."""
+        """Reset the journalled GPUs that no prepared claim time-slices (none while held); a
+        GPU that fails stays journalled and is reported, the others are still reset."""
         if self._journal is None or held:
             return ()
         used = {s.gpu_uuid for p in plans for s in p.steps if isinstance(s, SetTimeSlice)}
         done = []
         for gpu_uuid in sorted(self._journal.load() - used):
-            self._reset(gpu_uuid)
+            try:
+                self._reset(gpu_uuid)
+            except NvmlError as e:  # a lost GPU: kept for the next sweep
+                log.error("time slice not reset gpu=%s error=%s", gpu_uuid, e)
+                done.append(f"could not reset the time slice of GPU {gpu_uuid}: {e}")
+                continue
             done.append(f"time slice of GPU {gpu_uuid} reset to Default (no claim uses it)")
         return done
 

@@ -6,7 +6,8 @@ last recorded claim on it is unprepared, which needs that claim's record. When t
 gone (a claim file that was corrupt, held until the kubelet unprepares it:
 ``docs/checkpoint.md``), this journal is what still says that the driver set the interval,
 so the sweep after the hold resets it, and a GPU whose interval an administrator set by hand
-is never touched.
+is never touched. The same holds for a claim unprepared while its GPU was lost: its GPU stays
+here until the sweep once the GPU heals (or the next start) resets it.
 
 One small JSON file, ``{"bootId": ..., "gpus": [uuid, ...]}``, replaced whole and not
 ``fsync``ed: a setting does not outlive a reboot, and a journal of another boot is read as

@@ -13,7 +13,10 @@ to the checkpoint (:mod:`driver.sharing.mig_journal`, which says how an entry na
 instance across reboots). A roll-back or start-up reconcile destroys what the journal says
 the driver made and no prepared claim owns; an instance an administrator made (not in the
 journal) is never touched. A GPU NVML cannot reach fails the claims on it, never the node:
-its entries stay for a later attempt. Static MIG devices and whole GPUs are
+its entries stay for a later attempt. An undo on a GPU that NVML reports lost succeeds
+(unprepare must not block on a GPU that will never answer) and leaves the instance's entry
+in the journal: the sweep that runs when the GPU heals, or at the next start, destroys it
+and turns MIG mode off where nothing else uses it. Static MIG devices and whole GPUs are
 :mod:`driver.sharing.attach`.
 """
 
@@ -23,11 +26,11 @@ import logging
 from collections.abc import Collection, Mapping, Sequence
 
 from driver.devices.inventory import Inventory, MigDevice
-from driver.errors import ClaimError, NvmlError
+from driver.errors import ClaimError, DeviceNotFound, NvmlError, TrancheError
 from driver.faults import NO_FAULTS, FaultPoints
 from driver.nvml.types import GpuInfo, MigInstance
 from driver.prepare.plan import CreateMigDevice, Plan, Step
-from driver.prepare.steps import StepOutcome
+from driver.prepare.steps import StepOutcome, gpu_lost
 from driver.sharing.attach import MigCaps, MigControl, gpu_facts
 from driver.sharing.mig_journal import JournalEntry, MigJournal, instance_at
 
@@ -185,14 +188,24 @@ class CreateMigHandler:
     def undo(
         self, step: Step, plan: Plan, others: Sequence[Plan], uuids: Mapping[str, str]
     ) -> None:
+        """Destroy the claim's instance and turn MIG mode off where nothing is left. On a GPU
+        that NVML reports lost, what could not be done is left to the sweep (journalled)."""
         assert isinstance(step, CreateMigDevice)
         entry = self._journal.load().get(MigJournal.key(step.gpu_uuid, step.start))
         if entry is None:
             # Never created, already destroyed, or the journal was lost (moved aside as
             # corrupt): the instance at the step's placement with the UUID the claim recorded
             # is still this claim's (a UUID is never given to another instance).
-            if self._destroy_recorded(step, plan, uuids.get(step.device), others):
-                self._maybe_disable(step.gpu_uuid, others)
+            uuid = uuids.get(step.device)
+            try:
+                destroyed = self._destroy_recorded(step, plan, uuid, others)
+            except NvmlError as e:
+                if not gpu_lost(self._nvml.probe, step.gpu_uuid, e):
+                    raise
+                self._journal_recorded(step, plan, uuid, e)
+                return
+            if destroyed:
+                self._disable_unless_lost(step, plan, others)
                 return
             # Never created: the step may still have turned MIG mode on (the create failed,
             # or the plugin died before journalling its intent). Best effort: the claim's
@@ -210,8 +223,69 @@ class CreateMigHandler:
             return
         if entry.claim_uid != plan.claim_uid:
             return  # the placement holds another claim's device now
-        self._destroy(entry, _owned_keys(others))
-        self._maybe_disable(step.gpu_uuid, others)
+        try:
+            self._destroy(entry, _owned_keys(others))
+        except NvmlError as e:
+            if not gpu_lost(self._nvml.probe, step.gpu_uuid, e):
+                raise
+            log.error(
+                "mig device not destroyed, GPU lost: kept in the journal for the sweep once "
+                "it answers gpu=%s device=%s gi=%s uuid=%s claim_uid=%s error=%s",
+                entry.gpu_uuid, entry.device, entry.gi_id, entry.uuid, plan.claim_uid, e,
+            )  # fmt: skip
+            return
+        self._disable_unless_lost(step, plan, others)
+
+    def _disable_unless_lost(
+        self, step: CreateMigDevice, plan: Plan, others: Sequence[Plan]
+    ) -> None:
+        """:meth:`_maybe_disable` after the claim's instance was destroyed; a GPU lost since
+        keeps its MIG mode (a reset or reboot brings it back as it was; the sweep turns it off
+        once it answers)."""
+        try:
+            self._maybe_disable(step.gpu_uuid, others)
+        except NvmlError as e:
+            if not gpu_lost(self._nvml.probe, step.gpu_uuid, e):
+                raise
+            log.error(
+                "mig mode not disabled, GPU lost gpu=%s device=%s claim_uid=%s error=%s",
+                step.gpu_uuid, step.device, plan.claim_uid, e,
+            )  # fmt: skip
+
+    def _journal_recorded(
+        self, step: CreateMigDevice, plan: Plan, uuid: str | None, error: NvmlError
+    ) -> None:
+        """The GPU is lost and the journal has no entry for the step (it was moved aside as
+        corrupt): the UUID the claim recorded is journalled at the step's placement, so the
+        sweep destroys that instance once the GPU answers."""
+        try:
+            profile_id = self._slot(step).profile.id
+        except (
+            ClaimError,
+            DeviceNotFound,
+        ):  # the GPU was lost when this plugin started: no profile to name
+            log.error(
+                "mig device not destroyed, GPU lost, and not journalled: an administrator "
+                "destroys it once the GPU answers gpu=%s device=%s uuid=%s claim_uid=%s",
+                step.gpu_uuid, step.device, uuid, plan.claim_uid,
+            )  # fmt: skip
+            return
+        if uuid is not None:
+            self._journal.put(
+                JournalEntry(
+                    claim_uid=plan.claim_uid,
+                    gpu_uuid=step.gpu_uuid,
+                    device=step.device,
+                    profile_id=profile_id,
+                    start=step.start,
+                    uuid=uuid,
+                )
+            )
+        log.error(
+            "mig device not destroyed, GPU lost: its recorded uuid journalled for the sweep "
+            "once it answers gpu=%s device=%s uuid=%s claim_uid=%s error=%s",
+            step.gpu_uuid, step.device, uuid, plan.claim_uid, error,
+        )  # fmt: skip
 
     def _destroy_recorded(
         self, step: CreateMigDevice, plan: Plan, uuid: str | None, others: Sequence[Plan]
@@ -282,14 +356,23 @@ class CreateMigHandler:
             for s in other.steps
         ):
             return
-        if not gpu_facts(self._inventory, gpu_uuid).mig_toggle_without_reset:
+        try:
+            toggle = gpu_facts(self._inventory, gpu_uuid).mig_toggle_without_reset
+        except (ClaimError, DeviceNotFound):
+            # Not among this plugin's GPUs: it was lost when the plugin started. Whether MIG
+            # mode can be switched without a reset is unknown; it is left as it is.
+            log.warning("mig mode left as it is gpu=%s: not a GPU of this plugin", gpu_uuid)
+            return
+        if not toggle:
             return
         if self._nvml.mig_enabled(gpu_uuid) and not self._nvml.mig_instances(gpu_uuid):
             self._nvml.set_mig_mode(gpu_uuid, False)
             log.info("mig mode disabled gpu=%s: no MIG device left", gpu_uuid)
 
     def reconcile(self, plans: Sequence[Plan], held: Collection[str] = ()) -> Sequence[str]:
-        """Destroy journalled instances no prepared or ``held`` claim owns; adopt the rest."""
+        """Destroy journalled instances no prepared or ``held`` claim owns, then turn MIG mode
+        off on their GPUs where no MIG device is left and no claim uses MIG; adopt the rest.
+        An instance that cannot be destroyed (its GPU is lost) stays journalled."""
         owned = {
             (p.claim_uid, MigJournal.key(s.gpu_uuid, s.start))
             for p in plans
@@ -298,11 +381,13 @@ class CreateMigHandler:
         }
         keys = {key for _, key in owned}
         done = []
+        swept: set[str] = set()
         for key, entry in sorted(self._journal.load().items()):
             if (entry.claim_uid, key) in owned or entry.claim_uid in held:
                 continue
             try:
                 self._destroy(entry, keys)
+                swept.add(entry.gpu_uuid)
             except NvmlError as e:  # a lost GPU fails its own claims, never the node
                 log.error(
                     "mig device not destroyed gpu=%s device=%s claim_uid=%s error=%s",
@@ -317,6 +402,13 @@ class CreateMigHandler:
                 )
                 continue
             done.append(f"destroyed MIG device {entry.device} ({key}) of claim {entry.claim_uid}")
+        for gpu_uuid in sorted(swept):
+            # What the unprepare of those claims would have done (it could not: their GPU
+            # was lost, or the plugin died): MIG mode off where no MIG device is left.
+            try:
+                self._maybe_disable(gpu_uuid, plans)
+            except TrancheError as e:
+                log.error("mig mode not disabled gpu=%s error=%s", gpu_uuid, e)
         for key, entry in sorted(self._journal.load().items()):
             log.info(
                 "mig device adopted key=%s claim_uid=%s uuid=%s", key, entry.claim_uid, entry.uuid

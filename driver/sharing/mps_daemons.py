@@ -240,11 +240,26 @@ class MpsDaemons(DaemonPipes):
             reap_orphans()
 
     def _cleanup(self, spec: DaemonSpec) -> None:
+        """Restore the compute mode and remove the daemon's directory. A compute mode that
+        cannot be restored (a lost GPU) keeps the directory, emptied of its record: it says
+        the GPU's mode may still be set, and the next sweep (when the GPU heals, or at start)
+        stops the daemon of that key again, restoring the mode."""
         if spec.whole_gpu:
             try:
                 self._nvml.set_compute_mode(spec.gpu_uuid, "Default")
             except TrancheError as e:
-                log.warning("compute mode reset failed gpu=%s error=%s", spec.gpu_uuid, e)
+                log.warning(
+                    "compute mode reset failed, left to the next sweep gpu=%s error=%s",
+                    spec.gpu_uuid,
+                    e,
+                )
+                home = self.dir(spec.key)
+                for child in list(home.iterdir()) if home.is_dir() else ():
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child, ignore_errors=True)
+                    else:
+                        child.unlink(missing_ok=True)
+                return
         shutil.rmtree(self.dir(spec.key), ignore_errors=True)
 
     # recovery -------------------------------------------------------------------------------

@@ -98,3 +98,49 @@ def test_lost_gpu_is_tainted_evicts_its_pod_and_heals(
         return all(name in now and not taints(now[name]) for name in devices)
 
     wait_for("taints lifted after the GPU is back", healed, 60)
+
+
+def test_a_mig_pod_on_a_lost_gpu_is_deleted_and_its_device_swept_when_the_gpu_heals(
+    cluster: Cluster, namespace: str, sim_node: Callable[..., PluginNode]
+) -> None:
+    """The evicted pod's MIG device cannot be destroyed on the lost GPU, yet its unprepare
+    succeeds, so the kubelet completes the pod's deletion instead of keeping it Terminating;
+    the device stays in the MIG journal until the GPU heals, then the sweep removes it and
+    turns MIG mode off."""
+    trust = ("--default-trust-level", "partitioned")  # MIG is refused to `isolated`
+    pn = sim_node(extra_args=("--health-policy", FAST_HEALING, *trust, *DYNAMIC_MIG_ARGS))
+    apply_example(cluster, "mig-slice.yaml", namespace, pn.name)
+    claim = wait_for(
+        "claim of pod mig-slice", lambda: pn.pod_claim_name(namespace, "mig-slice", "mig")
+    )
+    result = wait_for(
+        "claim allocated",
+        lambda: pn.claim(namespace, claim).get("status", {}).get("allocation"),
+    )["devices"]["results"][0]
+    uid = pn.claim(namespace, claim)["metadata"]["uid"]
+    wait_for("claim prepared", lambda: pn.kubelet.prepared.get(uid))
+    gpu = pn.device_attribute(result["device"], "parentUUID") or ""
+    journal = pn.node.data_dir / "mig-journal.json"
+
+    def entries() -> dict[str, Any]:
+        return dict(json.loads(journal.read_text())["entries"]) if journal.exists() else {}
+
+    assert [e["claim_uid"] for e in entries().values()] == [uid]
+
+    pn.node.control().lose_gpu(gpu)
+
+    def deleted() -> bool:
+        answer = send(pn.api, "GET", f"/api/v1/namespaces/{namespace}/pods/mig-slice")
+        assert answer.status == 404 or answer.ok, f"reading pod mig-slice: HTTP {answer.status}"
+        return answer.status == 404
+
+    wait_for("pod on the lost GPU deleted, not left Terminating", deleted, 60)
+    assert uid not in pn.kubelet.prepared
+    assert not [n for n in pn.cdi_specs() if uid in n]
+    assert [e["claim_uid"] for e in entries().values()] == [uid]  # left for the sweep
+
+    pn.node.control().recover(gpu)
+    wait_for("the MIG journal swept after the GPU healed", lambda: entries() == {}, 60)
+    state = json.loads(pn.node.sim_state.read_text())
+    (sim,) = [g for g in state["gpus"] if g["uuid"] == gpu]
+    assert (sim["instances"], sim["mig_current"]) == ([], 0)

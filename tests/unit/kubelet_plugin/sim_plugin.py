@@ -8,6 +8,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from driver.devices.inventory import AdvertiseConfig
+from driver.health.policy import HealthPolicy
 from driver.kube.http import KubeClient
 from driver.metrics import Metrics
 from driver.nvml.sim import create_state, open_simulated
@@ -23,6 +24,7 @@ def sim_plugin(
     advertise: AdvertiseConfig | None = None,
     sharing: SharingConfig | None = None,
     registry: CollectorRegistry | None = None,
+    health_policy: HealthPolicy | None = None,
 ) -> NodePlugin:
     create_state("dgx-h100", tmp_path / "sim.json")
     settings = PluginSettings(
@@ -34,6 +36,7 @@ def sim_plugin(
         state_dir=tmp_path / "state",
         sim_state=tmp_path / "sim.json",
         sharing=sharing or SharingConfig(),
+        health_policy=health_policy or HealthPolicy(),
     )
     registry = registry or CollectorRegistry()
     return NodePlugin(

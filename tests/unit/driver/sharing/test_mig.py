@@ -453,7 +453,8 @@ def test_recovery_survives_a_lost_gpu_under_a_half_prepared_mig_claim(node: Path
     after, _, nvml = sharing_state(node)
     report = after.recover()  # must not raise: one bad GPU fails its own claims
 
-    assert set(report.failed) == {"b"} and lost.parent.uuid in report.failed["b"]
+    # b is rolled back all the same; its device, which NVML cannot destroy, stays journalled
+    assert report.rolled_back == ("b",) and report.failed == {}, report
     assert any("could not destroy" in line and lost.name in line for line in report.reconciled)
     assert f"{lost.parent.uuid}/{lost.start}" in journal(node)  # kept for a later attempt
     assert len(nvml.gpu(healthy.parent.uuid).mig_instances) == 1
@@ -463,7 +464,9 @@ def test_recovery_survives_a_lost_gpu_under_a_half_prepared_mig_claim(node: Path
     retried = after.prepare(
         new_claim(node, "b", lost.name), ref_of(new_claim(node, "b", lost.name))
     )
-    assert "GPU_IS_LOST" in retried.error or "lost" in retried.error.lower(), retried.error
+    # the restarted plugin left the lost GPU out of its devices: the retry fails naming b's
+    assert f"device '{lost.name}' is not a device of node" in retried.error, retried.error
+    assert f"{lost.parent.uuid}/{lost.start}" in journal(node)
 
 
 def test_a_prepared_mig_claim_whose_device_is_gone_is_made_again(node: Path) -> None:
