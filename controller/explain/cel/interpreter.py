@@ -7,6 +7,8 @@
   error there does not matter when a value is present (cel-go short-circuits them).
 - ``optMap(v, expr)`` and ``optFlatMap(v, expr)`` are macros; ``optional.of(...)`` and its
   siblings are calls into the ``optional`` namespace.
+- ``extensions.py`` evaluates the other libraries' namespaced calls (``sets.contains``),
+  two-variable comprehensions and ``sortBy``.
 Everything else is cel-python's :class:`~celpy.evaluation.Evaluator`, each node evaluated once.
 """
 
@@ -19,6 +21,7 @@ import lark
 from celpy.evaluation import CELEvalError as CelpyEvalError
 from celpy.evaluation import Evaluator
 
+from controller.explain.cel import extensions
 from controller.explain.cel.optional import NONE, CelOptional, qualify
 
 Tree = lark.Tree[Any]
@@ -79,6 +82,9 @@ class OptionalEvaluator(Evaluator):
         return super().member_index(self._with_member(tree, member))
 
     def member_dot_arg(self, tree: Tree) -> Any:
+        handled = extensions.member_call(self, tree)
+        if handled is not extensions.UNHANDLED:
+            return handled
         name = _name(tree)
         if _namespace(tree.children[0]):
             args = self.visit(tree.children[2]) if len(tree.children) > 2 else []

@@ -15,6 +15,7 @@ import lark
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError as CelpyEvalError
 
+from controller.explain.cel import extensions
 from controller.explain.cel.compare import OPERATORS
 from controller.explain.cel.device import DeviceData, activation
 from controller.explain.cel.grammar import environment, unsupported
@@ -28,6 +29,7 @@ _KNOWN = (
     | frozenset(k for k in celpy.evaluation.base_functions if k.isidentifier())
     | frozenset({"has", "all", "exists", "exists_one", "map", "filter", "size"})
     | OPTIONAL_CALLS
+    | extensions.KNOWN_CALLS
 )
 
 
@@ -43,7 +45,11 @@ _ENV = environment(OptionalRunner)
 _CALLS = re.compile(r"\.?\b([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
 
-_MACROS = re.compile(r"\.\s*(exists|exists_one|all|map|filter)\s*\(")
+# calls that may read every value of a map: its attributes all count for the cache key
+_MACROS = re.compile(
+    r"\.\s*(exists|exists_one|existsOne|all|map|filter|transformList|transformMap"
+    r"|transformMapEntry|sortBy|format)\s*\("
+)
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,9 @@ def compile_selector(expression: str) -> Selector:
     for name in _CALLS.findall(_strip_strings(expression)):
         if name not in _KNOWN:
             raise CelSyntaxError(f"CEL expression calls an undeclared function {name!r}")
-    program = _ENV.program(ast, functions={**FUNCTIONS, **OPTIONAL_FUNCTIONS, **OPERATORS})
+    extensions.check(ast)
+    functions = {**FUNCTIONS, **extensions.FUNCTIONS, **OPTIONAL_FUNCTIONS, **OPERATORS}
+    program = _ENV.program(ast, functions=functions)
     return Selector(expression, program)
 
 

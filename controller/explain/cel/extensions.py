@@ -1,0 +1,136 @@
+"""The CEL libraries of the DRA selector environment beyond quantities, semantic versions and
+the strings basics (``library.py``), put together: :data:`FUNCTIONS` (sets and lists),
+:func:`member_call` for what the interpreter must evaluate itself (namespaced calls such as
+``sets.contains(a, b)``, two-variable comprehensions, ``sortBy``, ``min`` which cel-python takes
+for a macro), and :func:`check`, which refuses at compile time what cel-go refuses (a
+two-variable comprehension without two names).
+
+Which libraries the scheduler has: k8s.io/apiserver/pkg/cel/environment/base.go (v0.37.2)
+enables ext.Strings v2, ext.Sets, ext.TwoVarComprehensions, ext.Lists v3, optional types, and
+Kubernetes' URLs, Regex, Quantity, IP, CIDR, Format, Semver v1 and Lists v1; the DRA
+compiler adds ext.Bindings (``cel.bind``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import lark
+from celpy.evaluation import CELEvalError as CelpyEvalError
+
+from controller.explain.cel import (
+    comprehensions,
+    lib_lists,
+    lib_sets,
+)
+from controller.explain.cel.library import FUNCTIONS as BASICS
+from controller.explain.cel.values import CelSyntaxError
+
+Tree = lark.Tree[Any]
+
+
+def _by_receiver(on_list: Callable[..., Any], other: Callable[..., Any]) -> Callable[..., Any]:
+    """One name, two libraries: the list function for a list receiver, else ``other``."""
+
+    def call(receiver: Any, *args: Any) -> Any:
+        return (on_list if isinstance(receiver, list) else other)(receiver, *args)
+
+    return call
+
+
+FUNCTIONS: Mapping[str, Callable[..., Any]] = {
+    **lib_sets.FUNCTIONS,
+    **lib_lists.FUNCTIONS,
+    "indexOf": _by_receiver(lib_lists.FUNCTIONS["indexOf"], BASICS["indexOf"]),
+    "lastIndexOf": _by_receiver(lib_lists.FUNCTIONS["lastIndexOf"], BASICS["lastIndexOf"]),
+}
+"""Registered after ``library.FUNCTIONS``: ``indexOf`` and ``lastIndexOf`` dispatch here."""
+
+_NAMESPACES = frozenset(name.split(".")[0] for name in FUNCTIONS if "." in name)
+
+KNOWN_CALLS = (
+    frozenset(name.rsplit(".", 1)[-1] for name in FUNCTIONS)
+    | frozenset(comprehensions.TWO_VARIABLE)
+    | frozenset({"sortBy"})
+)
+"""The function and macro names these libraries add, for the undeclared-function check."""
+
+
+def _bare_name(tree: Any) -> str | None:
+    """The name ``tree`` is when it is a bare name (``sets`` in ``sets.contains(a, b)``)."""
+    while isinstance(tree, lark.Tree) and len(tree.children) == 1:
+        if tree.data == "ident":
+            token = tree.children[0]
+            return token.value if isinstance(token, lark.Token) else None
+        tree = tree.children[0]
+    return None
+
+
+def _args(tree: Tree) -> list[Any]:
+    return list(tree.children[2].children) if len(tree.children) > 2 else []
+
+
+def _two_names(tree: Tree) -> tuple[str, str] | None:
+    """The variable names of a two-variable comprehension ``tree``, else None."""
+    args = _args(tree)
+    if len(args) not in comprehensions.TWO_VARIABLE.get(str(tree.children[1]), ()):
+        return None
+    first, second = _bare_name(args[0]), _bare_name(args[1])
+    return (first, second) if first is not None and second is not None else None
+
+
+UNHANDLED = object()
+
+
+def member_call(evaluator: Any, tree: Tree) -> Any:
+    """``member.name(args)`` when this module evaluates it (else :data:`UNHANDLED`)."""
+    name = str(tree.children[1])
+    namespace = _bare_name(tree.children[0])
+    if namespace in _NAMESPACES and f"{namespace}.{name}" in FUNCTIONS:
+        values = [evaluator.visit(arg) for arg in _args(tree)]
+        return evaluator.function_eval(lark.Token("IDENT", f"{namespace}.{name}"), values)
+    names = _two_names(tree)
+    if names is not None:
+        return comprehensions.two_variable(evaluator, tree, names)
+    if name == "sortBy":
+        return comprehensions.sort_by(evaluator, tree, str(_bare_name(_args(tree)[0])))
+    if name in {"min", "max"}:  # cel-python's own "min" macro is no list function
+        receiver = evaluator.visit(tree.children[0])
+        if isinstance(receiver, CelpyEvalError):
+            return receiver
+        return evaluator.function_eval(lark.Token("IDENT", name), [receiver])
+    return UNHANDLED
+
+
+def _refusal(tree: Tree) -> str | None:
+    """Why cel-go or explain refuses the call ``tree`` (``ident_arg`` or ``member_dot_arg``)."""
+    if tree.data == "ident_arg":
+        return None
+    name, namespace = str(tree.children[1]), _bare_name(tree.children[0])
+    if namespace in _NAMESPACES and f"{namespace}.{name}" in FUNCTIONS:
+        return None
+    args, counts = _args(tree), comprehensions.TWO_VARIABLE.get(name)
+    if counts is not None and len(args) in counts:
+        names = _two_names(tree)
+        if names is None:
+            return f"{name}(): the first two arguments must be simple names"
+        if names[0] == names[1]:
+            return f"{name}(): duplicate variable name: {names[0]}"
+    elif counts is not None and name not in {"all", "exists", "exists_one"}:
+        return f"{name}() takes {' or '.join(map(str, counts))} arguments, not {len(args)}"
+    if name == "sortBy" and (len(args) != 2 or _bare_name(args[0]) is None):
+        return "sortBy() takes a simple name and a key expression"
+    return None
+
+
+def check(ast: Tree) -> None:
+    """:class:`CelSyntaxError` for the first call of ``ast`` cel-go would refuse to compile
+    or explain cannot evaluate."""
+    for node in ast.iter_subtrees():
+        if node.data not in {"ident_arg", "member_dot_arg"}:
+            continue
+        why = _refusal(node)
+        if why is None:
+            continue
+        where = f" (line {node.meta.line}, column {node.meta.column})"
+        raise CelSyntaxError(f"CEL expression does not compile: {why}{where}")

@@ -1,0 +1,112 @@
+"""The CEL libraries of the DRA selector environment beyond quantities, versions and the string
+basics (sets, lists, two-variable comprehensions, format, IP and CIDR, regex): each row's
+result is what kube-scheduler's cel-go (k8s.io/dynamic-resource-allocation/cel v0.37.2) gives
+for the expression on the same device."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.explain.cel import CelEvalError, CelSyntaxError, DeviceData, compile_selector
+from tests.unit.controller.explain.test_cel import H100
+
+A = 'device.attributes["gpu.tranche.dev"]'
+C = 'device.capacity["gpu.tranche.dev"]'
+WORDS = f'{A}.productName.split(" ")'  # ["NVIDIA", "H100", "80GB", "HBM3"]
+NUMA = 'device.attributes["resource.kubernetes.io"].numaNode'  # 1
+
+SETS = [
+    (f'sets.contains({WORDS}, ["H100", "NVIDIA"])', True),
+    (f'sets.contains({WORDS}, ["H200"])', False),
+    ('sets.contains(["a"], [])', True),
+    ('sets.equivalent(["a", "b"], ["b", "a", "a"])', True),
+    ('sets.equivalent(["a"], ["a", "b"])', False),
+    (f"sets.intersects([{NUMA}], [0, 1])", True),
+    ('sets.intersects(["a"], [])', False),
+    (f'sets.contains([{C}.memory], [quantity("81559Mi")])', True),
+]
+
+LISTS = [
+    ("[1, 2, 3].sum() == 6 && [1.5, 2.5].sum() == 4.0 && [].sum() == 0", True),
+    ('[duration("1s"), duration("2s")].sum() == duration("3s")', True),
+    ("[1, 5, 3].max() == 5 && [1, 5, 3].min() == 1", True),
+    (f'{WORDS}.max() == "NVIDIA" && {WORDS}.min() == "80GB"', True),
+    (f"[{A}.cudaComputeCapability.major(), 8].max() == 9", True),
+    ('[1, 1, 2].isSorted() && !["b", "a"].isSorted()', True),
+    (f'{WORDS}.indexOf("H100") == 1 && [1, 2, 1].lastIndexOf(1) == 2', True),
+    (f'{WORDS}.includes("H100") && !{WORDS}.includes("H200")', True),
+    (f'{WORDS}.slice(1, 3) == ["H100", "80GB"]', True),
+    ("[[1, 2], [3]].flatten() == [1, 2, 3] && [[1, 2], [3]].flatten(0) == [[1, 2], [3]]", True),
+    (f'{WORDS}.sort() == ["80GB", "H100", "HBM3", "NVIDIA"]', True),
+    ("[1, 2, 1, 3, 2].distinct() == [1, 2, 3]", True),
+    (f'{WORDS}.reverse()[0] == "HBM3"', True),
+    ("lists.range(3) == [0, 1, 2]", True),
+    (f'{WORDS}.sortBy(w, size(w))[0] == "H100"', True),
+    ("[3, 1, 2].sortBy(x, -x) == [3, 2, 1]", True),
+]
+
+TWO_VARIABLES = [
+    ("[1, 2].all(i, v, v > i)", True),
+    ("[1, 2].exists(i, v, i == 1 && v == 3)", False),
+    ("[1, 2, 3].existsOne(i, v, v > 2) && ![1, 2, 3].exists_one(i, v, v > 1)", True),
+    (f'{A}.exists(name, value, name == "type" && value == "gpu")', True),
+    (f'{A}.all(name, value, name != "profile")', True),
+    (f'{A}.existsOne(name, value, name.endsWith("Version"))', True),
+    (f'{C}.exists(name, q, name == "memory" && q.isGreaterThan(quantity("79Gi")))', True),
+    ("device.attributes.exists(domain, attrs, attrs.size() == 2)", True),
+    ("[1, 2].transformList(i, v, i + v) == [1, 3]", True),
+    ("[1, 2, 3].transformList(i, v, v % 2 == 1, v * 10) == [10, 30]", True),
+    ('{"a": 1, "b": 2}.transformMap(k, v, v + 1) == {"a": 2, "b": 3}', True),
+    ('{"a": 1, "b": 2}.transformMapEntry(k, v, v > 1, {v: k}) == {2: "b"}', True),
+    # all stops at a false, exists at a true: an error elsewhere does not matter
+    ("[0, 1].all(i, v, 2 / v > 5)", False),
+    ("[0, 2].exists(i, v, 2 / v == 1)", True),
+    ("[1, 0].transformList(i, v, v > 0, 2 / v) == [2]", True),
+]
+
+
+@pytest.mark.parametrize(("expression", "expected"), SETS + LISTS + TWO_VARIABLES)
+def test_library_selector(expression: str, expected: bool) -> None:
+    assert compile_selector(expression).matches(H100) is expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("[].max() == 0", "max called on empty list"),
+        (f"{WORDS}.slice(2, 1).size() == 0", "start index must be less than or equal"),
+        ("lists.range(-1).size() == 0", "size must be non-negative"),
+        ("[0, 1].existsOne(i, v, 2 / v > 1)", "divide by zero"),
+        # existsOne reads every attribute: a version compared with a string is an error
+        (f'{A}.existsOne(name, value, value == "gpu")', "overload"),
+        ('{"a": 1, "b": 1}.transformMapEntry(k, v, {v: k}).size() == 2', "already exists"),
+    ],
+)
+def test_library_errors(expression: str, message: str) -> None:
+    with pytest.raises(CelEvalError, match=None) as got:
+        compile_selector(expression).matches(H100)
+    assert message in str(got.value)
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        # cel-go refuses these when it compiles the selector (so does the API server)
+        ("[1, 2].all(i, i, true)", "duplicate variable name: i"),
+        ("[1, 2].transformList(i, v) == []", "transformList() takes 3 or 4 arguments"),
+        ("[1, 2].existsOne(v, v == 1)", "existsOne() takes 3 arguments"),
+    ],
+)
+def test_library_refusals(expression: str, message: str) -> None:
+    with pytest.raises(CelSyntaxError, match=None) as got:
+        compile_selector(expression)
+    assert message in str(got.value)
+
+
+def test_a_comprehension_over_attributes_reads_the_values_it_does_not_name() -> None:
+    # results are cached by the attributes an expression names; this one names none of them
+    selector = compile_selector(f'{A}.existsOne(name, value, value == "GPU-1")')
+    one = DeviceData(H100.driver, {"type": {"string": "gpu"}, "uuid": {"string": "GPU-1"}}, {})
+    two = DeviceData(H100.driver, {"type": {"string": "gpu"}, "uuid": {"string": "GPU-2"}}, {})
+    assert selector.matches(one) is True
+    assert selector.matches(two) is False
