@@ -64,8 +64,23 @@ TWO_VARIABLES = [
     ("[1, 0].transformList(i, v, v > 0, 2 / v) == [2]", True),
 ]
 
+FORMAT = [
+    ('"%s-%d".format(["a", 1]) == "a-1"', True),
+    (f'"%s/%s".format([device.driver, {A}.type]) == "gpu.tranche.dev/gpu"', True),
+    (f'"%d GiB".format([{C}.memory.asInteger() / 1073741824]) == "79 GiB"', True),
+    ('"%s".format([[1, "a", 1.5, null]]) == "[1, \\"a\\", 1.500000, null]"', True),
+    ('"%s".format([{"b": 1, "a": [true]}]) == "{\\"a\\":[true], \\"b\\":1}"', True),
+    ('"%s %s %s".format([2.0, 1234567.0, 1e-7]) == "2 1.234567e+06 1e-07"', True),
+    ('"%.2f|%f".format([1234.5, -0.0]) == "1,234.50|0.000000"', True),  # en_US, as cel-go
+    ('"%e".format([-1234.5]) == "-1.234500\u00d710⁰³"', True),  # \u00d7: a multiplication sign
+    ('"%.15e".format([1.0]) == "  1.000000\u00d710⁰⁰"', True),  # the precision is a width
+    ('"%x %X %o %b %%".format([255, "hi", 8, true]) == "ff 6869 10 1 %"', True),
+    ('"%s".format([duration("90m")]) == "5400s"', True),
+    ('strings.quote("a\\"b\\n") == "\\"a\\\\\\"b\\\\n\\""', True),
+]
 
-@pytest.mark.parametrize(("expression", "expected"), SETS + LISTS + TWO_VARIABLES)
+
+@pytest.mark.parametrize(("expression", "expected"), SETS + LISTS + TWO_VARIABLES + FORMAT)
 def test_library_selector(expression: str, expected: bool) -> None:
     assert compile_selector(expression).matches(H100) is expected
 
@@ -80,6 +95,8 @@ def test_library_selector(expression: str, expected: bool) -> None:
         # existsOne reads every attribute: a version compared with a string is an error
         (f'{A}.existsOne(name, value, value == "gpu")', "overload"),
         ('{"a": 1, "b": 1}.transformMapEntry(k, v, {v: k}).size() == 2', "already exists"),
+        (f'"%s".format([{A}.driverVersion]) == ""', "string clause can only be used"),
+        (f'"%d".format([{A}.type]) == ""', "decimal clause can only be used on integers"),
     ],
 )
 def test_library_errors(expression: str, message: str) -> None:
