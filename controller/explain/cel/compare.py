@@ -12,11 +12,12 @@ import celpy
 import celpy.celtypes as ct
 from celpy.evaluation import CELEvalError as CelpyEvalError
 
+from controller.explain.cel.lib_net import CIDR, IP
 from controller.explain.cel.optional import CelOptional
 from controller.explain.cel.values import Quantity, Semver
 
 # values that only equal their own type: another type is an error, not unequal
-_STRICT = (Quantity, Semver)
+_STRICT = (Quantity, Semver, IP, CIDR)
 
 
 def _number(value: Any) -> bool:
@@ -35,7 +36,8 @@ def _equal(a: Any, b: Any) -> bool:
     """cel-go's ``==``, which the scheduler runs: values of different types are unequal (an
     int attribute compared with a string is false, not an error; a bool is never equal to a
     number), numbers compare by value across int, uint and double; only a quantity or
-    semantic version compared with another type is an error (TypeError: no such overload)."""
+    semantic version (or IP, CIDR) compared with another type is an error (TypeError: no such
+    overload)."""
     if _is_null(a) or _is_null(b):
         return _is_null(a) and _is_null(b)
     if isinstance(a, CelOptional) or isinstance(b, CelOptional):

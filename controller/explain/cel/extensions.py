@@ -1,9 +1,10 @@
 """The CEL libraries of the DRA selector environment beyond quantities, semantic versions and
 the strings basics (``library.py``), put together: :data:`FUNCTIONS` (sets, lists, format and
-``strings.quote``), :func:`member_call` for what the interpreter must evaluate itself
-(namespaced calls such as ``sets.contains(a, b)``, two-variable comprehensions, ``sortBy``,
-``min`` which cel-python takes for a macro), and :func:`check`, which refuses at compile time
-what cel-go refuses (a two-variable comprehension without two names).
+``strings.quote``, IP and CIDR, regex ``find``), :func:`member_call` for what the interpreter
+must evaluate itself (namespaced calls such as ``sets.contains(a, b)``, two-variable
+comprehensions, ``sortBy``, ``min`` which cel-python takes for a macro), and :func:`check`,
+which refuses at compile time what cel-go refuses (a two-variable comprehension without two
+names).
 
 Which libraries the scheduler has: k8s.io/apiserver/pkg/cel/environment/base.go (v0.37.2)
 enables ext.Strings v2, ext.Sets, ext.TwoVarComprehensions, ext.Lists v3, optional types, and
@@ -22,6 +23,8 @@ from controller.explain.cel import (
     comprehensions,
     lib_format,
     lib_lists,
+    lib_net,
+    lib_regex,
     lib_sets,
 )
 from controller.explain.cel.library import FUNCTIONS as BASICS
@@ -43,6 +46,8 @@ FUNCTIONS: Mapping[str, Callable[..., Any]] = {
     **lib_sets.FUNCTIONS,
     **lib_lists.FUNCTIONS,
     **lib_format.FUNCTIONS,
+    **lib_net.FUNCTIONS,
+    **lib_regex.FUNCTIONS,
     "indexOf": _by_receiver(lib_lists.FUNCTIONS["indexOf"], BASICS["indexOf"]),
     "lastIndexOf": _by_receiver(lib_lists.FUNCTIONS["lastIndexOf"], BASICS["lastIndexOf"]),
 }

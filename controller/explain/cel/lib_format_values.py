@@ -11,6 +11,7 @@ from typing import Any
 
 import celpy.celtypes as ct
 
+from controller.explain.cel.lib_net import CIDR, IP
 from controller.explain.cel.values import Quantity, Semver
 
 
@@ -103,6 +104,8 @@ _NAMES: tuple[tuple[type | tuple[type, ...], str], ...] = (
     (ct.TimestampType, "google.protobuf.Timestamp"),
     (Quantity, "kubernetes.Quantity"),
     (Semver, "kubernetes.Semver"),
+    (IP, "net.IP"),
+    (CIDR, "net.CIDR"),
 )
 
 

@@ -43,6 +43,7 @@ LISTS = [
     ("lists.range(3) == [0, 1, 2]", True),
     (f'{WORDS}.sortBy(w, size(w))[0] == "H100"', True),
     ("[3, 1, 2].sortBy(x, -x) == [3, 2, 1]", True),
+    ('"abcabc".lastIndexOf("b", 3) == 1 && "abcabc".indexOf("b", 2) == 4', True),
 ]
 
 TWO_VARIABLES = [
@@ -79,8 +80,35 @@ FORMAT = [
     ('strings.quote("a\\"b\\n") == "\\"a\\\\\\"b\\\\n\\""', True),
 ]
 
+NETWORK = [
+    ('ip("10.0.0.1").family() == 4 && ip("::1").family() == 6', True),
+    ('ip("2001:db8::1") == ip("2001:0db8:0:0:0:0:0:1")', True),
+    ('string(ip("2001:0db8:0:0:0:0:0:1")) == "2001:db8::1"', True),
+    ('ip.isCanonical("2001:db8::1") && !ip.isCanonical("2001:DB8::1")', True),
+    ('isIP("10.0.0.1") && !isIP("10.0.0.01") && !isIP("::ffff:1.2.3.4")', True),
+    ('ip("127.1.2.3").isLoopback() && ip("0.0.0.0").isUnspecified()', True),
+    ('ip("10.0.0.1").isGlobalUnicast() && !ip("169.254.0.1").isGlobalUnicast()', True),
+    ('ip("fe80::1").isLinkLocalUnicast() && ip("ff12::1").isLinkLocalMulticast()', True),
+    ('cidr("10.0.0.0/8").containsIP("10.255.0.1") && !cidr("10.0.0.0/8").containsIP("::1")', True),
+    ('cidr("10.0.0.0/8").containsCIDR("10.1.0.0/16")', True),
+    ('cidr("10.1.2.3/8") == cidr("10.0.0.0/8")', False),  # the address is kept as written
+    ('cidr("10.1.2.3/8").masked() == cidr("10.0.0.0/8")', True),
+    ('cidr("10.1.2.3/8").ip() == ip("10.1.2.3") && cidr("::/0").prefixLength() == 0', True),
+    ('isCIDR("10.0.0.0/8") && !isCIDR("10.0.0.0/33") && !isCIDR("10.0.0.0/08")', True),
+]
 
-@pytest.mark.parametrize(("expression", "expected"), SETS + LISTS + TWO_VARIABLES + FORMAT)
+REGEX = [
+    (f'{A}.productName.find("H[0-9]+") == "H100"', True),
+    (f'{A}.productName.findAll("[0-9]+") == ["100", "80", "3"]', True),
+    ('"banana".findAll("a", 2) == ["a", "a"]', True),
+    ('"abab".findAll("b*") == ["", "b", "b"]', True),  # Go skips an empty match after one
+    ('"abc".find("x") == ""', True),
+]
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"), SETS + LISTS + TWO_VARIABLES + FORMAT + NETWORK + REGEX
+)
 def test_library_selector(expression: str, expected: bool) -> None:
     assert compile_selector(expression).matches(H100) is expected
 
@@ -97,6 +125,9 @@ def test_library_selector(expression: str, expected: bool) -> None:
         ('{"a": 1, "b": 1}.transformMapEntry(k, v, {v: k}).size() == 2', "already exists"),
         (f'"%s".format([{A}.driverVersion]) == ""', "string clause can only be used"),
         (f'"%d".format([{A}.type]) == ""', "decimal clause can only be used on integers"),
+        ('ip("10.0.0.01").family() == 4', "parse error"),
+        ('cidr("::ffff:1.2.3.4/120").prefixLength() == 120', "IPv4-mapped"),
+        (f'{A}.productName.find(device.driver + "[") == ""', "Illegal regex"),
     ],
 )
 def test_library_errors(expression: str, message: str) -> None:
