@@ -3,8 +3,9 @@ the strings basics (``library.py``), put together: :data:`FUNCTIONS` (sets, list
 ``strings.quote``, IP and CIDR, regex ``find``), :func:`member_call` for what the interpreter
 must evaluate itself (namespaced calls such as ``sets.contains(a, b)``, two-variable
 comprehensions, ``sortBy``, ``min`` which cel-python takes for a macro), and :func:`check`,
-which refuses at compile time what cel-go refuses (a two-variable comprehension without two
-names).
+which refuses at compile time what cel-go refuses (``q.sign()``, a two-variable comprehension
+without two names) and what explain cannot evaluate (the URL and format libraries), with a
+message saying so rather than a wrong verdict.
 
 Which libraries the scheduler has: k8s.io/apiserver/pkg/cel/environment/base.go (v0.37.2)
 enables ext.Strings v2, ext.Sets, ext.TwoVarComprehensions, ext.Lists v3, optional types, and
@@ -55,12 +56,45 @@ FUNCTIONS: Mapping[str, Callable[..., Any]] = {
 
 _NAMESPACES = frozenset(name.split(".")[0] for name in FUNCTIONS if "." in name)
 
+# Declared by the scheduler's environment, not evaluated here: name -> its library
+_NOT_EVALUATED = {
+    **dict.fromkeys(
+        ("url", "isURL", "getScheme", "getHost", "getHostname", "getPort", "getEscapedPath"),
+        "URL",
+    ),
+    "getQuery": "URL",
+    "validate": "format",
+}
+
+# Kubernetes' format library: format.named(name), format.<name>(), then .validate(s)
+_FORMATS = frozenset(
+    {"named", "dns1123Label", "dns1123Subdomain", "dns1035Label", "qualifiedName"}
+    | {"dns1123LabelPrefix", "dns1123SubdomainPrefix", "dns1035LabelPrefix", "labelValue"}
+    | {"uri", "uuid", "byte", "date", "datetime"}
+)
+
 KNOWN_CALLS = (
     frozenset(name.rsplit(".", 1)[-1] for name in FUNCTIONS)
     | frozenset(comprehensions.TWO_VARIABLE)
     | frozenset({"sortBy"})
+    | frozenset(_NOT_EVALUATED)
+    | _FORMATS
 )
 """The function and macro names these libraries add, for the undeclared-function check."""
+
+# Kubernetes declares these only as functions, f(x), or only as methods, x.f(): cel-go
+# refuses the other form when it compiles the selector.
+_FUNCTION_ONLY = frozenset(
+    {"quantity", "isQuantity", "sign", "semver", "isSemver", "cidr", "isIP", "isCIDR"}
+)
+_METHOD_ONLY = frozenset(
+    {"compareTo", "isGreaterThan", "isLessThan", "add", "sub", "isInteger", "asInteger"}
+    | {"asApproximateFloat", "major", "minor", "patch", "format", "family", "masked"}
+    | {"isUnspecified", "isLoopback", "isLinkLocalMulticast", "isLinkLocalUnicast"}
+    | {"isGlobalUnicast", "containsIP", "containsCIDR", "prefixLength", "find", "findAll"}
+    | {"sum", "max", "min", "isSorted", "includes", "slice", "flatten", "sort", "distinct"}
+    | {"reverse"}
+)
 
 
 def _bare_name(tree: Any) -> str | None:
@@ -112,10 +146,21 @@ def member_call(evaluator: Any, tree: Tree) -> Any:
 def _refusal(tree: Tree) -> str | None:
     """Why cel-go or explain refuses the call ``tree`` (``ident_arg`` or ``member_dot_arg``)."""
     if tree.data == "ident_arg":
+        name = str(tree.children[0])
+        if name in _METHOD_ONLY:
+            return f"calls {name}(...) as a function: the scheduler declares only x.{name}(...)"
+        if name in _NOT_EVALUATED:
+            return f"explain cannot evaluate CEL's {_NOT_EVALUATED[name]} library ({name}())"
         return None
     name, namespace = str(tree.children[1]), _bare_name(tree.children[0])
+    if namespace == "format" and name in _FORMATS:
+        return f"explain cannot evaluate CEL's format library (format.{name}())"
     if namespace in _NAMESPACES and f"{namespace}.{name}" in FUNCTIONS:
         return None
+    if name in _FUNCTION_ONLY:
+        return f"calls x.{name}() as a method: the scheduler declares only {name}(x)"
+    if name in _NOT_EVALUATED:
+        return f"explain cannot evaluate CEL's {_NOT_EVALUATED[name]} library ({name}())"
     args, counts = _args(tree), comprehensions.TWO_VARIABLE.get(name)
     if counts is not None and len(args) in counts:
         names = _two_names(tree)
@@ -140,4 +185,6 @@ def check(ast: Tree) -> None:
         if why is None:
             continue
         where = f" (line {node.meta.line}, column {node.meta.column})"
+        if why.startswith("explain cannot evaluate"):
+            raise CelSyntaxError(f"{why}, which the scheduler accepts{where}")
         raise CelSyntaxError(f"CEL expression does not compile: {why}{where}")

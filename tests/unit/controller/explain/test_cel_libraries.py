@@ -140,9 +140,15 @@ def test_library_errors(expression: str, message: str) -> None:
     ("expression", "message"),
     [
         # cel-go refuses these when it compiles the selector (so does the API server)
+        (f"{C}.memory.sign() == 1", "declares only sign(x)"),
+        (f'isGreaterThan({C}.memory, quantity("1"))', "declares only x.isGreaterThan(...)"),
         ("[1, 2].all(i, i, true)", "duplicate variable name: i"),
         ("[1, 2].transformList(i, v) == []", "transformList() takes 3 or 4 arguments"),
         ("[1, 2].existsOne(v, v == 1)", "existsOne() takes 3 arguments"),
+        # the scheduler evaluates these; explain says it cannot rather than guess
+        ('isURL("https://example.com")', "explain cannot evaluate CEL's URL library (isURL())"),
+        ('url("https://x").getHost() == "x"', "explain cannot evaluate CEL's URL library"),
+        ('format.dns1123Label().validate("a").hasValue()', "cannot evaluate CEL's format library"),
     ],
 )
 def test_library_refusals(expression: str, message: str) -> None:
