@@ -26,7 +26,12 @@ Where things live: ``values.py`` the errors, :class:`Quantity` and :class:`Semve
 ``checks.py`` what cel-go refuses to compile though cel-python parses it;
 ``optional.py`` cel-go's optional values (``m.?key.orValue(x)``, enabled in Kubernetes since
 1.28), parsed by ``grammar.py`` and evaluated by ``interpreter.py``, which also evaluates
-``cel.bind(name, value, expr)``.
+``cel.bind(name, value, expr)``; ``extensions.py`` the other
+libraries of the scheduler's environment, one module each: ``lib_sets.py``, ``lib_lists.py``,
+``comprehensions.py`` (two-variable comprehensions, ``sortBy``), ``lib_format.py``
+(``format``, ``strings.quote``), ``lib_net.py`` (``ip``, ``cidr``), ``lib_regex.py``
+(``find``, ``findAll``); it refuses the URL and format libraries, which explain does not
+evaluate.
 
 Public: :func:`compile_selector` (raises :class:`CelSyntaxError`), :class:`Selector`
 with ``matches(device) -> bool`` (raises :class:`CelEvalError`), :class:`Quantity`,

@@ -11,6 +11,7 @@ from typing import Any
 import celpy
 import lark
 
+from controller.explain.cel import extensions
 from controller.explain.cel.interpreter import WRAPPERS, bare_name
 from controller.explain.cel.library import FUNCTIONS
 from controller.explain.cel.optional import OPTIONAL_CALLS
@@ -23,6 +24,7 @@ _KNOWN = (
     | frozenset(k for k in celpy.evaluation.base_functions if k.isidentifier())
     | frozenset({"has", "dyn", "all", "exists", "exists_one", "map", "filter", "size"})
     | OPTIONAL_CALLS
+    | extensions.KNOWN_CALLS
 )
 _CALLS = re.compile(r"\.?\b([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 _CEL_BIND = re.compile(r"\bcel\s*\.\s*bind\s*\(")

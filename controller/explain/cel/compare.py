@@ -12,8 +12,12 @@ import celpy
 import celpy.celtypes as ct
 from celpy.evaluation import CELEvalError as CelpyEvalError
 
+from controller.explain.cel.lib_net import CIDR, IP
 from controller.explain.cel.optional import CelOptional
 from controller.explain.cel.values import Quantity, Semver
+
+# values that only equal their own type: another type is an error, not unequal
+_STRICT = (Quantity, Semver, IP, CIDR)
 
 
 def _number(value: Any) -> bool:
@@ -32,14 +36,15 @@ def _equal(a: Any, b: Any) -> bool:
     """cel-go's ``==``, which the scheduler runs: values of different types are unequal (an
     int attribute compared with a string is false, not an error; a bool is never equal to a
     number), numbers compare by value across int, uint and double; only a quantity or
-    semantic version compared with another type is an error (TypeError: no such overload)."""
+    semantic version (or IP, CIDR) compared with another type is an error (TypeError: no such
+    overload)."""
     if _is_null(a) or _is_null(b):
         return _is_null(a) and _is_null(b)
     if isinstance(a, CelOptional) or isinstance(b, CelOptional):
         if not (isinstance(a, CelOptional) and isinstance(b, CelOptional)):
             return False
         return a.present == b.present and (not a.present or _equal(a.value, b.value))
-    if isinstance(a, Quantity | Semver):
+    if isinstance(a, _STRICT):
         if type(a) is not type(b):
             raise TypeError(f"no such overload: {type(a).__name__} == {type(b).__name__}")
         return bool(a == b)
@@ -85,7 +90,9 @@ def _ne(a: Any, b: Any) -> Any:
     return ct.BoolType(not _equal(a, b))
 
 
-def _contained(item: Any, value: Any) -> bool:
+def contained(item: Any, value: Any) -> bool:
+    """Whether ``item`` equals ``value`` as cel-go's list membership tests it: an error (a
+    quantity against a number) is no match."""
     try:
         return _equal(item, value)
     except TypeError:
@@ -100,7 +107,7 @@ def _in(item: Any, container: Any) -> Any:
     if isinstance(container, CelpyEvalError):
         return container
     if isinstance(container, list):
-        return ct.BoolType(any(_contained(item, x) for x in container))
+        return ct.BoolType(any(contained(item, x) for x in container))
     return celpy.evaluation.operator_in(item, container)
 
 

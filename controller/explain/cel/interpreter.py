@@ -13,6 +13,8 @@
   cel-go, a map literal's repeated key keeps its last value.
 - An error inside a macro's expression is an error value, as every other error, never an
   exception that would end the evaluation (cel-python raises them), so ``||`` can absorb it.
+- ``extensions.py`` evaluates the other libraries' namespaced calls (``sets.contains``),
+  two-variable comprehensions and ``sortBy``.
 Everything else is cel-python's :class:`~celpy.evaluation.Evaluator`, each node evaluated once.
 """
 
@@ -25,6 +27,7 @@ import lark
 from celpy.evaluation import CELEvalError as CelpyEvalError
 from celpy.evaluation import Evaluator
 
+from controller.explain.cel import extensions
 from controller.explain.cel.optional import NONE, CelOptional, qualify
 
 Tree = lark.Tree[Any]
@@ -94,6 +97,9 @@ class OptionalEvaluator(Evaluator):
         return super().member_index(self._with_member(tree, member))
 
     def member_dot_arg(self, tree: Tree) -> Any:
+        handled = extensions.member_call(self, tree)
+        if handled is not extensions.UNHANDLED:
+            return handled
         name = _name(tree)
         receiver = bare_name(tree.children[0])
         if receiver == "optional":

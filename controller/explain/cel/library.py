@@ -168,12 +168,31 @@ def _join(items: Any, sep: Any = "") -> ct.StringType:
     return ct.StringType(str(sep).join(str(i) for i in items))
 
 
-def _index_of(s: Any, sub: Any, start: Any = 0) -> ct.IntType:
-    return ct.IntType(_string(s, "indexOf").find(str(sub), int(start)))
+def _offset(text: str, sub: str, offset: Any) -> Any:
+    """cel-go's answer for a search from ``offset`` that it settles without searching (an
+    error value for a negative offset), else None."""
+    at = int(offset)
+    if at < 0:
+        return CelpyEvalError(f"index out of range: {at}")
+    if not sub:
+        return ct.IntType(min(at, len(text)))
+    return ct.IntType(-1) if at >= len(text) else None
 
 
-def _last_index_of(s: Any, sub: Any) -> ct.IntType:
-    return ct.IntType(_string(s, "lastIndexOf").rfind(str(sub)))
+def _index_of(s: Any, sub: Any, start: Any = 0) -> Any:
+    text, part = _string(s, "indexOf"), str(sub)
+    settled = _offset(text, part, start)
+    return ct.IntType(text.find(part, int(start))) if settled is None else settled
+
+
+def _last_index_of(s: Any, sub: Any, start: Any = None) -> Any:
+    text, part = _string(s, "lastIndexOf"), str(sub)
+    if start is None:
+        return ct.IntType(text.rfind(part))
+    settled = _offset(text, part, start)
+    if settled is not None:
+        return settled
+    return ct.IntType(text.rfind(part, 0, int(start) + len(part)))
 
 
 def _substring(s: Any, start: Any, end: Any = None) -> ct.StringType:

@@ -14,7 +14,7 @@ import lark
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError as CelpyEvalError
 
-from controller.explain.cel import checks
+from controller.explain.cel import checks, extensions
 from controller.explain.cel.compare import OPERATORS
 from controller.explain.cel.device import DeviceData, activation
 from controller.explain.cel.grammar import environment
@@ -33,7 +33,11 @@ def _frozen(value: Any) -> Any:
 
 
 _ENV = environment(OptionalRunner)
-_MACROS = re.compile(r"\.\s*(exists|exists_one|all|map|filter)\s*\(")
+# calls that may read every value of a map: its attributes all count for the cache key
+_MACROS = re.compile(
+    r"\.\s*(exists|exists_one|existsOne|all|map|filter|transformList|transformMap"
+    r"|transformMapEntry|sortBy|format)\s*\("
+)
 
 
 @dataclass(frozen=True)
@@ -134,5 +138,7 @@ def compile_selector(expression: str) -> Selector:
             where = f": {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
         raise CelSyntaxError(f"CEL expression does not parse{where}") from e
     checks.check(expression, ast)
-    program = _ENV.program(ast, functions={**FUNCTIONS, **OPTIONAL_FUNCTIONS, **OPERATORS})
+    extensions.check(ast)
+    functions = {**FUNCTIONS, **extensions.FUNCTIONS, **OPTIONAL_FUNCTIONS, **OPERATORS}
+    program = _ENV.program(ast, functions=functions)
     return Selector(expression, program)

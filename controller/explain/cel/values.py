@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
+
+from celpy.evaluation import CELEvalError as CelpyEvalError
 
 
 class CelSyntaxError(ValueError):
@@ -15,6 +18,24 @@ class CelSyntaxError(ValueError):
 
 class CelEvalError(Exception):
     """An expression that fails on one device (a missing attribute, a type mismatch)."""
+
+
+def returning_errors(functions: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    """``functions`` returning a :class:`CelEvalError` they raise as a CEL error value, as
+    cel-go's functions do, so that ``||``, ``&&`` and ``?:`` can absorb it; an exception
+    would end the whole evaluation."""
+
+    def wrapped(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def call(*args: Any) -> Any:
+            try:
+                return function(*args)
+            except CelEvalError as e:
+                return CelpyEvalError(str(e))
+
+        return call
+
+    return {name: wrapped(f) for name, f in functions.items()}
 
 
 @functools.total_ordering

@@ -42,7 +42,7 @@ TRUE_FALSE = [
     (f"{C}.multiprocessors.asInteger() == 132", True),
     (f'{C}.memory.add(quantity("1Mi")).compareTo(quantity("81560Mi")) == 0', True),
     (f'{C}.multiprocessors.sub(quantity("32")).asInteger() == 100', True),
-    (f"{C}.memory.sign() == 1 && {C}.memory.isInteger()", True),
+    (f"sign({C}.memory) == 1 && {C}.memory.isInteger()", True),  # sign(q): cel-go has no q.sign()
     ('isQuantity("10Gi") && !isQuantity("ten")', True),
     (f'{A}.cudaComputeCapability.isGreaterThan(semver("8.9.0"))', True),
     (f'{A}.cudaComputeCapability.compareTo(semver("9.0.0")) == 0', True),
