@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from driver.devices.inventory import Inventory, MigDevice
-from driver.errors import ClaimError
+from driver.errors import ClaimError, TrancheError
 from driver.prepare.cdi import ContainerEdits, Mount
 from driver.prepare.config import MpsConfig
 from driver.prepare.plan import Plan, PlannedDevice, StartMps, Step
@@ -96,15 +96,7 @@ class MpsHandler:
         edits: dict[str, ContainerEdits] = {}
         for d in group:
             key = daemon_key(d)
-            self._daemons.ensure(
-                DaemonSpec(
-                    key=key,
-                    uuid=self._uuid(d),
-                    gpu_uuid=d.gpu_uuid,
-                    whole_gpu=d.type == "gpu",
-                    defaults=None if self._shared(d.device) else step.mps,
-                )
-            )
+            self._daemons.ensure(self._spec(d, step))
             edits[d.device] = ContainerEdits(
                 env=(
                     f"CUDA_MPS_PIPE_DIRECTORY={PIPE_IN_CONTAINER}",
@@ -119,6 +111,38 @@ class MpsHandler:
             )
         self._limit(step, plan, step.pods)
         return StepOutcome(edits=edits)
+
+    def _spec(self, d: PlannedDevice, step: StartMps) -> DaemonSpec:
+        """What the daemon of ``d`` serves for ``step``'s claim: daemon-wide defaults only on
+        a device of one claim (a share device's claims bring their own limits)."""
+        return DaemonSpec(
+            key=daemon_key(d),
+            uuid=self._uuid(d),
+            gpu_uuid=d.gpu_uuid,
+            whole_gpu=d.type == "gpu",
+            defaults=None if self._shared(d.device) else step.mps,
+        )
+
+    def _wanted(self, plans: Sequence[Plan]) -> tuple[dict[str, DaemonSpec], dict[str, str]]:
+        """What ``plans`` ask of the daemons they use, where it is known for certain, and
+        why it is not for the others (their MIG device is not found, or the plans disagree)."""
+        specs: dict[str, DaemonSpec] = {}
+        unknown: dict[str, str] = {}
+        for plan in plans:
+            by_name = {d.device: d for d in plan.devices}
+            for step in plan.steps:
+                if not isinstance(step, StartMps):
+                    continue
+                for name in step.devices:
+                    key = daemon_key(by_name[name])
+                    try:
+                        spec = self._spec(by_name[name], step)
+                    except (TrancheError, OSError) as e:
+                        unknown[key] = f"claim {plan.claim_uid}: {e}"
+                        continue
+                    if specs.setdefault(key, spec) != spec:
+                        unknown[key] = f"claims disagree on what it serves ({plan.claim_uid})"
+        return {k: v for k, v in specs.items() if k not in unknown}, unknown
 
     def _shm_mount(self, key: str) -> tuple[Mount, ...]:
         shm = self._daemons.shm_of(key)
@@ -163,6 +187,7 @@ class MpsHandler:
         claim is ``held`` nothing is lifted or stopped: which daemon it uses is unknown."""
         lifted: list[str] = []
         unlifted: list[str] = []
+        self._daemons.want(*self._wanted(plans))
         if held:
             log.warning(
                 "mps daemons and limits kept while claims whose checkpoint was corrupt are "

@@ -5,9 +5,10 @@
 finds them (their directories, records and marked processes) is
 :class:`~driver.sharing.mps_records.DaemonRecords`, which it extends; how one is launched is
 :mod:`driver.sharing.mps_launch`; the thread that restarts dead ones is
-:mod:`driver.sharing.mps_supervisor`. The ``start-mps`` handler that decides when a daemon is
-needed is :mod:`driver.sharing.mps`; the ``/proc`` reads that find the daemons' processes are
-:mod:`driver.sharing.mps_procs`.
+:mod:`driver.sharing.mps_supervisor`; the unreadable record of a daemon that prepared claims
+use is written again by :mod:`driver.sharing.mps_rebuild`. The ``start-mps`` handler that
+decides when a daemon is needed is :mod:`driver.sharing.mps`; the ``/proc`` reads that find
+the daemons' processes are :mod:`driver.sharing.mps_procs`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from driver.sharing.mps_procs import (
     proc_stat,
     reap_orphans,
 )
+from driver.sharing.mps_rebuild import rebuild
 from driver.sharing.mps_records import DaemonSpec
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,12 @@ class MpsDaemons(DaemonPipes):
         self._faults = faults
         self._lock = threading.RLock()
         self._known: set[str] = set()  # keys this process started or adopted
+        # What the prepared claims ask of their daemons (ensure, want): the record of one of
+        # them that cannot be read is rebuilt from it (mps_rebuild); ``_unknown``: keys in use
+        # whose spec is not known for certain, and why.
+        self._wanted: dict[str, DaemonSpec] = {}
+        self._unknown: dict[str, str] = {}
+        self._kept: dict[str, str] = {}  # keys logged as kept without a record, and why
         self._started_any = False  # only then can daemon processes be orphaned to it
         self.restarts = 0
 
@@ -102,6 +110,14 @@ class MpsDaemons(DaemonPipes):
             self.pipe_dir(spec.key),
         )
 
+    def want(self, specs: Mapping[str, DaemonSpec], unknown: Mapping[str, str]) -> None:
+        """What the prepared claims ask of the daemons they use (``specs``), and the keys in
+        use whose spec is not known for certain (``unknown``, with why); replaces what was
+        wanted before."""
+        with self._lock:
+            self._wanted = dict(specs)
+            self._unknown = {k: why for k, why in unknown.items() if k not in specs}
+
     # start / stop ---------------------------------------------------------------------------
 
     def ensure(self, spec: DaemonSpec) -> None:
@@ -109,6 +125,8 @@ class MpsDaemons(DaemonPipes):
         process started (seen in ``/proc``, or answering on its pipe from a PID namespace this
         process does not see)."""
         with self._lock:
+            if self.dir(spec.key).exists() and not self.readable(spec.key):
+                self._rebuild(spec)  # else adopted or started below, as without a record
             served = self._record(spec.key).get("spec")
             had = served.get("uuid") if isinstance(served, dict) else None
             if had is not None and had != spec.uuid:
@@ -124,11 +142,12 @@ class MpsDaemons(DaemonPipes):
             if self.running(spec.key):
                 if spec.key not in self._known:
                     self._adopt(spec)
-                return
-            if self.answers(spec):
+            elif self.answers(spec):
                 self._adopt(spec)
-                return
-            self._start(spec)
+            else:
+                self._start(spec)
+            self._wanted[spec.key] = spec
+            self._unknown.pop(spec.key, None)
 
     def _start(self, spec: DaemonSpec) -> None:
         shm = self.shm_dir(spec.key) if self.shared_shm else None
@@ -214,6 +233,8 @@ class MpsDaemons(DaemonPipes):
             self._kill(key, record[1] if record else None)
             self._cleanup(spec)
             self._known.discard(key)
+            self._wanted.pop(key, None)
+            self._unknown.pop(key, None)
             log.info("mps daemon stopped key=%s", key)
 
     def _kill(self, key: str, pgid: int | None) -> None:
@@ -270,11 +291,14 @@ class MpsDaemons(DaemonPipes):
 
         A directory without a readable record is known by its name, the hash of its key,
         among the keys in ``keep``, the marked processes' and the node's GPUs': one of a key
-        in ``keep`` is left serving; one of no known key is left and logged (a MIG device's
-        daemon, which set no compute mode, that no process here shows).
+        in ``keep`` has its record rebuilt (:meth:`_repair`), or is left serving; one of no
+        known key is left and logged (a MIG device's daemon, which set no compute mode, that
+        no process here shows).
         """
         with self._lock:
             recorded = self.records()
+            if self._repair(keep - recorded.keys()):
+                recorded = self.records()
             keys = set(recorded)
             for pid in self.processes():
                 key = proc_marks(pid).get(MARK_KEY)
@@ -285,13 +309,7 @@ class MpsDaemons(DaemonPipes):
                 key = known.get(path)
                 if key is None:
                     log.warning("mps daemon directory without a readable record kept dir=%s", path)
-                elif key in keep:
-                    log.warning(
-                        "mps daemon without a readable record kept for its claims key=%s dir=%s",
-                        key,
-                        path,
-                    )
-                else:
+                elif key not in keep:
                     keys.add(key)
             stopped = []
             for key in sorted(keys - keep):
@@ -299,12 +317,57 @@ class MpsDaemons(DaemonPipes):
                 stopped.append(key)
             return stopped
 
+    def _repair(self, keys: Collection[str]) -> bool:
+        """Rebuild the records of the daemons of ``keys`` that prepared claims use and that
+        cannot be read, from what is wanted of them (:meth:`_rebuild`); True when one was
+        written. One that cannot be is left as it is, logged once with why, and tried again
+        on the next round (a daemon that died since is recorded and restarted)."""
+        wrote = False
+        for key in sorted(keys):
+            if not self.dir(key).exists() or self.readable(key):
+                self._kept.pop(key, None)
+                continue
+            spec = self._wanted.get(key)
+            unknown = self._unknown.get(key, "what it serves is not known here")
+            why = unknown if spec is None else self._rebuild(spec)
+            if why is None:
+                wrote = True
+            elif self._kept.get(key) != why:
+                self._kept[key] = why
+                log.warning(
+                    "mps daemon without a readable record kept for its claims key=%s dir=%s why=%s",
+                    key,
+                    self.dir(key),
+                    why,
+                )
+        return wrote
+
+    def _rebuild(self, spec: DaemonSpec) -> str | None:
+        """Write the unreadable record of ``spec.key`` again (:func:`rebuild`), logged;
+        None once written, else why it cannot be."""
+        why = rebuild(self, spec)
+        if why is None:
+            self._kept.pop(spec.key, None)
+            log.warning(
+                "mps daemon record rebuilt key=%s path=%s pids=%s",
+                spec.key,
+                self.dir(spec.key) / "daemon.json",
+                ",".join(map(str, self.record_pids(spec.key))) or "-",
+            )
+        return why
+
     def restart_dead(self) -> list[str]:
         """Restart every recorded daemon that is not running, adopt those another process
         started; returns the keys restarted."""
         restarted = []
         with self._lock:
-            for key, (spec, pgid) in self.records().items():
+            recorded = self.records()
+            broken = (
+                self._wanted.keys() | self._unknown.keys() | self._kept.keys()
+            ) - recorded.keys()
+            if self._repair(broken):
+                recorded = self.records()
+            for key, (spec, pgid) in recorded.items():
                 if self.running(key):
                     if key not in self._known:
                         self._adopt(spec)

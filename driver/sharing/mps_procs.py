@@ -1,9 +1,9 @@
 """MPS: what the daemons' processes look like in ``/proc``, for :mod:`driver.sharing.mps_daemons`.
 
 A process's state, parent, group and session (``stat``), the ``TRANCHE_MPS_ROOT`` /
-``TRANCHE_MPS_KEY`` marks in its environment (``environ``), every pid, and the reaping of
-exited daemon processes orphaned to the plugin. Only reads of ``/proc`` and ``waitpid``: no
-daemon is started or killed here.
+``TRANCHE_MPS_KEY`` marks and other variables of its environment (``environ``), every pid,
+and the reaping of exited daemon processes orphaned to the plugin. Only reads of ``/proc``
+and ``waitpid``: no daemon is started or killed here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,14 +70,21 @@ def reap_orphans() -> None:
 
 
 def proc_marks(pid: int) -> dict[str, str]:
+    return proc_environ(pid, (MARK_ROOT, MARK_KEY))
+
+
+def proc_environ(pid: int, names: Collection[str]) -> dict[str, str]:
+    """The variables of ``names`` in a process's environment (as it was started); empty
+    when it cannot be read."""
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return {}
+    wanted = {n.encode() for n in names}
     out = {}
     for item in raw.split(b"\0"):
         name, _, value = item.partition(b"=")
-        if name in (MARK_ROOT.encode(), MARK_KEY.encode()):
+        if name in wanted:
             out[name.decode()] = value.decode(errors="replace")
     return out
 

@@ -6,7 +6,8 @@ its pids, its pipe and ``/dev/shm`` directories. Its processes carry the marks o
 :mod:`driver.sharing.mps_procs`. :class:`DaemonRecords` reads and writes the records and finds
 the marked processes; :class:`~driver.sharing.mps_daemons.MpsDaemons` builds on it to start,
 stop, adopt and restart the daemons. A record that cannot be read is a :class:`RecordError`
-naming the field (``docs/sharing.md``, "MPS").
+naming the field, logged once; :mod:`driver.sharing.mps_rebuild` writes it again where
+prepared claims use the daemon (``docs/sharing.md``, "MPS").
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class DaemonRecords:
     def __init__(self, root: Path, shared_shm: bool) -> None:
         self.root = root
         self.shared_shm = shared_shm  # mps_shm: the daemon's /dev/shm shared with its clients
+        self._unreadable: dict[Path, str] = {}  # the records logged as unreadable, and why
 
     # paths ----------------------------------------------------------------------------------
 
@@ -118,19 +120,32 @@ class DaemonRecords:
         return [p for p in pids if isinstance(p, int)] if isinstance(pids, list) else []
 
     def records(self) -> dict[str, tuple[DaemonSpec, int | None]]:
-        """Every daemon the node wants, with the process group it was started in."""
+        """Every daemon the node wants, with the process group it was started in. A record
+        that cannot be read is logged once, not on every call (every supervisor round)."""
         out: dict[str, tuple[DaemonSpec, int | None]] = {}
         if not self.root.is_dir():
+            self._unreadable = {}
             return out
+        unreadable: dict[Path, str] = {}
         for path in sorted(self.root.glob(f"*/{RECORD}")):
             try:
                 spec, pgid = read_record(path)
             except RecordError as e:
-                field = e.field or "-"
-                log.error("mps record unreadable path=%s field=%s error=%s", path, field, e)
+                unreadable[path] = why = f"field={e.field or '-'} error={e}"
+                if self._unreadable.get(path) != why:
+                    log.error("mps record unreadable path=%s %s", path, why)
                 continue
             out[spec.key] = (spec, pgid)
+        self._unreadable = unreadable
         return out
+
+    def readable(self, key: str) -> bool:
+        """Whether the record of ``key`` exists and can be read."""
+        try:
+            read_record(self.dir(key) / RECORD)
+        except RecordError:
+            return False
+        return True
 
     def _write_record(
         self,
@@ -144,7 +159,12 @@ class DaemonRecords:
         the record keeps (this process's ``mpsSharedShm`` may differ from the one it ran)."""
         record = self._record(spec.key) if adopted else {}
         own = self.shm_dir(spec.key) if self.shared_shm else None
-        shm = shm_in(record) if record else own
+        self.put_record(spec, pgid, pids, shm_in(record) if record else own)
+
+    def put_record(
+        self, spec: DaemonSpec, pgid: int | None, pids: Sequence[int], shm: Path | None
+    ) -> None:
+        """Write the record of ``spec.key`` (durably: it survives a node crash)."""
         data = json.dumps(
             {
                 "spec": spec.to_json(),
