@@ -19,7 +19,8 @@ from driver.nvml.sim.control import find_gpu
 from driver.nvml.sim.state import SimGpu
 from tests.unit.claim_values import claim, config, ref_of, result
 from tests.unit.driver.sharing.test_mig import journal, new_claim, run_child, slot
-from tests.unit.driver.sharing.test_mps import MPS, TIMESLICE
+from tests.unit.driver.sharing.test_mps import TIMESLICE
+from tests.unit.mps_claims import MPS
 from tests.unit.sharing_node import sharing_state
 
 
