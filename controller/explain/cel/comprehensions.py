@@ -3,7 +3,8 @@ cel-go expands them: the two-variable comprehensions of ``ext.TwoVarComprehensio
 Kubernetes' base environment since 1.32) over a list (index, element) or a map (key, value):
 ``all(i, v, p)``, ``exists(i, v, p)``, ``existsOne(i, v, p)`` (and ``exists_one``),
 ``transformList(i, v, [filter,] expr)``, ``transformMap(i, v, [filter,] expr)``,
-``transformMapEntry(i, v, [filter,] {k: v})``; and ``sortBy(x, key)`` of ``ext.Lists``.
+``transformMapEntry(i, v, [filter,] {k: v})``; ``sortBy(x, key)`` of ``ext.Lists``; and
+CEL's own three-argument ``map(x, filter, transform)``, which cel-python cannot expand.
 
 As in cel-go, ``all`` stops at the first false and ``exists`` at the first true, where an
 error elsewhere does not matter; otherwise an error in a predicate or a transform is the
@@ -133,6 +134,32 @@ def two_variable(evaluator: Any, tree: Tree, names: tuple[str, str]) -> Any:
         quantifier = "existsOne" if name == "exists_one" else name
         return _quantifier(quantifier, body, pairs)
     return _transform(name, body, pairs, filtered=len(nodes) == 2)
+
+
+def map_filtered(evaluator: Any, tree: Tree, name: str) -> Any:
+    """``target.map(name, filter, transform)``: the transform of each element (a map's keys)
+    the filter holds for; as cel-go, the transform is not evaluated where the filter fails,
+    and an error in either is the result."""
+    target = evaluator.visit(tree.children[0])
+    if isinstance(target, CelpyEvalError):
+        return target
+    if not isinstance(target, list | Mapping):
+        return CelpyEvalError(f"no such overload: map over {type(target).__name__}")
+    keep, transform = (evaluator.sub_evaluator(node) for node in tree.children[2].children[1:])
+    items = []
+    for item in target:
+        try:
+            held = _bool(keep.evaluate({name: item}))
+            if isinstance(held, CelpyEvalError):
+                return held
+            if held:
+                value = transform.evaluate({name: item})
+                if isinstance(value, CelpyEvalError):
+                    return value
+                items.append(value)
+        except CelpyEvalError as e:
+            return e
+    return ct.ListType(items)
 
 
 def sort_by(evaluator: Any, tree: Tree, name: str) -> Any:
