@@ -459,8 +459,10 @@ class UsageSampler:
             try:
                 usages[uuid] = self._nvml.device_usage(uuid)
             except TrancheError as err:
-                if uuid in final:  # destroyed by an unprepare not yet recorded
-                    usages[uuid] = final[uuid][1]
+                with self._final_lock:  # an unprepare may have read it since the copy
+                    last = self._final.get(uuid)
+                if last is not None:  # destroyed by an unprepare not yet recorded
+                    usages[uuid] = last[1]
                     continue
                 log.warning("usage read failed device=%s error=%s", uuid, err)
                 self._metrics.count_error("nvml")

@@ -1,6 +1,7 @@
 """cel-go's ``==``, ``!=``, ``in`` and orderings, which the scheduler runs, over
 cel-python's: values of different types are unequal rather than an error, numbers compare
-across int, uint and double. :data:`OPERATORS` replaces cel-python's."""
+across int, uint and double. ``||`` and ``&&`` of two errors are the first one (cel-python
+fails to format them and crashes). :data:`OPERATORS` replaces cel-python's."""
 
 from __future__ import annotations
 
@@ -125,7 +126,28 @@ def _ordering(
     return compare
 
 
+def _logical(decides: bool) -> Callable[[Any, Any], Any]:
+    """``||`` (``decides``: true) or ``&&`` (false), as cel-go: an operand equal to
+    ``decides`` is the result, else the first operand that is no bool (an error value, or no
+    such overload), else the other bool."""
+
+    def combine(a: Any, b: Any) -> Any:
+        for value in (a, b):
+            if isinstance(value, ct.BoolType) and bool(value) is decides:
+                return value
+        for value in (a, b):
+            if isinstance(value, CelpyEvalError):
+                return value
+            if not isinstance(value, ct.BoolType):
+                return CelpyEvalError(f"no such overload: {type(value).__name__} in a condition")
+        return ct.BoolType(not decides)
+
+    return combine
+
+
 OPERATORS: Mapping[str, Callable[..., Any]] = {
+    "_||_": _logical(True),
+    "_&&_": _logical(False),
     "_==_": _eq,
     "_!=_": _ne,
     "_in_": _in,

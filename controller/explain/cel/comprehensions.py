@@ -3,7 +3,10 @@ cel-go expands them: the two-variable comprehensions of ``ext.TwoVarComprehensio
 Kubernetes' base environment since 1.32) over a list (index, element) or a map (key, value):
 ``all(i, v, p)``, ``exists(i, v, p)``, ``existsOne(i, v, p)`` (and ``exists_one``),
 ``transformList(i, v, [filter,] expr)``, ``transformMap(i, v, [filter,] expr)``,
-``transformMapEntry(i, v, [filter,] {k: v})``; and ``sortBy(x, key)`` of ``ext.Lists``.
+``transformMapEntry(i, v, [filter,] {k: v})``; ``sortBy(x, key)`` of ``ext.Lists``; and of
+CEL's own macros, the three-argument ``map(x, filter, transform)``, which cel-python cannot
+expand, and ``all(x, p)``, ``exists(x, p)``, ``exists_one(x, p)``, whose errors cel-python
+cannot combine (two error values crash it).
 
 As in cel-go, ``all`` stops at the first false and ``exists`` at the first true, where an
 error elsewhere does not matter; otherwise an error in a predicate or a transform is the
@@ -49,15 +52,19 @@ def _is(value: Any, truth: bool) -> bool:
 class _Body:
     """The expressions of one comprehension, evaluated with its two variables bound."""
 
-    def __init__(self, evaluator: Any, names: tuple[str, str], nodes: list[Tree]) -> None:
+    def __init__(self, evaluator: Any, names: tuple[str, ...], nodes: list[Tree]) -> None:
         self.names = names
         self.evaluators = [evaluator.sub_evaluator(node) for node in nodes]
 
-    def run(self, index: int, pair: tuple[Any, Any]) -> Any:
+    def run(self, index: int, pair: tuple[Any, ...]) -> Any:
         try:
             return self.evaluators[index].evaluate(dict(zip(self.names, pair, strict=True)))
         except CelpyEvalError as e:
             return e
+
+
+ONE_VARIABLE = frozenset({"all", "exists", "exists_one"})
+"""CEL's quantifier macros over one variable (a list's elements or a map's keys)."""
 
 
 def _pairs(target: Any) -> list[tuple[Any, Any]] | None:
@@ -68,7 +75,7 @@ def _pairs(target: Any) -> list[tuple[Any, Any]] | None:
     return None
 
 
-def _quantifier(name: str, body: _Body, pairs: list[tuple[Any, Any]]) -> Any:
+def _quantifier(name: str, body: _Body, pairs: list[tuple[Any, ...]]) -> Any:
     """``all`` (``accu && p`` while accu is not false), ``exists`` (``accu || p`` while accu is
     not true), ``existsOne`` (every element, any error is the result)."""
     if name in {"all", "exists"}:
@@ -133,6 +140,46 @@ def two_variable(evaluator: Any, tree: Tree, names: tuple[str, str]) -> Any:
         quantifier = "existsOne" if name == "exists_one" else name
         return _quantifier(quantifier, body, pairs)
     return _transform(name, body, pairs, filtered=len(nodes) == 2)
+
+
+def one_variable(evaluator: Any, tree: Tree, name: str) -> Any:
+    """``target.all(name, p)``, ``exists`` or ``exists_one``, as the two-variable ones: over a
+    list's elements or a map's keys."""
+    macro = str(tree.children[1])
+    target = evaluator.visit(tree.children[0])
+    if isinstance(target, CelpyEvalError):
+        return target
+    if not isinstance(target, list | Mapping):
+        return CelpyEvalError(f"no such overload: {macro} over {type(target).__name__}")
+    body = _Body(evaluator, (name,), [tree.children[2].children[1]])
+    items = [(item,) for item in target]
+    return _quantifier("existsOne" if macro == "exists_one" else macro, body, items)
+
+
+def map_filtered(evaluator: Any, tree: Tree, name: str) -> Any:
+    """``target.map(name, filter, transform)``: the transform of each element (a map's keys)
+    the filter holds for; as cel-go, the transform is not evaluated where the filter fails,
+    and an error in either is the result."""
+    target = evaluator.visit(tree.children[0])
+    if isinstance(target, CelpyEvalError):
+        return target
+    if not isinstance(target, list | Mapping):
+        return CelpyEvalError(f"no such overload: map over {type(target).__name__}")
+    keep, transform = (evaluator.sub_evaluator(node) for node in tree.children[2].children[1:])
+    items = []
+    for item in target:
+        try:
+            held = _bool(keep.evaluate({name: item}))
+            if isinstance(held, CelpyEvalError):
+                return held
+            if held:
+                value = transform.evaluate({name: item})
+                if isinstance(value, CelpyEvalError):
+                    return value
+                items.append(value)
+        except CelpyEvalError as e:
+            return e
+    return ct.ListType(items)
 
 
 def sort_by(evaluator: Any, tree: Tree, name: str) -> Any:

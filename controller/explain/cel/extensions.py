@@ -2,7 +2,8 @@
 the strings basics (``library.py``), put together: :data:`FUNCTIONS` (sets, lists, format and
 ``strings.quote``, IP and CIDR, regex ``find``), :func:`member_call` for what the interpreter
 must evaluate itself (namespaced calls such as ``sets.contains(a, b)``, two-variable
-comprehensions, ``sortBy``, ``min`` which cel-python takes for a macro), and :func:`check`,
+comprehensions, ``sortBy``, the three-argument ``map``, the quantifiers ``all``, ``exists``
+and ``exists_one``, ``min`` which cel-python takes for a macro), and :func:`check`,
 which refuses at compile time what cel-go refuses (``q.sign()``, a two-variable comprehension
 without two names) and what explain cannot evaluate (the URL and format libraries), with a
 message saying so rather than a wrong verdict.
@@ -135,6 +136,12 @@ def member_call(evaluator: Any, tree: Tree) -> Any:
         return comprehensions.two_variable(evaluator, tree, names)
     if name == "sortBy":
         return comprehensions.sort_by(evaluator, tree, str(_bare_name(_args(tree)[0])))
+    args = _args(tree)
+    variable = _bare_name(args[0]) if args else None
+    if name == "map" and len(args) == 3 and variable is not None:
+        return comprehensions.map_filtered(evaluator, tree, variable)
+    if name in comprehensions.ONE_VARIABLE and len(args) == 2 and variable is not None:
+        return comprehensions.one_variable(evaluator, tree, variable)
     if name in {"min", "max"}:  # cel-python's own "min" macro is no list function
         receiver = evaluator.visit(tree.children[0])
         if isinstance(receiver, CelpyEvalError):

@@ -106,6 +106,14 @@ ABSORBED = [
     ('[1, 2].exists(x, quantity("bad") == quantity("1") || x == 1)', True),
     # an error inside a macro's expression is an error value too
     ('[1, 2].map(x, quantity("bad")).size() == 2 || true', True),
+    # two errors are an error value too, which a third operand absorbs
+    (f'{A}.profile == "x" || {A}.migProfile == "x" || {A}.type == "gpu"', True),
+    (f'({A}.profile == "x" && {A}.migProfile == "x") && false', False),
+    (f'["profile", "migProfile"].exists(n, {A}[n] == "x") || {A}.type == "gpu"', True),
+    (f'["profile", "migProfile"].all(n, {A}[n] == "x") && false', False),
+    (f'["profile", "type"].exists(n, {A}[n] == "gpu")', True),
+    (f'["type", "profile"].all(n, {A}[n] == "x")', False),
+    (f'["profile", "migProfile", "type"].exists_one(n, {A}[n] == "gpu") || true', True),
     ('[1, 2].filter(x, x == 1 ? quantity("bad").isInteger() : true).size() == 1 || true', True),
     (f'{A}.?productName.optMap(n, quantity(n)).hasValue() || {A}.type == "gpu"', True),
     (f"{A}.?productName.optFlatMap(n, optional.of(quantity(n))).hasValue() || true", True),
@@ -193,6 +201,10 @@ def test_optional_selector(expression: str, expected: bool) -> None:
         (f'{{?"k": optional.of({A}.profile)}}.size() == 1', "profile"),
         (f'[?{A}.type] == ["gpu"]', "needs an optional"),  # cel-go does not compile these
         (f'{{?"k": {A}.type}}.size() == 1', "needs an optional"),
+        # two errors on either side of || or &&: the first one, as cel-go reports
+        (f'{A}.profile == "1g.10gb" || {A}.migProfile == "1g.10gb"', "profile"),
+        ('{"a": 1}.first == 1 && {"a": 1}.second == 1', "first"),
+        (f'["profile", "migProfile"].exists(n, {A}[n] == "x")', "profile"),
     ],
 )
 def test_evaluation_errors(expression: str, message: str) -> None:

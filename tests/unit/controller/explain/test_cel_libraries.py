@@ -65,6 +65,15 @@ TWO_VARIABLES = [
     ("[1, 0].transformList(i, v, v > 0, 2 / v) == [2]", True),
 ]
 
+# CEL's three-argument map(x, filter, transform): the transform only where the filter holds
+MAP_FILTER = [
+    (f'{WORDS}.map(w, w.size() > 4, w) == ["NVIDIA"]', True),
+    ("[0, 2].map(x, x > 0, 4 / x) == [2]", True),
+    ('{"a": 1, "b": 2}.map(k, k != "a", k + "!") == ["b!"]', True),
+    (f'{A}.map(k, k.startsWith("cuda"), k) == ["cudaComputeCapability"]', True),
+    ("[0, 2].map(x, 4 / x > 1, x).size() == 1 || true", True),
+]
+
 FORMAT = [
     ('"%s-%d".format(["a", 1]) == "a-1"', True),
     (f'"%s/%s".format([device.driver, {A}.type]) == "gpu.tranche.dev/gpu"', True),
@@ -107,7 +116,8 @@ REGEX = [
 
 
 @pytest.mark.parametrize(
-    ("expression", "expected"), SETS + LISTS + TWO_VARIABLES + FORMAT + NETWORK + REGEX
+    ("expression", "expected"),
+    SETS + LISTS + TWO_VARIABLES + MAP_FILTER + FORMAT + NETWORK + REGEX,
 )
 def test_library_selector(expression: str, expected: bool) -> None:
     assert compile_selector(expression).matches(H100) is expected
@@ -120,6 +130,7 @@ def test_library_selector(expression: str, expected: bool) -> None:
         (f"{WORDS}.slice(2, 1).size() == 0", "start index must be less than or equal"),
         ("lists.range(-1).size() == 0", "size must be non-negative"),
         ("[0, 1].existsOne(i, v, 2 / v > 1)", "divide by zero"),
+        ("[0, 2].map(x, 4 / x > 1, x).size() == 1", "divide by zero"),
         # existsOne reads every attribute: a version compared with a string is an error
         (f'{A}.existsOne(name, value, value == "gpu")', "overload"),
         ('{"a": 1, "b": 1}.transformMapEntry(k, v, {v: k}).size() == 2', "already exists"),

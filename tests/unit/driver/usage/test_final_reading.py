@@ -136,3 +136,35 @@ def test_a_lost_device_is_still_unmeasured(node: Node) -> None:
         (30 * SIZE, 0.0, 30 * SIZE)
     )
     assert node.sink.errors == ["nvml"]  # once, by the last reading; the sample reads no more
+
+
+class _UnprepareDuringRead:
+    """NVML as the sampler sees it while an unprepare runs on another thread: the claim's
+    unprepare (last reading, destroy) lands after the sample took its time and its records,
+    just before the sample reads the device."""
+
+    def __init__(self, node: Node, at: float) -> None:
+        self._node, self._at, self._done = node, at, False
+
+    def device_usage(self, uuid: str) -> object:
+        if uuid == self._node.mig.uuid and not self._done:
+            self._done = True
+            sample_time = self._node.now
+            self._node.unprepare(at=self._at)
+            self._node.now = sample_time
+        return self._node.nvml.device_usage(uuid)
+
+
+def test_an_unprepare_during_a_sample_leaves_no_unmeasured_time(node: Node) -> None:
+    """The device was there for the whole interval the sample closes; the unprepare that
+    destroyed it while the sample was reading gave its last reading, which stands for it,
+    not an NVML error and unmeasured time."""
+    node.sampler._nvml = _UnprepareDuringRead(node, at=1060.5)  # type: ignore[assignment]
+    interval = node.sample(at=1060.0)
+    (inc,) = interval.claims
+    assert (inc.allocated_s, inc.measured_s, inc.unmeasured_s) == pytest.approx(
+        (60 * SIZE, 60 * SIZE, 0.0)
+    ), "the interval before the unprepare reads as unmeasured"
+    assert node.sink.errors == []
+    (last,) = node.sample(at=1090.0).claims  # its held half second after the sample
+    assert (last.allocated_s, last.unmeasured_s) == pytest.approx((0.5 * SIZE, 0.0))
