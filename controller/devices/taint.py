@@ -141,12 +141,14 @@ def run_taint(args: argparse.Namespace) -> int:
         rule = body["metadata"]["name"]
         what, path = f"DeviceTaintRule {rule}", f"{rules_path}/{rule}"
         query = {"dryRun": "All"} if args.dry_run else None
+        verb = "re-tainted"
+        if existing is not None and request(api, what, "PUT", path, body=body, query=query) is None:
+            # deleted since the list was read (an untaint beside this taint): create it anew
+            del body["metadata"]["resourceVersion"]
+            existing = None
         if existing is None:
-            request(api, what, "POST", rules_path, body=body, query=query)
             verb = "tainted"
-        else:
-            request(api, what, "PUT", path, body=body, query=query)
-            verb = "re-tainted"
+            request(api, what, "POST", rules_path, body=body, query=query)
     except TrancheError as e:
         print(f"tranche taint: {e}", file=sys.stderr)
         return 1

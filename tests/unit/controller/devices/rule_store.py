@@ -60,6 +60,8 @@ class RuleStore:
         if (query or {}).get("dryRun") == "All":  # checked, answered, not stored
             self.dry_runs.append((verb, name))
             return copy.deepcopy(body) if body is not None else self.rules.get(name)
+        if verb == "PUT" and name not in self.rules:
+            return None  # 404: ``request`` answers None for an object that is absent
         self.writes.append((verb, name))
         if verb == "DELETE":
             return self.rules.pop(name)

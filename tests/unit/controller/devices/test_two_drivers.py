@@ -105,3 +105,20 @@ def test_a_rule_that_holds_the_name_for_another_device_is_not_replaced(
         f"DeviceTaintRule {name} exists and is not the rule of node-a/gpu-1a2b3c4d (its "
         "deviceSelector names driver 'gpu.tranche.dev', pool 'node-b', device 'gpu-0')"
     ) in capsys.readouterr().err
+
+
+def test_a_rule_deleted_between_the_read_and_the_write_is_created_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An untaint beside a re-taint: the rule ``taint`` listed is gone when it writes. The PUT
+    answers 404, which must not pass for success: the device is tainted by a new rule."""
+    store = RuleStore(devices=[gpu(TRANCHE)])
+    assert store.tranche(monkeypatch, "taint", "node-a", "gpu-1a2b3c4d", "--reason", "a") == 0
+    listed = store.view(TRANCHE)
+    store.rules.clear()  # deleted by someone else after taint listed the rules
+    monkeypatch.setattr(store, "view", lambda driver: listed)
+    capsys.readouterr()
+    assert store.tranche(monkeypatch, "taint", "node-a", "gpu-1a2b3c4d", "--reason", "b") == 0
+    [rule] = store.rules.values()
+    assert rule["metadata"]["annotations"]["gpu.tranche.dev/reason"] == "b"
+    assert capsys.readouterr().out.startswith("tainted ")
