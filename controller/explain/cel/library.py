@@ -8,7 +8,6 @@ decides the result (``isQuantity(s) && quantity(s) ...``)."""
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Mapping
 from decimal import Decimal
@@ -17,7 +16,7 @@ from typing import Any
 import celpy.celtypes as ct
 from celpy.evaluation import CELEvalError as CelpyEvalError
 
-from controller.explain.cel.values import CelEvalError, Quantity, Semver
+from controller.explain.cel.values import CelEvalError, Quantity, Semver, returning_errors
 from driver.quantity import parse_quantity
 
 
@@ -210,20 +209,6 @@ def _char_at(s: Any, i: Any) -> ct.StringType:
     return ct.StringType(text[int(i) : int(i) + 1])
 
 
-def _error_value(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` returning its failure as a CEL error value: cel-python's evaluator passes
-    values through ``||`` and ``&&``, while an exception would end the whole evaluation."""
-
-    @functools.wraps(function)
-    def call(*args: Any) -> Any:
-        try:
-            return function(*args)
-        except CelEvalError as e:
-            return CelpyEvalError(str(e))
-
-    return call
-
-
 _FUNCTIONS: Mapping[str, Callable[..., Any]] = {
     "quantity": _quantity,
     "isQuantity": _is_quantity,
@@ -252,4 +237,5 @@ _FUNCTIONS: Mapping[str, Callable[..., Any]] = {
     "substring": _substring,
     "charAt": _char_at,
 }
-FUNCTIONS: Mapping[str, Callable[..., Any]] = {k: _error_value(f) for k, f in _FUNCTIONS.items()}
+# a failure is a CEL error value, which ``||`` and ``&&`` can absorb (values.returning_errors)
+FUNCTIONS: Mapping[str, Callable[..., Any]] = returning_errors(_FUNCTIONS)
