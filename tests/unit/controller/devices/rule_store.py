@@ -20,6 +20,27 @@ from controller.kube_client import ApiCallError
 RULES = "/apis/resource.k8s.io/v1/devicetaintrules"
 Json = dict[str, Any]
 
+# A rule as ``tranche taint`` wrote it before it recorded the UUID and the driver in the name
+# (node-a's gpu-1a2b3c4d of gpu.tranche.dev).
+OLD_RULE: Json = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceTaintRule",
+    "metadata": {
+        "name": "tranche-node-a-gpu-1a2b3c4d",
+        "resourceVersion": "3",
+        "labels": {"app.kubernetes.io/managed-by": "tranche"},
+        "annotations": {
+            "gpu.tranche.dev/node": "node-a",
+            "gpu.tranche.dev/device": "gpu-1a2b3c4d",
+            "gpu.tranche.dev/reason": "maint",
+        },
+    },
+    "spec": {
+        "deviceSelector": {"driver": "gpu.tranche.dev", "pool": "node-a", "device": "gpu-1a2b3c4d"},
+        "taint": {"key": "gpu.tranche.dev/admin", "effect": "NoSchedule"},
+    },
+}
+
 
 @dataclass
 class RuleStore:

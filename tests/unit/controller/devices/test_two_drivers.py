@@ -6,39 +6,16 @@ same node and device name."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from controller.devices.lookup import ClusterDevice
-from tests.unit.controller.devices.rule_store import RuleStore
+from tests.unit.controller.devices.rule_store import OLD_RULE, RuleStore
 
 TRANCHE, NVIDIA = "gpu.tranche.dev", "gpu.nvidia.com"
 
 
 def gpu(driver: str) -> ClusterDevice:
     return ClusterDevice(driver, "node-a", "node-a", "gpu-1a2b3c4d", "gpu", "GPU-1a2b3c4d-0", "")
-
-
-# A rule as tranche taint wrote it before the driver was in the name.
-OLD_RULE: dict[str, Any] = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceTaintRule",
-    "metadata": {
-        "name": "tranche-node-a-gpu-1a2b3c4d",
-        "resourceVersion": "3",
-        "labels": {"app.kubernetes.io/managed-by": "tranche"},
-        "annotations": {
-            "gpu.tranche.dev/node": "node-a",
-            "gpu.tranche.dev/device": "gpu-1a2b3c4d",
-            "gpu.tranche.dev/reason": "maint",
-        },
-    },
-    "spec": {
-        "deviceSelector": {"driver": TRANCHE, "pool": "node-a", "device": "gpu-1a2b3c4d"},
-        "taint": {"key": "gpu.tranche.dev/admin", "effect": "NoSchedule"},
-    },
-}
 
 
 def selected(store: RuleStore) -> list[tuple[str, str]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from controller.devices.lookup import ClusterDevice
-from tests.unit.controller.devices.rule_store import RuleStore
+from tests.unit.controller.devices.rule_store import OLD_RULE, RuleStore
 
 DRIVER = "gpu.tranche.dev"
 GPU = ClusterDevice(DRIVER, "node-a", "node-a", "gpu-1a2b3c4d", "gpu", "GPU-1a2b3c4d-0000", "")
@@ -20,25 +20,6 @@ MIG = ClusterDevice(
     "MIG-5e6f7a8b-0000",
     "GPU-1a2b3c4d-0000",
 )
-
-# A rule as tranche taint wrote it before it recorded the UUID and the driver in the name.
-OLD_RULE = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceTaintRule",
-    "metadata": {
-        "name": "tranche-node-a-gpu-1a2b3c4d",
-        "labels": {"app.kubernetes.io/managed-by": "tranche"},
-        "annotations": {
-            "gpu.tranche.dev/node": "node-a",
-            "gpu.tranche.dev/device": "gpu-1a2b3c4d",
-            "gpu.tranche.dev/reason": "maint",
-        },
-    },
-    "spec": {
-        "deviceSelector": {"driver": DRIVER, "pool": "node-a", "device": "gpu-1a2b3c4d"},
-        "taint": {"key": "gpu.tranche.dev/admin", "effect": "NoSchedule"},
-    },
-}
 
 
 @pytest.mark.parametrize("device", [GPU, MIG], ids=["removed GPU", "destroyed MIG device"])
