@@ -15,6 +15,7 @@ import pytest
 from kubelet_plugin.grpc_server import PluginServer, dra_socket_name, registration_socket_name
 from tests.unit.kubelet_doubles import RecordingDriver
 
+REPO = Path(__file__).resolve().parents[3]
 DRIVER = "gpu.tranche.dev"
 OLD = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"  # a pod killed with SIGKILL
 LIVE = "6c1d2a4e-1111-4a2b-9c3d-5e6f7a8b9c0d"  # the other pod of a rolling update
@@ -159,6 +160,7 @@ def _killed_pod(root: Path, uid: str) -> list[Path]:
         [sys.executable, "-c", KILLED_POD, DRIVER, str(root), uid],
         stdout=subprocess.PIPE,
         text=True,
+        cwd=REPO,  # imports tests.unit.kubelet_doubles
     ) as proc:
         try:
             assert proc.stdout is not None
