@@ -12,8 +12,11 @@ socket as the Go helper does (:func:`registration_socket_name`), for the DRA
 socket likewise (:func:`dra_socket_name`; the kubelet learns its path from the
 registration).
 
-``start()`` replaces stale sockets, serves DRA, then opens the registration
-socket. ``stop(grace, drain)`` first lets the DRA calls in progress finish (within
+``start()`` removes the sockets of earlier instances that nobody serves
+(:mod:`kubelet_plugin.stale_sockets`), replaces its own stale ones, serves DRA, then
+opens the registration socket.
+
+``stop(grace, drain)`` first lets the DRA calls in progress finish (within
 ``grace`` seconds) while the instance is still registered: the kubelet closes its
 connection when it deregisters an instance, and a call still running on it fails.
 Then the registration socket goes, and DRA keeps serving until the kubelet has
@@ -44,6 +47,7 @@ from kubelet_plugin.health_service import RESEND_SECONDS, add_health_services
 from kubelet_plugin.in_flight import InFlight
 from kubelet_plugin.registration import RegistrationServicer, RegistrationState
 from kubelet_plugin.settings import DRA_WORKERS
+from kubelet_plugin.stale_sockets import record_path, remove_stale_sockets, write_record
 from kubelet_plugin.unix_peers import connected_peers
 from proto.gen.pluginregistration import api_pb2_grpc as reg_grpc
 
@@ -162,6 +166,8 @@ class PluginServer:
         self._dra_path = self.plugin_data_dir / dra_socket_name(
             str(self.plugin_data_dir), rolling_update_uid
         )
+        self._registry_dir = registry_dir
+        self._rolling_update = bool(rolling_update_uid)
         self._reg_path = registry_dir / registration_socket_name(
             str(registry_dir), driver_name, rolling_update_uid
         )
@@ -194,6 +200,12 @@ class PluginServer:
             if self._sockets:
                 return
             self._stopping.clear()
+            remove_stale_sockets(
+                self.driver_name,
+                self._registry_dir,
+                self.plugin_data_dir,
+                keep={self._dra_path, self._reg_path},
+            )
             _prepare_socket_path(self._dra_path, "--kubelet-root/--driver-name (DRA socket)")
             _prepare_socket_path(self._reg_path, "--kubelet-root/--driver-name (registration)")
             dra_server = grpc.server(
@@ -223,10 +235,14 @@ class PluginServer:
             )
             reg_socket = _Socket(self._reg_path, reg_server)
             try:
+                if self._rolling_update:
+                    # Before the socket exists: a kill right after it leaves a record.
+                    write_record(self._dra_path, self._reg_path)
                 reg_socket.start()
             except Exception:
                 dra_socket.stop(0)
                 self._sockets.clear()
+                record_path(self._dra_path).unlink(missing_ok=True)
                 raise
             self._sockets.append(reg_socket)
             log.info(
@@ -259,6 +275,7 @@ class PluginServer:
                 if sock not in registered:
                     sock.stop(grace)
             if self._sockets:
+                record_path(self._dra_path).unlink(missing_ok=True)
                 log.info("plugin stopped driver=%s endpoint=%s", self.driver_name, self.endpoint)
             self._sockets.clear()
 
