@@ -3,8 +3,9 @@
 Under the node lock: half-prepared claims are rolled back, every claim of another boot is
 applied again (re-validated), the handlers sweep what no claim uses and CDI specs of no
 prepared claim are removed; :class:`RecoveryReport` says what was done. The handlers' sweep
-alone (:meth:`Recovery.sweep`) also runs when a GPU heals: what an unprepare left on it while
-it was lost (a MIG instance, a time slice) goes then.
+alone (:meth:`Recovery.sweep`) also runs later, when :meth:`Recovery.left_over` (files alone)
+says something is left: what an unprepare left on a GPU while it was lost (a MIG instance, a
+time slice, an MPS daemon's compute mode) goes once the GPU answers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from driver.checkpoint.store import LoadStatus
 from driver.errors import TrancheError
 from driver.prepare.answers import with_uuids
 from driver.prepare.executor_base import ExecutorBase
+from driver.prepare.steps import has_left_overs
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +88,28 @@ class Recovery(ExecutorBase):
 
     def sweep(self) -> tuple[str, ...]:
         """The handlers' sweep under the node lock, as at start-up: what no prepared claim uses
-        is removed. The plugin runs it when a GPU's health taint heals, since an unprepare on
-        a lost GPU leaves its MIG instance and time slice journalled for this. Returns one line
-        per thing changed or left (a GPU still lost)."""
+        is removed. The plugin runs it while :meth:`left_over` names something, since an
+        unprepare on a lost GPU leaves its MIG instance, time slice and MPS daemon directory
+        for this. Returns one line per thing changed or left (a GPU still lost)."""
         with self._locked():
             done = tuple(self._reconcile(self._load()))
         if done:
             log.info("sweep done changes=%s", "; ".join(done))
         return done
+
+    def left_over(self) -> tuple[str, ...]:
+        """What the handlers' sweep would undo, from their files and the checkpoint alone:
+        no NVML call and no node lock, so it is cheap to ask often. A claim still recorded,
+        even half-prepared (a prepare in progress), counts as using what its steps name; one
+        line per thing left."""
+        unique = {id(h): h for h in self.handlers.values()}.values()
+        reporters = [h for h in unique if has_left_overs(h)]
+        if not reporters:
+            return ()
+        found: list[str] = []
+        state, _ = self.checkpoint.load()
+        plans = [record.plan for record in state.claims.values()]
+        held = {h.uid for h in self.checkpoint.holds()}
+        for handler in reporters:
+            found.extend(handler.left_over(plans, held))
+        return tuple(found)

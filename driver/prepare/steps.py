@@ -1,7 +1,8 @@
 """Step handlers: how the executor applies and undoes each kind of plan step.
 
 :class:`StepHandler` is what every handler is (apply, undo); the optional roles
-(:class:`PodJoiner`, :class:`Reconciler`, :class:`Verifier`, :class:`SharedSetting`) are
+(:class:`PodJoiner`, :class:`Reconciler`, :class:`LeftOvers`, :class:`Verifier`,
+:class:`SharedSetting`) are
 what some of them also do, asked through ``is_*`` helpers that cache the answer per class.
 The whole-GPU and time-slice handlers live here; MIG and MPS have theirs in
 :mod:`driver.sharing`. :func:`exclusivity_guard` is the executor's first guard: a device
@@ -85,6 +86,18 @@ class Reconciler(Protocol):
 
 
 @runtime_checkable
+class LeftOvers(Protocol):
+    """A reconciler that says, from its own files alone (no NVML call, no node lock), what
+    its :meth:`Reconciler.reconcile` would undo: what it recorded that no claim of ``plans``
+    uses and no ``held`` claim may (an undo on a GPU that NVML reports lost left it, or the
+    sweep could not undo it yet). One line per thing; empty when nothing is left. The
+    plugin asks every minute or so and sweeps only when something is, so it must be cheap
+    and must not change anything (a journal it cannot read is reported, not moved aside)."""
+
+    def left_over(self, plans: Sequence[Plan], held: Collection[str] = ()) -> Sequence[str]: ...
+
+
+@runtime_checkable
 class Verifier(Protocol):
     """A handler whose applied step leaves something that can vanish (a MIG device).
 
@@ -128,6 +141,10 @@ def is_pod_joiner(handler: object) -> TypeGuard[PodJoiner]:
 
 def is_reconciler(handler: object) -> TypeGuard[Reconciler]:
     return _has_role(handler, Reconciler)
+
+
+def has_left_overs(handler: object) -> TypeGuard[LeftOvers]:
+    return _has_role(handler, LeftOvers)
 
 
 def is_verifier(handler: object) -> TypeGuard[Verifier]:
@@ -254,6 +271,16 @@ class TimeSliceHandler:
                 continue
             done.append(f"time slice of GPU {gpu_uuid} reset to Default (no claim uses it)")
         return done
+
+    def left_over(self, plans: Sequence[Plan], held: Collection[str] = ()) -> Sequence[str]:
+        """The journalled GPUs :meth:`reconcile` would reset, read from the journal alone."""
+        if self._journal is None or held:
+            return ()
+        gpus = self._journal.peek()
+        if gpus is None:
+            return (f"time-slice journal {self._journal.path} unreadable",)
+        used = {s.gpu_uuid for p in plans for s in p.steps if isinstance(s, SetTimeSlice)}
+        return [f"time slice of GPU {g} not reset" for g in sorted(gpus - used)]
 
     def _reset(self, gpu_uuid: str) -> None:
         self._nvml.set_timeslice(gpu_uuid, TIMESLICE_LEVELS["Default"])

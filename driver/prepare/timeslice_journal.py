@@ -7,7 +7,7 @@ gone (a claim file that was corrupt, held until the kubelet unprepares it:
 ``docs/checkpoint.md``), this journal is what still says that the driver set the interval,
 so the sweep after the hold resets it, and a GPU whose interval an administrator set by hand
 is never touched. The same holds for a claim unprepared while its GPU was lost: its GPU stays
-here until the sweep once the GPU heals (or the next start) resets it.
+here until the sweep once the GPU answers (or the next start) resets it.
 
 One small JSON file, ``{"bootId": ..., "gpus": [uuid, ...]}``, replaced whole and not
 ``fsync``ed: a setting does not outlive a reboot, and a journal of another boot is read as
@@ -37,23 +37,33 @@ class TimeSliceJournal:
     def load(self) -> set[str]:
         """The GPUs this boot's driver set an interval on and has not reset."""
         try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return set()
-        if not raw.strip():  # not fsynced: a machine crash may leave it empty
-            return set()
-        try:
-            data = json.loads(raw)
-            gpus = data["gpus"]
-            if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
-                raise ValueError("gpus is not a list of GPU UUIDs")
-            boot = data.get("bootId")
+            return self._read()
         except (ValueError, KeyError, TypeError) as e:
             bad = self.path.with_name(self.path.name + ".corrupt")
             self.path.replace(bad)
             log.error("time-slice journal corrupt path=%s moved_to=%s error=%s", self.path, bad, e)
             return set()
-        return set(gpus) if boot == self.boot_id else set()
+
+    def peek(self) -> set[str] | None:
+        """As :meth:`load`, for a reader without the node lock: a journal that cannot be read
+        is left where it is, and None returned."""
+        try:
+            return self._read()
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def _read(self) -> set[str]:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return set()
+        if not raw.strip():  # not fsynced: a machine crash may leave it empty
+            return set()
+        data = json.loads(raw)
+        gpus = data["gpus"]
+        if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
+            raise ValueError("gpus is not a list of GPU UUIDs")
+        return set(gpus) if data.get("bootId") == self.boot_id else set()
 
     def add(self, gpu_uuid: str) -> None:
         gpus = self.load()

@@ -15,7 +15,7 @@ the driver made and no prepared claim owns; an instance an administrator made (n
 journal) is never touched. A GPU NVML cannot reach fails the claims on it, never the node:
 its entries stay for a later attempt. An undo on a GPU that NVML reports lost succeeds
 (unprepare must not block on a GPU that will never answer) and leaves the instance's entry
-in the journal: the sweep that runs when the GPU heals, or at the next start, destroys it
+in the journal: the sweep that runs once the GPU answers, or at the next start, destroys it
 and turns MIG mode off where nothing else uses it. Static MIG devices and whole GPUs are
 :mod:`driver.sharing.attach`.
 """
@@ -373,12 +373,7 @@ class CreateMigHandler:
         """Destroy journalled instances no prepared or ``held`` claim owns, then turn MIG mode
         off on their GPUs where no MIG device is left and no claim uses MIG; adopt the rest.
         An instance that cannot be destroyed (its GPU is lost) stays journalled."""
-        owned = {
-            (p.claim_uid, MigJournal.key(s.gpu_uuid, s.start))
-            for p in plans
-            for s in p.steps
-            if isinstance(s, CreateMigDevice)
-        }
+        owned = _owned(plans)
         keys = {key for _, key in owned}
         done = []
         swept: set[str] = set()
@@ -414,6 +409,28 @@ class CreateMigHandler:
                 "mig device adopted key=%s claim_uid=%s uuid=%s", key, entry.claim_uid, entry.uuid
             )
         return done
+
+    def left_over(self, plans: Sequence[Plan], held: Collection[str] = ()) -> Sequence[str]:
+        """The journalled instances :meth:`reconcile` would destroy, from the journal alone."""
+        entries = self._journal.peek()
+        if entries is None:
+            return (f"MIG journal {self._journal.path} unreadable",)
+        owned = _owned(plans)
+        return [
+            f"MIG device {entry.device} ({key}) of claim {entry.claim_uid}"
+            for key, entry in sorted(entries.items())
+            if (entry.claim_uid, key) not in owned and entry.claim_uid not in held
+        ]
+
+
+def _owned(plans: Sequence[Plan]) -> set[tuple[str, str]]:
+    """(claim UID, journal key) of the ``create-mig`` steps of ``plans``."""
+    return {
+        (p.claim_uid, MigJournal.key(s.gpu_uuid, s.start))
+        for p in plans
+        for s in p.steps
+        if isinstance(s, CreateMigDevice)
+    }
 
 
 def _owned_keys(plans: Sequence[Plan]) -> set[str]:

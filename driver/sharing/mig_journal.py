@@ -89,6 +89,18 @@ class MigJournal:
             log.error("mig journal corrupt path=%s moved_to=%s error=%s", self.path, bad, e)
             return {}
 
+    def peek(self) -> dict[str, JournalEntry] | None:
+        """As :meth:`load`, for a reader without the node lock: a journal that cannot be read
+        is left where it is, and None returned."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        try:
+            return _JournalFile.model_validate_json(raw, extra="ignore").entries
+        except ValidationError:
+            return None
+
     def _save(self, entries: dict[str, JournalEntry]) -> None:
         data = _JournalFile(entries=entries).model_dump_json(indent=2).encode()
         write_atomic(self.path, data)

@@ -206,6 +206,16 @@ class MpsHandler:
             + [f"restarted MPS daemon {k}" for k in restarted]
         )
 
+    def left_over(self, plans: Sequence[Plan], held: Collection[str] = ()) -> Sequence[str]:
+        """The daemons :meth:`reconcile` would stop for their GPU's compute mode, from their
+        directories alone (none while a claim is ``held``)."""
+        if held:
+            return ()
+        return [
+            f"MPS daemon directory of GPU {g} (compute mode not reset)"
+            for g in self._daemons.left_over(_keys_in_use(plans))
+        ]
+
 
 def _keys_in_use(plans: Sequence[Plan]) -> set[str]:
     keys: set[str] = set()

@@ -263,7 +263,7 @@ class MpsDaemons(DaemonPipes):
     def _cleanup(self, spec: DaemonSpec) -> None:
         """Restore the compute mode and remove the daemon's directory. A compute mode that
         cannot be restored (a lost GPU) keeps the directory, emptied of its record: it says
-        the GPU's mode may still be set, and the next sweep (when the GPU heals, or at start)
+        the GPU's mode may still be set, and the next sweep (once the GPU answers, or at start)
         stops the daemon of that key again, restoring the mode."""
         if spec.whole_gpu:
             try:
@@ -316,6 +316,13 @@ class MpsDaemons(DaemonPipes):
                 self.stop(key)
                 stopped.append(key)
             return stopped
+
+    def left_over(self, keep: Collection[str]) -> list[str]:
+        """The node's GPUs with a daemon directory though no key in ``keep`` is theirs: what
+        :meth:`sweep` would stop (a daemon whose GPU's compute mode could not be reset, on a
+        lost GPU, left its directory emptied). By directory name alone: no record is read,
+        no ``/proc`` scanned."""
+        return sorted(g for g in self._gpus - set(keep) if self.dir(g).is_dir())
 
     def _repair(self, keys: Collection[str]) -> bool:
         """Rebuild the records of the daemons of ``keys`` that prepared claims use and that

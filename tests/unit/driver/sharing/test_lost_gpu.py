@@ -83,6 +83,7 @@ def test_a_mig_claim_on_a_lost_gpu_is_unprepared_and_its_instance_swept_later(
     released(node, "m1")
     key = f"{gpu}/{mig.start}"
     assert journal(node)[key]["claim_uid"] == "m1"  # left for a later attempt
+    assert state.left_over() == (f"MIG device {mig.name} ({key}) of claim m1",)
     assert [i.start for i in sim_gpu(node, gpu).instances] == [mig.start]
     assert state.unprepare(ref_of(new_claim(node, "m1", mig.name))).error == ""  # a retry
 
@@ -102,6 +103,7 @@ def test_a_mig_claim_on_a_lost_gpu_is_unprepared_and_its_instance_swept_later(
     assert nvml.mig_instances(gpu) == ()
     assert not nvml.mig_enabled(gpu)  # as the unprepare would have left it
     assert [e["claim_uid"] for e in journal(node).values()] == ["ok"]
+    assert state.left_over() == ()  # the other claim's device is not left over
     assert len(nvml.mig_instances(kept.parent.uuid)) == 1  # the other GPU's claim untouched
     again = new_claim(node, "m2", mig.name)
     assert state.prepare(again, ref_of(again)).error == ""
@@ -196,12 +198,14 @@ def test_a_time_sliced_claim_on_a_lost_gpu_is_unprepared_and_reset_when_it_answe
     assert res.error == "", res.error
     released(node, "t1")
     assert gpu.uuid in ts_journal(node)  # left for the sweep
+    assert state.left_over() == (f"time slice of GPU {gpu.uuid} not reset",)
     assert any("could not reset the time slice" in line for line in state.sweep())
     answers_again(node, gpu.uuid)
     assert sim_gpu(node, gpu.uuid).timeslice == 3
     state.sweep()
     assert nvml.timeslice(gpu.uuid) == 0
     assert gpu.uuid not in ts_journal(node)
+    assert state.left_over() == ()
 
 
 @pytest.mark.parametrize("lost", [True, False], ids=["lost", "healthy"])
@@ -246,6 +250,9 @@ def test_an_mps_claim_on_a_lost_gpu_gets_its_compute_mode_reset_when_it_answers(
     assert state.unprepare(ref_of(obj)).error == ""
     released(node, "p1")
     assert sharing.daemons.processes() == []
+    assert state.left_over() == (
+        f"MPS daemon directory of GPU {gpu.uuid} (compute mode not reset)",
+    )
     answers_again(node, gpu.uuid)
     assert nvml.compute_mode(gpu.uuid) == "ExclusiveProcess"  # the reset failed while lost
     if sweep == "sweep":
@@ -254,6 +261,7 @@ def test_an_mps_claim_on_a_lost_gpu_gets_its_compute_mode_reset_when_it_answers(
         sharing_state(node)[0].recover()
     assert nvml.compute_mode(gpu.uuid) == "Default"
     assert not sharing.daemons.dir(gpu.uuid).exists()
+    assert state.left_over() == ()
 
 
 @pytest.mark.parametrize(
@@ -292,3 +300,30 @@ def test_an_unprepare_on_a_lost_gpu_killed_at_any_point_leaves_nothing_once_it_a
     assert not nvml.mig_enabled(gpu)
     assert journal(node) == {}
     assert not list((node / "cdi").iterdir())
+
+
+def test_what_is_left_over_is_read_without_nvml_or_the_node_lock(
+    node: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin asks every minute: prepared claims' MIG devices, time slices and MPS daemons
+    are not left over, an unprepared lost GPU's are, and NVML is never called to say so."""
+    state, _, nvml = sharing_state(node)
+    mig, gpu = slot(node, gpu=0, index=2), state.inventory.gpus[1]
+    claims = [
+        new_claim(node, "m1", mig.name),
+        claim("t1", [result(gpu.name)], [config(TIMESLICE)], name="c-t1"),
+        claim("p1", [result(state.inventory.gpus[2].name)], [config(MPS)], name="c-p1"),
+    ]
+    for obj in claims:
+        assert state.prepare(obj, ref_of(obj)).error == ""
+    lose(node, mig.parent.uuid)
+    assert state.unprepare(ref_of(claims[0])).error == ""
+
+    def no_nvml(*args: object, **kwargs: object) -> None:
+        raise AssertionError("NVML called")
+
+    for name in [n for n in dir(nvml) if not n.startswith("_") and callable(getattr(nvml, n))]:
+        monkeypatch.setattr(nvml, name, no_nvml)
+    with state.node_lock.held():  # a prepare in progress does not hold up the look
+        left = state.left_over()
+    assert left == (f"MIG device {mig.name} ({mig.parent.uuid}/{mig.start}) of claim m1",)
