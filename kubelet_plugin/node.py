@@ -53,7 +53,6 @@ from kubelet_plugin.claim_status import ClaimStatusWriter, StatusWritingDriver
 from kubelet_plugin.dra_driver import ApiClaimReader, PluginDriver
 from kubelet_plugin.event_recorder import EventRecorder, EventType, ObjectRef
 from kubelet_plugin.grpc_server import DRAIN_S, PluginServer
-from kubelet_plugin.heal_sweep import SweepOnHeal
 from kubelet_plugin.health_events import HealthEvents
 from kubelet_plugin.left_out_shares import LeftOutShares
 from kubelet_plugin.measured_driver import MeasuredDriver
@@ -64,6 +63,7 @@ from kubelet_plugin.pod_groups import PodGroupResolver, join_pod
 from kubelet_plugin.publisher import Publisher
 from kubelet_plugin.runtime_errors import RuntimeErrorWatcher
 from kubelet_plugin.settings import PluginSettings
+from kubelet_plugin.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
 
@@ -205,9 +205,9 @@ class NodePlugin:
         )
         self.health.set_devices(device_gpu_map(self.inventory), mig_slot_map(self.inventory))
         self.health.add_listener(self._on_health_change)
-        # what an unprepare could not undo on a lost GPU goes once the GPU heals
-        self.sweep_on_heal = SweepOnHeal(self.state.sweep)
-        self.health.add_listener(self.sweep_on_heal)
+        # what an unprepare could not undo on a lost GPU goes once the GPU answers
+        self.sweeper = Sweeper(self.state.sweep, self.state.left_over, settings.sweep_interval_s)
+        self.health.add_listener(self.sweeper)
         self.watcher = HealthWatcher(
             self.health,
             nvml.wait_event,
@@ -463,6 +463,7 @@ class NodePlugin:
         self.metrics.watch_current_from("pods", self.runtime_errors.watching)
         self.republish()  # the slices are built and queued; written once the sockets are open
         self.watcher.start()
+        self.sweeper.start()
         self.server.start()
         # The first sync (a list, a write and a check per slice) would compete for the
         # interpreter with opening the sockets the kubelet waits for; it follows them.
@@ -481,6 +482,7 @@ class NodePlugin:
         self._stop.set()
         self.server.stop(grace, drain)
         self.watcher.stop()
+        self.sweeper.stop(timeout=5)
         self.sharing.stop()
         if self.device_plugins is not None:
             self.device_plugins.stop()

@@ -87,6 +87,7 @@ class PluginSettings(BaseModel):
     rolling_update_uid: str | None = None
     default_trust_level: TrustLevel = TrustLevel.ISOLATED
     sample_interval_s: float = Field(default=10.0, gt=0, le=3600)
+    sweep_interval_s: float = Field(default=60.0, gt=0, le=3600)
     grpc_workers: int = Field(default=DRA_WORKERS, ge=2, le=64)
     health_policy: HealthPolicy = HealthPolicy()
     device_plugin_check: bool = True
@@ -242,6 +243,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--sample-interval", "seconds between usage samples", default="10")
     add_flag(
         p,
+        "--sweep-interval",
+        "seconds between looks for what an unprepare on a lost GPU left (a MIG device, a time "
+        "slice, an MPS compute mode): swept once the GPU answers (see docs/checkpoint.md)",
+        default="60",
+    )
+    add_flag(
+        p,
         "--grpc-workers",
         "threads serving the kubelet's DRA calls (one is held by its health stream); "
         "raise it where a slow API server meets many pods starting at once",
@@ -313,6 +321,7 @@ def settings_from_args(args: argparse.Namespace) -> PluginSettings:
             rolling_update_uid=args.rolling_update_uid or None,
             default_trust_level=TrustLevel(args.default_trust_level),
             sample_interval_s=number(args.sample_interval, "--sample-interval", float),
+            sweep_interval_s=number(args.sweep_interval, "--sweep-interval", float),
             grpc_workers=number(args.grpc_workers, "--grpc-workers", int),
             health_policy=parse_health_policy(args.health_policy),
             device_plugin_check=args.device_plugin_check,

@@ -25,6 +25,7 @@ def sim_plugin(
     sharing: SharingConfig | None = None,
     registry: CollectorRegistry | None = None,
     health_policy: HealthPolicy | None = None,
+    sweep_interval_s: float = 60.0,
 ) -> NodePlugin:
     create_state("dgx-h100", tmp_path / "sim.json")
     settings = PluginSettings(
@@ -37,6 +38,7 @@ def sim_plugin(
         sim_state=tmp_path / "sim.json",
         sharing=sharing or SharingConfig(),
         health_policy=health_policy or HealthPolicy(),
+        sweep_interval_s=sweep_interval_s,
     )
     registry = registry or CollectorRegistry()
     return NodePlugin(
