@@ -245,7 +245,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p,
         "--sweep-interval",
         "seconds between looks for what an unprepare on a lost GPU left (a MIG device, a time "
-        "slice, an MPS compute mode): swept once the GPU answers (see docs/checkpoint.md)",
+        "slice, an MPS compute mode): swept once the GPU answers; while sweeps clean nothing, "
+        "the looks back off to 16 intervals (see docs/checkpoint.md)",
         default="60",
     )
     add_flag(

@@ -9,7 +9,10 @@ the checkpoint alone (no NVML call, no node lock), and runs the sweep
 (:meth:`driver.prepare.recovery.Recovery.sweep`, under the node lock) only when something is
 left. So a GPU whose loss no taint marks (a lost effect of ``Ignore``) is swept too, and a
 sweep that failed (the node lock busy) or could not undo everything (the GPU still lost) is
-tried again at the next look, without a heal or a restart.
+tried again at the next look, without a heal or a restart. While sweeps clean nothing (the
+GPU still lost) the looks back off, doubling the wait up to ``BACKOFF_MAX`` intervals, so a
+GPU lost for days costs a log line every 16 minutes, not every minute; a heal, a failed
+sweep or a change in what is left brings the wait back to one interval.
 
 It runs in a thread of its own: health listeners are called under the monitor's lock, and the
 sweep waits for the node lock. Heals that come while a look runs make one more look after it,
@@ -26,6 +29,8 @@ from driver.health.monitor import HealthChange
 
 log = logging.getLogger(__name__)
 
+BACKOFF_MAX = 16  # the longest wait between looks, in intervals, while sweeps clean nothing
+
 
 class Sweeper:
     """Sweeps while ``left_over`` names something: every ``interval_s`` seconds, and at once
@@ -40,6 +45,7 @@ class Sweeper:
         self._sweep = sweep
         self._left_over = left_over
         self._interval_s = interval_s
+        self._wait_s = interval_s  # doubles while sweeps clean nothing, up to BACKOFF_MAX
         self._cond = threading.Condition()
         self._due = False  # a look was asked for
         self._busy = False  # a look runs
@@ -63,6 +69,7 @@ class Sweeper:
         """Look soon: now, or once more after the look that runs."""
         with self._cond:
             self._due = True
+            self._wait_s = self._interval_s  # a heal: the GPU may answer again
             self._cond.notify_all()
         self.start()
 
@@ -85,7 +92,7 @@ class Sweeper:
         while True:
             with self._cond:
                 if not self._due and not self._stopping:
-                    self._cond.wait(self._interval_s)
+                    self._cond.wait(self._wait_s)
                 if self._stopping:
                     return
                 self._due = False
@@ -110,8 +117,25 @@ class Sweeper:
                 log.info("nothing left for the sweep")
             self._last = left
         if not left:
+            self._back_off(False)
             return
         try:
             self._sweep()
         except Exception:  # the node lock timed out, say: the next look sweeps again
+            self._back_off(False)
             log.exception("sweep failed; tried again in %.0fs", self._interval_s)
+            return
+        try:
+            cleaned_nothing = tuple(self._left_over()) == left
+        except Exception:
+            cleaned_nothing = False
+        self._back_off(cleaned_nothing)
+
+    def _back_off(self, cleaned_nothing: bool) -> None:
+        """The wait before the next look: doubled after a sweep that cleaned nothing (up to
+        ``BACKOFF_MAX`` intervals), else one interval."""
+        with self._cond:
+            if cleaned_nothing:
+                self._wait_s = min(self._wait_s * 2, self._interval_s * BACKOFF_MAX)
+            else:
+                self._wait_s = self._interval_s

@@ -177,3 +177,37 @@ def test_stop_ends_the_looks_at_once_and_none_starts_after_it() -> None:
     sweeper.request()
     time.sleep(0.1)
     assert looks == [1]
+
+
+def test_sweeps_that_clean_nothing_back_off_and_a_heal_resets_the_wait() -> None:
+    """A GPU that stays lost: every sweep leaves the leftover (and the MIG handler logs an
+    error). The looks back off instead of sweeping every interval; a heal sweeps at once."""
+    sweeps: list[float] = []
+    sweeper = Sweeper(lambda: sweeps.append(time.monotonic()), lambda: ("left",), 0.05)
+    sweeper.start()
+    try:
+        time.sleep(1.6)
+        # every 0.05 s would be ~32 sweeps; backing off (0.05, 0.1, 0.2, 0.4, 0.8) about 5
+        assert 1 <= len(sweeps) <= 7, sweeps
+        before = len(sweeps)
+        sweeper.request()  # a heal
+        wait_for("the heal's sweep", lambda: len(sweeps) > before, 0.5)
+    finally:
+        sweeper.stop(5)
+
+
+def test_a_sweep_that_cleans_something_keeps_the_interval() -> None:
+    left = ["a", "b", "c", "d", "e", "f", "g", "h"]
+    sweeps: list[int] = []
+
+    def sweep() -> None:
+        sweeps.append(1)
+        if left:
+            left.pop()
+
+    sweeper = Sweeper(sweep, lambda: tuple(left), 0.05)
+    sweeper.start()
+    try:
+        wait_for("every leftover swept", lambda: not left, 1.0)
+    finally:
+        sweeper.stop(5)
